@@ -1,0 +1,83 @@
+"""Exceptions a user can meet, each saying what was wrong and what to do."""
+
+from __future__ import annotations
+
+
+class DlschedError(Exception):
+    """Base class of every error raised by jupyter-dlsched."""
+
+
+class SpecError(DlschedError, ValueError):
+    """A job request is invalid; the message names the field, the value and what is allowed.
+
+    >>> raise SpecError("gpus", -1, "a whole number >= 0 or a fraction in (0, 1)")
+    Traceback (most recent call last):
+    ...
+    jupyter_dlsched.errors.SpecError: gpus=-1 is invalid: expected a whole number >= 0 or a fraction in (0, 1)
+    """
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is invalid: expected {allowed}")
+
+
+class JobNotFound(DlschedError, KeyError):
+    """No job with this id exists in the ledger."""
+
+    def __init__(self, job_id: object) -> None:
+        self.job_id = job_id
+        super().__init__(job_id)
+
+    def __str__(self) -> str:
+        return f"no job with id {self.job_id!r}; `dls.jobs()` or `dlsched queue` lists the jobs"
+
+
+class IllegalTransition(DlschedError):
+    """A state change the job state machine does not allow (for example succeeded -> running)."""
+
+
+class JobError(DlschedError):
+    """A job did not succeed: it failed, timed out or was lost.
+
+    ``state`` is the final state, ``reason`` the short reason shown in the queue,
+    ``remote_traceback`` the formatted traceback from the job process when there is one.
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        state: str,
+        reason: str,
+        remote_traceback: str | None = None,
+        exc_type: str | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.state = state
+        self.reason = reason
+        self.remote_traceback = remote_traceback
+        self.exc_type = exc_type
+        super().__init__(f"job {job_id} {state}: {reason}")
+
+
+class JobFailed(JobError):
+    """The job raised an exception or exited with a non-zero status."""
+
+
+class JobTimeout(JobError):
+    """The job ran past its ``time_limit``."""
+
+
+class JobLost(JobError):
+    """The job's supervisor stopped renewing its lease (crash, kill -9, reboot)."""
+
+
+class RemoteTraceback(Exception):
+    """Carries the job process's traceback text as the ``__cause__`` of a re-raised exception."""
+
+    def __init__(self, tb: str) -> None:
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return "\n" + self.tb
