@@ -1,0 +1,167 @@
+"""jupyter-dlsched: a deep-learning job scheduler that lives inside Jupyter.
+
+>>> import jupyter_dlsched as dls
+>>> h = dls.submit(train, 1e-3, gpus=1, priority="high", name="resnet-lr3")  # doctest: +SKIP
+>>> h.result()  # doctest: +SKIP
+
+The module-level functions use one process-wide ``Scheduler`` (created on
+first use, state folder ``$DLSCHED_HOME`` or ``<jupyter data dir>/dlsched``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .errors import (
+    DlschedError,
+    JobError,
+    JobFailed,
+    JobLost,
+    JobNotFound,
+    JobTimeout,
+    SpecError,
+)
+from .handle import JobHandle
+from .pool import GpuInfo, PoolInfo
+from .runtime import checkpoint_requested, progress
+from .scheduler import Scheduler
+from .store import JobInfo
+
+__version__ = "0.1.0"
+
+_default: Scheduler | None = None
+_default_lock = threading.Lock()
+
+
+def default_scheduler() -> Scheduler:
+    """The process-wide scheduler the module-level functions use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Scheduler()
+        return _default
+
+
+def set_default_scheduler(scheduler: Scheduler | None) -> None:
+    """Use ``scheduler`` for the module-level functions (``None`` makes a fresh one on next use)."""
+    global _default
+    with _default_lock:
+        old, _default = _default, scheduler
+    if old is not None and old is not scheduler:
+        old.close()
+
+
+def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> JobHandle:
+    """Queue ``fn(*args, **kwargs)``; resource keywords (gpus, cpus, mem, priority, ...) first.
+
+    >>> h = dls.submit(train, 1e-3, gpus=1, cpus=2, mem="8GiB", time_limit="2h")  # doctest: +SKIP
+    """
+    return default_scheduler().submit(fn, *args, **kwargs)
+
+
+def jobs(state: str | Iterable[str] | None = None, owner: str | None = None) -> list[JobInfo]:
+    """Jobs in the ledger in submit order: ``dls.jobs(state="queued")``."""
+    return default_scheduler().jobs(state=state, owner=owner)
+
+
+def get(job_id: str) -> JobHandle:
+    """A handle on an existing job, from any process: ``dls.get("k3x9m2ab").result()``."""
+    return default_scheduler().get(job_id)
+
+
+def cancel(job_id: str) -> JobInfo:
+    """Cancel a job by id."""
+    return default_scheduler().cancel(job_id)
+
+
+def set_priority(job_id: str, priority: int | str) -> JobInfo:
+    """Change a waiting job's priority: ``dls.set_priority(job_id, "urgent")``."""
+    return default_scheduler().set_priority(job_id, priority)
+
+
+def pool() -> PoolInfo:
+    """CPU cores, memory and GPUs with live usage and the jobs on each."""
+    return default_scheduler().pool()
+
+
+class JobFunction:
+    """A function with resources attached by ``@dls.job``; calling it runs it here."""
+
+    def __init__(self, fn: Callable[..., Any], resources: dict[str, Any]) -> None:
+        self.fn = fn
+        self.resources = resources
+        self.__name__ = getattr(fn, "__name__", "job")
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def submit(self, *args: Any, **kwargs: Any) -> JobHandle:
+        """Queue one call; keyword resources here override the decorator's."""
+        return default_scheduler().submit(self.fn, *args, **{**self.resources, **kwargs})
+
+    def map(self, items: Iterable[Any], **resources: Any) -> list[JobHandle]:
+        """One job per item: ``train.map([1e-3, 1e-4])``."""
+        return default_scheduler().map(self.fn, items, **{**self.resources, **resources})
+
+
+def job(
+    fn: Callable[..., Any] | None = None, **resources: Any
+) -> JobFunction | Callable[[Callable[..., Any]], JobFunction]:
+    """Attach resources to a function::
+
+    @dls.job(gpus=1, priority=5)
+    def train(lr): ...
+
+    train.submit(1e-3)
+    train.map([1e-3, 1e-4])
+    """
+    if fn is not None:
+        return JobFunction(fn, resources)
+    return lambda f: JobFunction(f, resources)
+
+
+def dashboard(**options: Any) -> Any:
+    """The ipywidgets panel: pool, queue and utilisation history."""
+    from .widgets import dashboard as make_dashboard
+
+    return make_dashboard(default_scheduler(), **options)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext jupyter_dlsched``: the ``%%schedule`` and ``%dlsched`` magics."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+__all__ = [
+    "DlschedError",
+    "GpuInfo",
+    "JobError",
+    "JobFailed",
+    "JobFunction",
+    "JobHandle",
+    "JobInfo",
+    "JobLost",
+    "JobNotFound",
+    "JobTimeout",
+    "PoolInfo",
+    "Scheduler",
+    "SpecError",
+    "cancel",
+    "checkpoint_requested",
+    "dashboard",
+    "default_scheduler",
+    "get",
+    "job",
+    "jobs",
+    "pool",
+    "progress",
+    "set_default_scheduler",
+    "set_priority",
+    "submit",
+]

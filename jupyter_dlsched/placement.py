@@ -56,7 +56,7 @@ def fits_ever(request: Request, capacity: Capacity) -> str | None:
 
     n = len(capacity.gpus)
     if request.whole_gpus > n:
-        return f"requests {request.whole_gpus} GPUs; this pool has {n}"
+        return f"requests {_gpus(request.whole_gpus)}; this pool has {n}"
     if request.gpus and n == 0:
         return "requests a GPU; this pool has none"
     biggest = max((g.mem_total for g in capacity.gpus), default=0)
@@ -124,3 +124,7 @@ def _cores(cpus: float, load: tuple[float, ...]) -> tuple[int, ...]:
     n = min(len(load), max(1, math.ceil(cpus - EPS)))
     by_load = sorted(range(len(load)), key=lambda c: (load[c], c))
     return tuple(sorted(by_load[:n]))
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"

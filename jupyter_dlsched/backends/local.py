@@ -1,0 +1,77 @@
+"""The local backend: a detached supervisor per job, forked by a preloaded launcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from typing import Any
+
+import psutil
+
+from .. import launcher
+from ..pool import PoolInfo, inventory_json, probe, usable_cores
+from ..store import JobInfo
+from .base import Backend
+
+
+class LocalBackend(Backend):
+    """Jobs run on this machine under ``jupyter_dlsched.worker`` supervisors.
+
+    ``fast_start=False`` skips the launcher and starts each supervisor with a
+    fresh interpreter (slower; useful to rule the launcher out when debugging).
+    """
+
+    name = "local"
+
+    def __init__(self, scheduler: Any = None, fast_start: bool = True) -> None:
+        super().__init__(scheduler)
+        self.fast_start = fast_start and os.environ.get("DLSCHED_FAST_START", "1") != "0"
+        self._launcher_spawned = False
+
+    def inventory(self) -> dict[str, Any]:
+        info = probe(usage=False, max_age=0)
+        data = inventory_json(info)
+        data["cores"] = usable_cores()
+        return data
+
+    def launch(self, job: JobInfo) -> None:
+        assert self.scheduler is not None
+        home = self.scheduler.home
+        if self.fast_start and launcher.request_start(home, job.id):
+            return
+        if self.fast_start and not self._launcher_spawned:
+            self._launcher_spawned = True
+            launcher.spawn_launcher(home)
+        launcher.spawn_supervisor(home, job.id)
+
+    def cancel(self, job: JobInfo) -> None:
+        # the supervisor notices the ledger flag within a fraction of a second
+        return None
+
+    def reap(self, job: JobInfo) -> None:
+        """Kill what is left of a lost job's process group on this machine."""
+        if job.job_pid and job.host == socket.gethostname() and job.uid == os.getuid():
+            try:
+                os.killpg(job.job_pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def external_gpu_mem(self, running: list[JobInfo]) -> dict[int, int]:
+        info = probe(usage=True, max_age=2.0)
+        if not any(g.processes for g in info.gpus):
+            return {}
+        ours: set[int] = set()
+        for job in running:
+            if job.job_pid:
+                ours.add(job.job_pid)
+                try:
+                    ours.update(p.pid for p in psutil.Process(job.job_pid).children(True))
+                except psutil.Error:
+                    pass
+        return {
+            g.index: sum(p.used_mem for p in g.processes if p.pid not in ours) for g in info.gpus
+        }
+
+    def pool(self) -> PoolInfo:
+        return probe(usage=True)

@@ -1,0 +1,187 @@
+"""``JobHandle``: a ``concurrent.futures.Future`` backed by the ledger.
+
+A handle works from any process: ``dls.get(job_id).result()`` in a fresh
+kernel returns what a job submitted elsewhere produced.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .errors import JobError, JobFailed, JobLost, JobTimeout, RemoteTraceback
+from .store import TERMINAL, JobInfo
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+_NOTHING = object()
+
+
+class JobHandle(concurrent.futures.Future):
+    """A submitted job. Compatible with ``concurrent.futures`` (``wait``, ``as_completed``).
+
+    >>> h = dls.submit(train, 1e-3, gpus=1, name="resnet-lr3")  # doctest: +SKIP
+    >>> h.state, h.devices  # doctest: +SKIP
+    ('running', [0])
+    >>> h.result(timeout=3600)  # doctest: +SKIP
+    0.913
+    """
+
+    def __init__(self, scheduler: Scheduler, job_id: str) -> None:
+        super().__init__()
+        self._scheduler = scheduler
+        self.id = job_id
+        self._resolve_lock = threading.Lock()
+        self._resolved = False
+        self._value: Any = _NOTHING
+
+    # -- what the ledger says ------------------------------------------------------------
+
+    def info(self) -> JobInfo:
+        """The job's current ledger row."""
+        return self._scheduler.store.get(self.id)
+
+    @property
+    def state(self) -> str:
+        return self.info().state
+
+    @property
+    def name(self) -> str:
+        return self.info().name
+
+    @property
+    def devices(self) -> list[int]:
+        """GPU indices granted to the job (empty while queued or for CPU jobs)."""
+        return self.info().devices
+
+    def logs(self, tail: int | None = None) -> str:
+        """The job's combined stdout and stderr so far (the last ``tail`` lines if given)."""
+        path = self._scheduler.log_path(self.id)
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if tail is not None:
+            text = "\n".join(text.splitlines()[-tail:])
+        return text
+
+    # -- Future interface ------------------------------------------------------------------
+
+    def done(self) -> bool:
+        if not super().done():
+            self._check()
+        return super().done()
+
+    def running(self) -> bool:
+        return self.state == "running"
+
+    def cancelled(self) -> bool:
+        return self.state == "cancelled"
+
+    def cancel(self) -> bool:
+        """Cancel the job: a queued job ends at once, a running one gets SIGTERM then SIGKILL.
+
+        Returns False only when the job had already finished.
+        """
+        info = self._scheduler.cancel(self.id)
+        return info.state not in TERMINAL or info.state == "cancelled"
+
+    def wait(self, timeout: float | None = None) -> JobInfo:
+        """Block until the job has finished (or ``timeout`` seconds); returns its row."""
+        self._scheduler._watch(self)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._condition:
+            while not super().done():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                # the scheduler loop resolves us; the short wait also covers a missed wake-up
+                self._condition.wait(0.5 if left is None else min(0.5, left))
+                if not super().done():
+                    self._condition.release()
+                    try:
+                        self._check()
+                    finally:
+                        self._condition.acquire()
+        return self.info()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The job's return value; raises what the job raised (with its remote traceback)."""
+        self.wait(timeout)
+        if not super().done():
+            raise concurrent.futures.TimeoutError(f"job {self.id} still {self.state}")
+        if super().cancelled():
+            raise concurrent.futures.CancelledError(f"job {self.id} was cancelled")
+        error = super().exception(timeout=0)
+        if error is not None:
+            raise error
+        if self._value is _NOTHING:
+            self._value = self._scheduler._load_result(self.id)
+        return self._value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.wait(timeout)
+        if not super().done():
+            raise concurrent.futures.TimeoutError(f"job {self.id} still {self.state}")
+        if super().cancelled():
+            raise concurrent.futures.CancelledError(f"job {self.id} was cancelled")
+        return super().exception(timeout=0)
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future], object]) -> None:
+        self._scheduler._watch(self)
+        super().add_done_callback(fn)
+
+    # -- resolution (called by the scheduler loop or by a check) ---------------------------
+
+    def _check(self) -> None:
+        info = self.info()
+        if info.state in TERMINAL:
+            self._resolve(info)
+
+    def _resolve(self, info: JobInfo) -> None:
+        with self._resolve_lock:
+            if self._resolved:
+                return
+            self._resolved = True
+        if info.state == "succeeded":
+            self.set_result(None)  # the value itself is loaded lazily by result()
+        elif info.state == "cancelled":
+            concurrent.futures.Future.cancel(self)
+            self.set_running_or_notify_cancel()
+        else:
+            self.set_exception(self._scheduler._job_exception(info))
+
+    def __repr__(self) -> str:
+        try:
+            info = self.info()
+            return f"<JobHandle {info.id} {info.name!r} {info.state}>"
+        except Exception:
+            return f"<JobHandle {self.id}>"
+
+
+def job_exception(
+    info: JobInfo, error_json: str | None, error_pickle: bytes | None
+) -> BaseException:
+    """The exception ``result()`` raises for a job that ended in ``info.state``."""
+    details = json.loads(error_json) if error_json else {}
+    tb = details.get("traceback")
+    if info.state == "timeout":
+        return JobTimeout(info.id, info.state, info.reason)
+    if info.state == "lost":
+        return JobLost(info.id, info.state, info.reason)
+    if error_pickle:
+        try:
+            import cloudpickle
+
+            original = cloudpickle.loads(error_pickle)
+            if isinstance(original, BaseException):
+                if tb:
+                    original.__cause__ = RemoteTraceback(tb)
+                return original
+        except Exception:
+            pass
+    if info.state == "failed":
+        return JobFailed(info.id, info.state, info.reason, tb, details.get("type"))
+    return JobError(info.id, info.state, info.reason, tb, details.get("type"))

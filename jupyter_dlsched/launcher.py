@@ -1,0 +1,153 @@
+"""A per-user launcher with the package preloaded that forks job supervisors in milliseconds.
+
+Starting a job through ``python -m jupyter_dlsched.worker`` costs an
+interpreter start-up; the launcher pays it once. It listens on an abstract
+Unix socket named after the state folder, the interpreter and the code, only
+answers its own user (``SO_PEERCRED``), never imports CUDA libraries, and
+exits when idle or when its state folder disappears.
+
+    python -m jupyter_dlsched.launcher --home ~/.local/share/jupyter/dlsched
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+IDLE_EXIT = 600.0
+PRELOAD_ENV = "DLSCHED_PRELOAD"
+DEFAULT_PRELOAD = "numpy"
+
+
+def _code_stamp() -> str:
+    package = Path(__file__).parent
+    newest = max((p.stat().st_mtime_ns for p in package.rglob("*.py")), default=0)
+    return f"{sys.executable}:{newest}"
+
+
+_STAMP = _code_stamp()
+
+
+def socket_name(home: str | os.PathLike[str]) -> bytes:
+    """The abstract socket address for this user, state folder, interpreter and code."""
+    key = f"{os.getuid()}:{Path(home).resolve()}:{_STAMP}"
+    return b"\0dlsched-" + hashlib.sha1(key.encode()).hexdigest()[:20].encode()
+
+
+def request_start(home: str | os.PathLike[str], job_id: str, timeout: float = 2.0) -> bool:
+    """Ask the launcher to start the supervisor of ``job_id``; False if none answers."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(socket_name(home))
+            conn.sendall(f"start {job_id}\n".encode())
+            reply = conn.recv(64)
+    except OSError:
+        return False
+    return reply.startswith(b"ok")
+
+
+def spawn_launcher(home: str | os.PathLike[str]) -> None:
+    """Start a launcher in the background (its own session, so it outlives the caller)."""
+    subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dlsched.launcher", "--home", str(home)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+        env={k: v for k, v in os.environ.items() if k != "MPLBACKEND"},
+    )
+
+
+def spawn_supervisor(home: str | os.PathLike[str], job_id: str) -> None:
+    """The slow path: a fresh interpreter runs the supervisor."""
+    subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dlsched.worker", "--home", str(home), job_id],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def serve(home: str, idle_exit: float = IDLE_EXIT) -> int:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(socket_name(home))
+    except OSError:
+        return 0  # another launcher for this folder is already serving
+    server.listen(64)
+    server.settimeout(1.0)
+    for name in os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(","):
+        if name.strip():
+            try:
+                importlib.import_module(name.strip())
+            except Exception:
+                pass
+    from . import worker  # noqa: F401  (preload the supervisor and job runner)
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped automatically
+    last = time.monotonic()
+    while True:
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            if time.monotonic() - last > idle_exit or not Path(home).is_dir():
+                return 0
+            continue
+        last = time.monotonic()
+        with conn:
+            try:
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                _pid, uid, _gid = struct.unpack("3i", creds)
+                if uid != os.getuid():
+                    conn.sendall(b"refused\n")
+                    continue
+                line = conn.recv(256).decode().strip()
+                verb, _, job_id = line.partition(" ")
+                if verb != "start" or not job_id:
+                    conn.sendall(b"bad request\n")
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    server.close()
+                    conn.close()
+                    _become_supervisor(home, job_id)
+                conn.sendall(f"ok {pid}\n".encode())
+            except OSError:
+                continue
+
+
+def _become_supervisor(home: str, job_id: str) -> None:
+    code = 1
+    try:
+        os.setsid()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        from .worker import supervise
+
+        code = supervise(home, job_id)
+    finally:
+        os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT)
+    args = parser.parse_args(argv)
+    return serve(args.home, args.idle_exit)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""What this machine has: CPU cores, memory and GPUs (NVML), live usage included.
+
+No NVIDIA driver means a CPU-only pool with the reason kept, never a crash.
+``DLSCHED_SIMULATE_GPUS="4x16GiB"`` (or ``"2x16GiB,1x80GiB"``) adds simulated
+GPUs after the real ones; they are always marked ``simulated``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+
+from .errors import SpecError
+from .resources import Capacity, GpuFree
+from .units import format_size, parse_size
+
+SIMULATE_ENV = "DLSCHED_SIMULATE_GPUS"
+_SIM_ITEM = re.compile(r"^\s*(\d+)\s*[xX]\s*(\S+)\s*$")
+
+
+@dataclass
+class GpuProcess:
+    """A process holding memory on a GPU; ``job_id`` is set when the scheduler started it."""
+
+    pid: int
+    used_mem: int
+    job_id: str | None = None
+
+
+@dataclass
+class GpuInfo:
+    """One GPU: identity, memory, utilisation, processes, topology island."""
+
+    index: int
+    uuid: str
+    name: str
+    mem_total: int
+    mem_used: int = 0
+    util: float | None = None
+    simulated: bool = False
+    processes: list[GpuProcess] = field(default_factory=list)
+    group: int | None = None
+    jobs: list[str] = field(default_factory=list)
+
+    @property
+    def external_mem(self) -> int:
+        """Memory held by processes the scheduler did not start."""
+        return sum(p.used_mem for p in self.processes if p.job_id is None)
+
+
+@dataclass
+class PoolInfo:
+    """The machine's resources and their live use.
+
+    >>> import jupyter_dlsched as dls
+    >>> p = dls.pool()  # doctest: +SKIP
+    >>> p.cpus, len(p.gpus)  # doctest: +SKIP
+    (16, 4)
+    """
+
+    cpus: int
+    cpu_percent: float
+    mem_total: int
+    mem_used: int
+    mem_available: int
+    gpus: list[GpuInfo] = field(default_factory=list)
+    gpu_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cpus": {"count": self.cpus, "percent": self.cpu_percent},
+            "memory": {
+                "total": self.mem_total,
+                "used": self.mem_used,
+                "available": self.mem_available,
+            },
+            "gpus": [asdict(g) for g in self.gpus],
+            "gpu_error": self.gpu_error,
+        }
+
+    def __repr__(self) -> str:
+        lines = [
+            f"PoolInfo: {self.cpus} CPUs ({self.cpu_percent:.0f}% busy), "
+            f"RAM {format_size(self.mem_used)} / {format_size(self.mem_total)}"
+        ]
+        for g in self.gpus:
+            sim = " [simulated]" if g.simulated else ""
+            util = "-" if g.util is None else f"{g.util:.0f}%"
+            lines.append(
+                f"  GPU {g.index}  {g.name}{sim}  util {util}  "
+                f"mem {format_size(g.mem_used)} / {format_size(g.mem_total)}"
+                + (f"  jobs {', '.join(g.jobs)}" if g.jobs else "")
+            )
+        if not self.gpus:
+            lines.append(f"  no GPUs ({self.gpu_error or 'none found'})")
+        return "\n".join(lines)
+
+
+def parse_simulated(value: str) -> list[int]:
+    """Memory sizes of simulated GPUs: ``parse_simulated("2x16GiB") == [2**34, 2**34]``."""
+    sizes: list[int] = []
+    for item in value.split(","):
+        if not item.strip():
+            continue
+        match = _SIM_ITEM.match(item)
+        if not match:
+            raise SpecError(SIMULATE_ENV, value, 'a list like "4x16GiB" or "2x16GiB,1x80GiB"')
+        sizes += [parse_size(match.group(2), SIMULATE_ENV)] * int(match.group(1))
+    return sizes
+
+
+_nvml_lock = threading.Lock()
+_nvml_state: dict[str, Any] = {}
+
+
+def _nvml() -> Any:
+    """The initialised ``pynvml`` module, or raise the reason there is none."""
+    with _nvml_lock:
+        if "module" in _nvml_state:
+            return _nvml_state["module"]
+        if "error" in _nvml_state:
+            raise RuntimeError(_nvml_state["error"])
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception as error:  # NVMLError, ImportError, OSError
+            reason = f"no NVIDIA driver ({type(error).__name__}: {error})"
+            _nvml_state["error"] = reason
+            raise RuntimeError(reason) from error
+        _nvml_state["module"] = pynvml
+        return pynvml
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _real_gpus(usage: bool) -> tuple[list[GpuInfo], str | None]:
+    try:
+        nv = _nvml()
+    except RuntimeError as error:
+        return [], str(error)
+    gpus: list[GpuInfo] = []
+    handles = []
+    try:
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            handles.append(h)
+            memory = nv.nvmlDeviceGetMemoryInfo(h)
+            info = GpuInfo(
+                index=i,
+                uuid=_text(nv.nvmlDeviceGetUUID(h)),
+                name=_text(nv.nvmlDeviceGetName(h)),
+                mem_total=int(memory.total),
+                mem_used=int(memory.used),
+            )
+            if usage:
+                try:
+                    info.util = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+                except nv.NVMLError:
+                    info.util = None
+                info.processes = _gpu_processes(nv, h)
+            gpus.append(info)
+    except nv.NVMLError as error:
+        return gpus, f"NVML error: {error}"
+    _topology_groups(nv, handles, gpus)
+    return gpus, None
+
+
+def _gpu_processes(nv: Any, handle: Any) -> list[GpuProcess]:
+    seen: dict[int, int] = {}
+    for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        try:
+            for proc in getattr(nv, getter)(handle):
+                used = proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else 0
+                seen[int(proc.pid)] = seen.get(int(proc.pid), 0) + int(used or 0)
+        except (nv.NVMLError, AttributeError):
+            continue
+    return [GpuProcess(pid, used) for pid, used in sorted(seen.items())]
+
+
+def _topology_groups(nv: Any, handles: list[Any], gpus: list[GpuInfo]) -> None:
+    """Islands of GPUs joined by NVLink or sharing a PCIe switch (union-find)."""
+    if len(handles) < 2:
+        return
+    parent = list(range(len(handles)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    close = getattr(nv, "NVML_TOPOLOGY_MULTIPLE", 20)
+    known = False
+    for a in range(len(handles)):
+        for b in range(a + 1, len(handles)):
+            try:
+                level = nv.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b])
+            except Exception:
+                continue
+            known = True
+            if level <= close:
+                parent[find(a)] = find(b)
+    if known:
+        for i, g in enumerate(gpus):
+            g.group = find(i)
+
+
+_cache_lock = threading.Lock()
+_cache: dict[str, tuple[float, PoolInfo]] = {}
+
+
+def probe(usage: bool = True, max_age: float = 1.0) -> PoolInfo:
+    """Read the machine now (or from a cache at most ``max_age`` seconds old)."""
+    key = f"{usage}:{os.environ.get(SIMULATE_ENV, '')}"
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit and time.monotonic() - hit[0] <= max_age:
+            return hit[1]
+    gpus, error = _real_gpus(usage)
+    simulated = os.environ.get(SIMULATE_ENV, "").strip()
+    if simulated:
+        start = len(gpus)
+        for offset, size in enumerate(parse_simulated(simulated)):
+            gpus.append(
+                GpuInfo(
+                    index=start + offset,
+                    uuid=f"SIM-{start + offset}",
+                    name="Simulated GPU",
+                    mem_total=size,
+                    util=0.0 if usage else None,
+                    simulated=True,
+                )
+            )
+    vm = psutil.virtual_memory()
+    info = PoolInfo(
+        cpus=len(usable_cores()),
+        cpu_percent=psutil.cpu_percent(interval=None) if usage else 0.0,
+        mem_total=int(vm.total),
+        mem_used=int(vm.total - vm.available),
+        mem_available=int(vm.available),
+        gpus=gpus,
+        gpu_error=error if not gpus else None,
+    )
+    with _cache_lock:
+        _cache[key] = (time.monotonic(), info)
+    return info
+
+
+def usable_cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(psutil.cpu_count() or 1))
+
+
+def inventory_json(info: PoolInfo) -> dict[str, Any]:
+    """The static shape of the pool, as stored in the ledger for every participant."""
+    return {
+        "cpus": info.cpus,
+        "mem_total": info.mem_total,
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "mem_total": g.mem_total,
+                "simulated": g.simulated,
+                "group": g.group,
+            }
+            for g in info.gpus
+        ],
+    }
+
+
+def idle_capacity(inventory: dict[str, Any]) -> Capacity:
+    """Capacity of the machine with nothing running (what validation checks against)."""
+    return Capacity(
+        gpus=tuple(
+            GpuFree(g["index"], g["mem_total"], g["mem_total"], 0, g.get("group"))
+            for g in inventory["gpus"]
+        ),
+        cpu_load=(0.0,) * int(inventory["cpus"]),
+        mem_free=int(inventory["mem_total"]),
+        mem_total=int(inventory["mem_total"]),
+    )

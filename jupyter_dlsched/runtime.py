@@ -1,0 +1,125 @@
+"""Calls made from inside a running job: progress reports and checkpoint requests.
+
+Outside a job (no ``DLSCHED_JOB_ID``) they are harmless no-ops, so the same
+training function runs unchanged in a plain notebook cell.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+JOB_ID_ENV = "DLSCHED_JOB_ID"
+HOME_ENV = "DLSCHED_HOME"
+STOP_FILE = "stop-requested"
+
+# set by in-kernel (--inline) runs, where the environment is the kernel's
+_current: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "dlsched_current_job", default=None
+)
+_last_write: dict[str, float] = {}
+_stores: dict[str, Any] = {}
+_lock = threading.Lock()
+_sigterm_seen = threading.Event()
+PROGRESS_MIN_INTERVAL = 0.2
+
+
+def current_job() -> tuple[str, str] | None:
+    """``(job_id, home)`` of the job this code runs in, or ``None`` outside a job."""
+    bound = _current.get()
+    if bound is not None:
+        return bound
+    job_id = os.environ.get(JOB_ID_ENV)
+    home = os.environ.get(HOME_ENV)
+    if job_id and home:
+        return job_id, home
+    return None
+
+
+def bind(job_id: str, home: str) -> contextvars.Token:
+    """Make ``current_job()`` return this job in the current context (in-kernel runs)."""
+    return _current.set((job_id, home))
+
+
+def unbind(token: contextvars.Token) -> None:
+    _current.reset(token)
+
+
+def _store(home: str) -> Any:
+    from .store import Store
+
+    with _lock:
+        store = _stores.get(home)
+        if store is None:
+            store = _stores[home] = Store(home)
+        return store
+
+
+def progress(done: float, total: float | None = None, **metrics: float) -> None:
+    """Report progress from inside a job; shown in the queue, widgets and sidebar.
+
+    >>> for step in range(100):  # doctest: +SKIP
+    ...     loss = train_step()
+    ...     dls.progress(step + 1, 100, loss=loss)
+
+    Writes are throttled (at most five a second, the last one always lands).
+    """
+    job = current_job()
+    if job is None:
+        return
+    job_id, home = job
+    now = time.time()
+    final = total is not None and done >= total
+    with _lock:
+        if not final and now - _last_write.get(job_id, 0.0) < PROGRESS_MIN_INTERVAL:
+            return
+        _last_write[job_id] = now
+    clean = {}
+    for key, value in metrics.items():
+        try:
+            clean[str(key)] = float(value)
+        except (TypeError, ValueError):
+            clean[str(key)] = str(value)  # type: ignore[assignment]
+    _store(home).update(
+        job_id,
+        progress={"done": float(done), "total": total, "metrics": clean, "at": now},
+    )
+
+
+def checkpoint_requested() -> bool:
+    """True once the scheduler asked this job to stop (preemption or cancel with grace).
+
+    The first call also makes SIGTERM set this flag instead of ending the
+    process at once, so a training loop can save a checkpoint and return::
+
+        for step in range(start, steps):
+            if dls.checkpoint_requested():
+                save(step)
+                break
+    """
+    _install_sigterm_flag()
+    if _sigterm_seen.is_set():
+        return True
+    job = current_job()
+    if job is None:
+        return False
+    job_id, home = job
+    return (Path(home) / "spool" / job_id / STOP_FILE).exists()
+
+
+_installed = False
+
+
+def _install_sigterm_flag() -> None:
+    global _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return
+    if os.environ.get(JOB_ID_ENV) is None:
+        return
+    signal.signal(signal.SIGTERM, lambda *_: _sigterm_seen.set())
+    _installed = True

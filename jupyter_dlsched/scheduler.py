@@ -1,0 +1,666 @@
+"""The scheduler: submit into the ledger, tick the policy, hand decisions to a backend.
+
+Any participant may tick (a kernel, the CLI, the server extension, the
+supervisor of a job that just ended); ``BEGIN IMMEDIATE`` makes concurrent
+ticks safe. A ``Scheduler`` with ``loop=True`` ticks in a background thread,
+woken at once by its own submissions and by ledger changes
+(``PRAGMA data_version``), and at least once a second to reap expired leases.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .backends import Backend, make_backend
+from .errors import JobNotFound, SpecError
+from .handle import JobHandle, job_exception
+from .policy import Decisions, Policy, QueuedJob, RunningJob, get_policy
+from .pool import PoolInfo, idle_capacity, probe
+from .resources import Capacity, GpuFree, Placement
+from .spec import build_spec, parse_priority, pickle_payload
+from .store import TERMINAL, WAITING, JobInfo, Store
+from .worker import Settings
+
+log = logging.getLogger("jupyter_dlsched")
+
+RESOURCE_ARGS = (
+    "gpus",
+    "gpu_mem",
+    "cpus",
+    "mem",
+    "priority",
+    "name",
+    "deadline",
+    "time_limit",
+    "retries",
+    "preemptible",
+    "after",
+    "distributed",
+    "env",
+)
+# variables that describe the submitting kernel, not the job
+_ENV_DROP = ("DLSCHED_JOB_ID", "DLSCHED_DEVICES", "DLSCHED_GPU_MEM", "CUDA_VISIBLE_DEVICES")
+UNLAUNCHED_GRACE = 2.0
+
+
+def origin() -> str:
+    """Where a submission comes from: the notebook path in a Jupyter kernel, else the program."""
+    session = os.environ.get("JPY_SESSION_NAME")
+    if session:
+        return session
+    if "ipykernel" in sys.modules:
+        return "notebook"
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+
+
+def submit_context() -> dict[str, Any]:
+    """Working folder, import path and environment a job process will get."""
+    env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
+    if env.get("MPLBACKEND", "").startswith("module://"):
+        env.pop("MPLBACKEND")  # an inline backend means nothing in a background process
+    return {"cwd": os.getcwd(), "sys_path": [p for p in sys.path if p], "env": env}
+
+
+class Scheduler:
+    """One participant in the machine's shared queue.
+
+    >>> s = Scheduler(home="/tmp/dls-demo")  # doctest: +SKIP
+    >>> h = s.submit(pow, 2, 10, cpus=1)  # doctest: +SKIP
+    >>> h.result()  # doctest: +SKIP
+    1024
+
+    ``policy`` and ``lease_ttl``/``grace`` given here are written to the ledger
+    and used by every participant; left out, the ledger's (or
+    ``DLSCHED_POLICY``) apply.
+    """
+
+    def __init__(
+        self,
+        home: str | os.PathLike[str] | None = None,
+        policy: str | Policy | None = None,
+        backend: str | Backend | None = None,
+        *,
+        loop: bool = True,
+        lease_ttl: float | None = None,
+        grace: float | None = None,
+        policy_params: dict[str, Any] | None = None,
+        probe_pool: bool = True,
+        **backend_options: Any,
+    ) -> None:
+        self.store = Store(home)
+        self.home = self.store.home
+        self._policy_object: Policy | None = None
+        self._write_settings(policy, lease_ttl, grace, policy_params)
+        self.backend = make_backend(
+            backend or os.environ.get("DLSCHED_BACKEND", "local"), self, **backend_options
+        )
+        self.inventory_key = (
+            "inventory" if self.backend.name == "local" else f"inventory:{self.backend.name}"
+        )
+        if probe_pool or self.store.get_meta(self.inventory_key) is None:
+            self.refresh_inventory()
+        self.owner = getpass.getuser()
+        self.uid = os.getuid()
+        self._watched: dict[str, list[JobHandle]] = {}
+        self._orphan_tries: dict[str, float] = {}
+        self._watch_lock = threading.Lock()
+        self._event_seq = self._last_event_seq()
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        if loop:
+            self.start()
+
+    # -- settings and pool ---------------------------------------------------------------
+
+    def _write_settings(
+        self,
+        policy: str | Policy | None,
+        lease_ttl: float | None,
+        grace: float | None,
+        policy_params: dict[str, Any] | None,
+    ) -> None:
+        if policy is not None and not isinstance(policy, str):
+            self._policy_object = policy
+            policy = None
+        if policy is not None:
+            get_policy(policy, **(policy_params or {}))  # fail now on a bad name or parameter
+        stored = self.store.get_meta("settings", None)
+        settings = dict(stored or {})
+        if stored is None:
+            settings.update(
+                {"policy": os.environ.get("DLSCHED_POLICY", "priority"), "policy_params": {}}
+            )
+        updates = {
+            "policy": policy,
+            "policy_params": policy_params if policy is not None else None,
+            "lease_ttl": lease_ttl,
+            "grace": grace,
+        }
+        changed = stored is None
+        for key, value in updates.items():
+            if value is not None and settings.get(key) != value:
+                settings[key] = value
+                changed = True
+        if changed:
+            self.store.set_meta("settings", settings)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings.load(self.store)
+
+    def policy(self) -> Policy:
+        if self._policy_object is not None:
+            return self._policy_object
+        s = self.settings
+        return get_policy(s.policy, **(s.policy_params or {}))
+
+    def refresh_inventory(self) -> dict[str, Any]:
+        """Probe the machine (or cluster) and store its shape in the ledger."""
+        inventory = self.backend.inventory()
+        if self.store.get_meta(self.inventory_key) != inventory:
+            self.store.set_meta(self.inventory_key, inventory)
+        return inventory
+
+    @property
+    def inventory(self) -> dict[str, Any]:
+        return dict(self.store.get_meta(self.inventory_key) or self.refresh_inventory())
+
+    # -- submitting ------------------------------------------------------------------------
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> JobHandle:
+        """Queue ``fn(*args, **kwargs)`` as a job; resource keywords are taken out first.
+
+        >>> h = s.submit(train, 1e-3, gpus=1, cpus=2, mem="8GiB", priority="high")  # doctest: +SKIP
+        """
+        if not callable(fn):
+            raise SpecError("fn", fn, "a function or other callable")
+        resources = {k: kwargs.pop(k) for k in RESOURCE_ARGS if k in kwargs}
+        payload = {"fn": fn, "args": args, "kwargs": kwargs}
+        default = getattr(fn, "__name__", type(fn).__name__)
+        return self.submit_payload("function", payload, default_name=default, **resources)
+
+    def submit_command(self, argv: Sequence[str], **resources: Any) -> JobHandle:
+        """Queue a program (``argv``) as a job in the same queue as notebook jobs."""
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise SpecError("argv", argv, "a non-empty list of strings, e.g. ['python', 'x.py']")
+        files = {"command.json": json.dumps({"argv": list(argv)}).encode()}
+        return self._insert("command", files, default_name=Path(argv[0]).name, **resources)
+
+    def submit_payload(
+        self, kind: str, payload: dict[str, Any], *, default_name: str = "job", **resources: Any
+    ) -> JobHandle:
+        """Queue a pickled payload: ``{"fn", "args", "kwargs"}`` or ``{"runner", ...}``.
+
+        ``runner(payload)`` is called in the job process when present (cells use this).
+        """
+        files = {"payload.pkl": pickle_payload(payload)}
+        return self._insert(kind, files, default_name=default_name, **resources)
+
+    def _insert(
+        self, kind: str, files: dict[str, bytes], *, default_name: str, **resources: Any
+    ) -> JobHandle:
+        unknown = set(resources) - set(RESOURCE_ARGS)
+        if unknown:
+            raise SpecError(sorted(unknown)[0], resources[sorted(unknown)[0]], "a known option")
+        spec = build_spec(
+            capacity=idle_capacity(self.inventory),
+            kind=kind,
+            default_name=default_name,
+            origin=origin(),
+            **resources,
+        )
+        files["context.json"] = json.dumps(submit_context()).encode()
+        info = self.store.insert_job(
+            spec, files, owner=self.owner, uid=self.uid, backend=self.backend.name
+        )
+        self._kick()
+        return JobHandle(self, info.id)
+
+    def map(
+        self, fn: Callable[..., Any], items: Iterable[Any], **resources: Any
+    ) -> list[JobHandle]:
+        """One job per item: ``s.map(train, [1e-3, 1e-4], gpus=1)``."""
+        return [self.submit(fn, item, **resources) for item in items]
+
+    # -- reading and steering --------------------------------------------------------------
+
+    def jobs(
+        self,
+        state: str | Iterable[str] | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[JobInfo]:
+        """Jobs in submit order, optionally by state(s) and owner."""
+        states = [state] if isinstance(state, str) else state
+        return self.store.jobs(states=states, owner=owner, limit=limit, offset=offset)
+
+    def info(self, job_id: str) -> JobInfo:
+        return self.store.get(job_id)
+
+    def get(self, job_id: str) -> JobHandle:
+        """A handle on an existing job (``JobNotFound`` if there is none)."""
+        self.store.get(job_id)
+        return JobHandle(self, job_id)
+
+    def log_path(self, job_id: str) -> Path:
+        return self.store.spool(job_id) / "log"
+
+    def cancel(self, job_id: str) -> JobInfo:
+        """Cancel a job: queued ones end now, running ones are stopped by their supervisor."""
+        now = time.time()
+        with self.store.transaction() as db:
+            row = db.execute(
+                "SELECT state, supervisor_pid FROM jobs WHERE id=?", (job_id,)
+            ).fetchone()
+            if row is None:
+                raise JobNotFound(job_id)
+            state, supervisor = row
+            if state in WAITING or (
+                state == "running" and supervisor is None and self.backend.name == "local"
+            ):
+                self.store.transition_in(
+                    db, job_id, "cancelled", "cancelled by user", now=now, finished=now
+                )
+            elif state == "running":
+                db.execute("UPDATE jobs SET cancel_requested=1 WHERE id=?", (job_id,))
+        info = self.store.get(job_id)
+        if info.state == "running":
+            self.backend.cancel(info)
+        self._kick()
+        return info
+
+    def set_priority(self, job_id: str, priority: int | str) -> JobInfo:
+        """Change a job's priority (``"high"`` or an integer); takes effect at the next tick."""
+        value = parse_priority(priority)
+        with self.store.transaction() as db:
+            row = db.execute("SELECT state, priority FROM jobs WHERE id=?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFound(job_id)
+            db.execute("UPDATE jobs SET priority=? WHERE id=?", (value, job_id))
+            self.store._event(db, job_id, row[0], row[0], f"priority {row[1]} -> {value}")
+        self._kick()
+        return self.store.get(job_id)
+
+    def pool(self) -> PoolInfo:
+        """The machine now, with each GPU's jobs and the memory the scheduler granted."""
+        if self.backend.name != "local":
+            return self.backend.pool()
+        info = probe(usage=True)
+        running = self.store.jobs(states=["running"])
+        by_pid = {j.job_pid: j.id for j in running if j.job_pid}
+        for gpu in info.gpus:
+            gpu.jobs = []
+            for p in gpu.processes:
+                p.job_id = by_pid.get(p.pid)
+        for job in running:
+            if not job.placement:
+                continue
+            for index, granted in zip(job.placement.gpus, job.placement.gpu_mem, strict=False):
+                if index < len(info.gpus):
+                    gpu = info.gpus[index]
+                    gpu.jobs.append(job.id)
+                    if gpu.simulated:
+                        gpu.mem_used += granted
+        for gpu in info.gpus:
+            if gpu.simulated:
+                gpu.util = 100.0 * min(1.0, gpu.mem_used / gpu.mem_total) if gpu.mem_total else 0
+        return info
+
+    def status(self) -> dict[str, Any]:
+        """Counts by state and the pool's shape, for the CLI, REST and status bar."""
+        from . import __version__
+
+        counts = self.store.count_jobs()
+        inventory = self.inventory
+        running = self.store.jobs(states=["running"])
+        busy = {i for j in running if j.placement for i in j.placement.gpus}
+        return {
+            "version": __version__,
+            "home": str(self.home),
+            "backend": self.backend.name,
+            "policy": getattr(self.policy(), "name", str(self.settings.policy)),
+            "counts": counts,
+            "gpus": {
+                "total": len(inventory.get("gpus", [])),
+                "busy": len(busy),
+                "simulated": sum(1 for g in inventory.get("gpus", []) if g.get("simulated")),
+            },
+            "cpus": inventory.get("cpus"),
+            "mem_total": inventory.get("mem_total"),
+        }
+
+    # -- the tick --------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> Decisions | None:
+        """Reap expired leases, ask the policy, commit allocations, launch what starts here."""
+        now = time.time() if now is None else now
+        db = self.store.db
+        backend = self.backend.name
+        pending = db.execute(
+            "SELECT EXISTS(SELECT 1 FROM jobs WHERE backend=? AND (state IN ('queued','preempted')"
+            " OR (state='running' AND (lease_expires < ? OR preempt_requested=1))))",
+            (backend, now),
+        ).fetchone()[0]
+        decisions: Decisions | None = None
+        reaped: list[JobInfo] = []
+        if pending:
+            with self.store.transaction() as wdb:
+                reaped = self._reap(wdb, now)
+                decisions = self._decide(wdb, now)
+        for job in reaped:
+            self.backend.reap(job)
+        self._launch_mine(now, [s.job_id for s in decisions.starts] if decisions else [])
+        return decisions
+
+    def _reap(self, db: sqlite3.Connection, now: float) -> list[JobInfo]:
+        rows = db.execute(
+            "SELECT * FROM jobs WHERE state='running' AND backend=? AND lease_expires < ?",
+            (self.backend.name, now),
+        ).fetchall()
+        reaped = []
+        for row in rows:
+            info = self.store.get(row["id"])
+            common: dict[str, Any] = {"lease_expires": None, "supervisor_pid": None}
+            if info.cancel_requested:
+                self.store.transition_in(
+                    db, info.id, "cancelled", "cancelled by user", now=now, finished=now, **common
+                )
+            elif info.attempts <= info.retries:
+                why = f"retry {info.attempts}/{info.retries} after: lost (lease expired)"
+                self.store.transition_in(
+                    db, info.id, "queued", why, now=now, placement=None, job_pid=None, **common
+                )
+            else:
+                why = "lost: its supervisor stopped renewing the lease"
+                self.store.transition_in(db, info.id, "lost", why, now=now, finished=now, **common)
+            reaped.append(info)
+        return reaped
+
+    def _decide(self, db: sqlite3.Connection, now: float) -> Decisions:
+        rows = [
+            self.store.get(r[0])
+            for r in db.execute(
+                "SELECT id FROM jobs WHERE backend=? AND state IN ('queued','preempted','running')"
+                " ORDER BY seq",
+                (self.backend.name,),
+            )
+        ]
+        running = [r for r in rows if r.state == "running"]
+        waiting = [r for r in rows if r.state in WAITING]
+        dep_states = self._dependency_states(db, waiting)
+        eligible: list[JobInfo] = []
+        blocked: dict[str, str] = {}
+        for job in waiting:
+            states = [dep_states.get(d, "missing") for d in job.after]
+            bad = [
+                d
+                for d, s in zip(job.after, states, strict=False)
+                if s in TERMINAL and s != "succeeded"
+            ]
+            if bad:
+                why = f"dependency {bad[0]} {dep_states.get(bad[0])}"
+                self.store.transition_in(db, job.id, "failed", why, now=now, finished=now)
+                continue
+            pending = [d for d, s in zip(job.after, states, strict=False) if s != "succeeded"]
+            if pending:
+                blocked[job.id] = f"waiting for job {pending[0]} to finish"
+                continue
+            eligible.append(job)
+        capacity = self._capacity(running)
+        queued = [_queued(j) for j in eligible]
+        active = [_running(j, now) for j in running if j.placement is not None]
+        decisions = self.policy()(queued, active, capacity, now)
+        settings = self.settings
+        for start in decisions.starts:
+            self.store.transition_in(
+                db,
+                start.job_id,
+                "running",
+                "",
+                now=now,
+                event_data={"placement": start.placement.to_json()},
+                placement=start.placement,
+                started=now,
+                attempts=_attempts(eligible, start.job_id) + 1,
+                lease_expires=now + settings.lease_ttl,
+                supervisor_pid=None,
+                job_pid=None,
+                host=None,
+                cancel_requested=0,
+                preempt_requested=0,
+                exit_code=None,
+                term_signal=None,
+                position=None,
+                waiting=None,
+            )
+        for preempt in decisions.preempts:
+            db.execute(
+                "UPDATE jobs SET preempt_requested=1 WHERE id=? AND state='running' "
+                "AND preemptible=1",
+                (preempt.job_id,),
+            )
+        started = {s.job_id for s in decisions.starts}
+        order = [j for j in decisions.order if j not in started]
+        positions = {job_id: i + 1 for i, job_id in enumerate(order)}
+        reasons = {**decisions.waiting, **blocked}
+        for job in waiting:
+            if job.id in started:
+                continue
+            pos, reason = positions.get(job.id), reasons.get(job.id)
+            if job.position != pos or job.waiting != reason:
+                db.execute(
+                    "UPDATE jobs SET position=?, waiting=? WHERE id=?", (pos, reason, job.id)
+                )
+        return decisions
+
+    def _dependency_states(self, db: sqlite3.Connection, waiting: list[JobInfo]) -> dict[str, str]:
+        deps = sorted({d for j in waiting for d in j.after})
+        states: dict[str, str] = {}
+        for i in range(0, len(deps), 500):
+            chunk = deps[i : i + 500]
+            rows = db.execute(
+                f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk
+            )
+            states.update({r[0]: r[1] for r in rows})
+        return states
+
+    def _capacity(self, running: list[JobInfo]) -> Capacity:
+        inventory = self.inventory
+        external = self.backend.external_gpu_mem(running)
+        capacity = Capacity(
+            gpus=tuple(
+                GpuFree(
+                    g["index"],
+                    g["mem_total"],
+                    max(0, g["mem_total"] - external.get(g["index"], 0)),
+                    0,
+                    g.get("group"),
+                )
+                for g in inventory.get("gpus", [])
+            ),
+            cpu_load=(0.0,) * int(inventory.get("cpus", 1)),
+            mem_free=int(inventory.get("mem_total", 0)),
+            mem_total=int(inventory.get("mem_total", 0)),
+        )
+        for job in running:
+            if job.placement is not None:
+                capacity = capacity.take(job.placement)
+        return capacity
+
+    def _launch_mine(self, now: float, just_started: Iterable[str]) -> None:
+        """Launch jobs of this user allocated by this tick, and orphans nobody launched."""
+        fresh = set(just_started)
+        rows = self.store.db.execute(
+            "SELECT id, started FROM jobs WHERE state='running' AND supervisor_pid IS NULL "
+            "AND uid=? AND backend=? AND cancel_requested=0",
+            (self.uid, self.backend.name),
+        ).fetchall()
+        for job_id, started in rows:
+            if job_id not in fresh:
+                # allocated by another participant, which launches it; step in if it did not
+                if started is None or now - started < UNLAUNCHED_GRACE:
+                    continue
+                if now - self._orphan_tries.get(job_id, 0.0) < UNLAUNCHED_GRACE:
+                    continue
+                self._orphan_tries[job_id] = now
+            self.backend.launch(self.store.get(job_id))
+
+    # -- the background loop ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background loop (``loop=True`` does this for you)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._closed.clear()
+            self._thread = threading.Thread(target=self._run, name="dlsched-scheduler", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the background loop; jobs keep running and the queue lives on in the ledger."""
+        self._closed.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.backend.close()
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _kick(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._wake.set()
+        else:
+            self.tick()
+
+    def _run(self) -> None:
+        version = self.store.data_version()
+        last_change = last_tick = time.monotonic()
+        while not self._closed.is_set():
+            quiet = time.monotonic() - last_change
+            interval = min(0.25, max(0.002, quiet / 20))
+            woke = self._wake.wait(interval)
+            self._wake.clear()
+            if self._closed.is_set():
+                break
+            try:
+                current = self.store.data_version()
+                changed = current != version
+                version = current
+                now = time.monotonic()
+                if woke or changed:
+                    last_change = now
+                if woke or changed or now - last_tick >= 1.0:
+                    self.tick()
+                    last_tick = now
+                if woke or changed:
+                    self._resolve_watched()
+            except Exception:
+                log.exception("dlsched scheduler loop")
+                time.sleep(0.5)
+        self.store.close()
+
+    def _last_event_seq(self) -> int:
+        row = self.store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+        return int(row[0])
+
+    def _watch(self, handle: JobHandle) -> None:
+        with self._watch_lock:
+            self._watched.setdefault(handle.id, []).append(handle)
+        handle._check()
+        if handle._resolved:
+            with self._watch_lock:
+                handles = self._watched.get(handle.id, [])
+                if handle in handles:
+                    handles.remove(handle)
+
+    def _resolve_watched(self) -> None:
+        rows = self.store.db.execute(
+            "SELECT seq, job_id, to_state FROM events WHERE seq > ? ORDER BY seq",
+            (self._event_seq,),
+        ).fetchall()
+        if not rows:
+            return
+        self._event_seq = rows[-1][0]
+        finished = {r[1] for r in rows if r[2] in TERMINAL}
+        if not finished:
+            return
+        with self._watch_lock:
+            ready = [(i, self._watched.pop(i)) for i in finished if i in self._watched]
+        for job_id, handles in ready:
+            info = self.store.get(job_id)
+            for handle in handles:
+                handle._resolve(info)
+
+    # -- results ---------------------------------------------------------------------------
+
+    def _load_result(self, job_id: str) -> Any:
+        import cloudpickle
+
+        info = self.store.get(job_id)
+        if info.kind == "command":
+            return info.exit_code
+        path = self.store.spool(job_id) / "result.pkl"
+        return cloudpickle.loads(path.read_bytes())
+
+    def _job_exception(self, info: JobInfo) -> BaseException:
+        folder = self.store.spool(info.id)
+        error_json = folder / "error.json"
+        error_pickle = folder / "error.pkl"
+        return job_exception(
+            info,
+            error_json.read_text() if error_json.exists() else None,
+            error_pickle.read_bytes() if error_pickle.exists() else None,
+        )
+
+
+def _attempts(jobs: list[JobInfo], job_id: str) -> int:
+    for job in jobs:
+        if job.id == job_id:
+            return job.attempts
+    return 0
+
+
+def _queued(job: JobInfo) -> QueuedJob:
+    return QueuedJob(
+        id=job.id,
+        seq=job.seq,
+        submitted=job.submitted,
+        request=job.request,
+        priority=job.priority,
+        owner=job.owner,
+        deadline=job.deadline,
+        time_limit=job.time_limit,
+        preemptible=job.preemptible,
+        attained=job.attained,
+        preemptions=job.preemptions,
+    )
+
+
+def _running(job: JobInfo, now: float) -> RunningJob:
+    return RunningJob(
+        id=job.id,
+        seq=job.seq,
+        submitted=job.submitted,
+        started=job.started or now,
+        request=job.request,
+        placement=job.placement or Placement(),
+        priority=job.priority,
+        owner=job.owner,
+        time_limit=job.time_limit,
+        preemptible=job.preemptible,
+        attained=job.attained,
+    )

@@ -1,0 +1,607 @@
+"""The ledger: one SQLite database (WAL) plus a spool folder, shared by every participant.
+
+Every state change is one short ``BEGIN IMMEDIATE`` transaction through the
+state machine in ``TRANSITIONS``; each is recorded in ``events``. Payloads,
+logs and results live in ``spool/<job-id>/``. The folder is private to the
+user (mode 0700).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import IllegalTransition, JobNotFound
+from .resources import Placement, Request
+from .spec import JobSpec
+
+SCHEMA_VERSION = 1
+ACTIVE = ("queued", "running", "preempted")
+WAITING = ("queued", "preempted")
+TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
+STATES = ACTIVE + TERMINAL
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "queued": frozenset({"running", "cancelled", "failed"}),
+    # running -> queued is a retry after a failure or a lost lease
+    "running": frozenset(
+        {"succeeded", "failed", "cancelled", "timeout", "lost", "preempted", "queued"}
+    ),
+    "preempted": frozenset({"running", "cancelled", "failed"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+    "timeout": frozenset(),
+    "lost": frozenset(),
+}
+_ID = re.compile(r"^[a-z0-9]{4,16}$")
+_ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
+
+MIGRATIONS: list[str] = [
+    # version 1
+    """
+    CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE jobs(
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        uid INTEGER NOT NULL,
+        origin TEXT NOT NULL DEFAULT '',
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        priority INTEGER NOT NULL,
+        gpus REAL NOT NULL,
+        gpu_mem INTEGER,
+        cpus REAL NOT NULL,
+        mem INTEGER NOT NULL,
+        deadline REAL,
+        time_limit REAL,
+        retries INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        preemptible INTEGER NOT NULL DEFAULT 0,
+        preemptions INTEGER NOT NULL DEFAULT 0,
+        distributed INTEGER NOT NULL DEFAULT 0,
+        after TEXT NOT NULL DEFAULT '[]',
+        backend TEXT NOT NULL DEFAULT 'local',
+        submitted REAL NOT NULL,
+        started REAL,
+        finished REAL,
+        placement TEXT,
+        host TEXT,
+        supervisor_pid INTEGER,
+        job_pid INTEGER,
+        lease_expires REAL,
+        exit_code INTEGER,
+        term_signal INTEGER,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        preempt_requested INTEGER NOT NULL DEFAULT 0,
+        progress TEXT,
+        attained REAL NOT NULL DEFAULT 0,
+        waiting TEXT,
+        position INTEGER,
+        env TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX jobs_state ON jobs(state);
+    CREATE INDEX jobs_owner ON jobs(owner);
+    CREATE TABLE events(
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id TEXT NOT NULL,
+        time REAL NOT NULL,
+        from_state TEXT,
+        to_state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        data TEXT
+    );
+    CREATE INDEX events_job ON events(job_id);
+    CREATE TABLE samples(
+        time REAL NOT NULL,
+        source TEXT NOT NULL,
+        util REAL,
+        mem_used INTEGER,
+        mem_total INTEGER,
+        data TEXT
+    );
+    CREATE INDEX samples_time ON samples(time);
+    """,
+]
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One row of the ledger: what a job asked for, where it is, what happened.
+
+    >>> info = dls.jobs()[0]  # doctest: +SKIP
+    >>> info.state, info.devices  # doctest: +SKIP
+    ('running', [0])
+    """
+
+    seq: int
+    id: str
+    name: str
+    kind: str
+    owner: str
+    uid: int
+    origin: str
+    state: str
+    reason: str
+    priority: int
+    gpus: float
+    gpu_mem: int | None
+    cpus: float
+    mem: int
+    deadline: float | None
+    time_limit: float | None
+    retries: int
+    attempts: int
+    preemptible: bool
+    preemptions: int
+    distributed: bool
+    after: tuple[str, ...]
+    backend: str
+    submitted: float
+    started: float | None
+    finished: float | None
+    placement: Placement | None
+    host: str | None
+    supervisor_pid: int | None
+    job_pid: int | None
+    lease_expires: float | None
+    exit_code: int | None
+    term_signal: int | None
+    cancel_requested: bool
+    preempt_requested: bool
+    progress: dict[str, Any] | None
+    attained: float
+    waiting: str | None
+    position: int | None
+    env: dict[str, str]
+
+    @property
+    def request(self) -> Request:
+        return Request(self.gpus, self.gpu_mem, self.cpus, self.mem)
+
+    @property
+    def devices(self) -> list[int]:
+        return list(self.placement.gpus) if self.placement else []
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form used by the REST API, the CLI's ``--json`` and the widgets."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "owner": self.owner,
+            "origin": self.origin,
+            "kind": self.kind,
+            "state": self.state,
+            "reason": self.reason,
+            "priority": self.priority,
+            "request": {
+                "gpus": self.gpus,
+                "gpu_mem": self.gpu_mem,
+                "cpus": self.cpus,
+                "mem": self.mem,
+                "text": self.request.describe(),
+            },
+            "devices": self.devices,
+            "gpu_mem_granted": list(self.placement.gpu_mem) if self.placement else [],
+            "submitted": self.submitted,
+            "started": self.started,
+            "finished": self.finished,
+            "deadline": self.deadline,
+            "time_limit": self.time_limit,
+            "attempts": self.attempts,
+            "retries": self.retries,
+            "preemptible": self.preemptible,
+            "preemptions": self.preemptions,
+            "after": list(self.after),
+            "progress": self.progress,
+            "exit_code": self.exit_code,
+            "position": self.position,
+            "waiting": self.waiting,
+            "backend": self.backend,
+        }
+
+
+_JOB_COLUMNS = [f.name for f in fields(JobInfo)]
+_BOOL_COLUMNS = {"preemptible", "distributed", "cancel_requested", "preempt_requested"}
+
+
+def _row_to_info(row: sqlite3.Row) -> JobInfo:
+    values: dict[str, Any] = {}
+    for name in _JOB_COLUMNS:
+        value = row[name]
+        if name in _BOOL_COLUMNS:
+            value = bool(value)
+        elif name == "after":
+            value = tuple(json.loads(value))
+        elif name == "placement":
+            value = Placement.from_json(json.loads(value)) if value else None
+        elif name == "progress":
+            value = json.loads(value) if value else None
+        elif name == "env":
+            value = json.loads(value) if value else {}
+        values[name] = value
+    return JobInfo(**values)
+
+
+def default_home() -> Path:
+    """``$DLSCHED_HOME``, else ``<jupyter data dir>/dlsched``."""
+    env = os.environ.get("DLSCHED_HOME")
+    if env:
+        return Path(env).expanduser()
+    from jupyter_core.paths import jupyter_data_dir
+
+    return Path(jupyter_data_dir()) / "dlsched"
+
+
+class Store:
+    """The SQLite ledger and spool folder under ``home``.
+
+    Connections are per thread; each state change is its own transaction.
+
+    >>> store = Store("/tmp/dlsched-doc")  # doctest: +SKIP
+    >>> store.jobs(states=["queued"])  # doctest: +SKIP
+    []
+    """
+
+    def __init__(self, home: str | os.PathLike[str] | None = None) -> None:
+        self.home = Path(home).expanduser() if home is not None else default_home()
+        self.home.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.home, 0o700)
+        self.spool_root = self.home / "spool"
+        self.spool_root.mkdir(mode=0o700, exist_ok=True)
+        self.path = self.home / "ledger.sqlite"
+        self._local = threading.local()
+        self._migrate()
+
+    # -- connections and transactions -------------------------------------------------
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+            self._local.pid = os.getpid()
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT``: one writer at a time across processes."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        else:
+            db.execute("COMMIT")
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
+            conn.close()
+        self._local.conn = None
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits (cheap to poll)."""
+        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        with self.transaction() as db:
+            has_meta = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
+            ).fetchone()
+            version = 0
+            if has_meta:
+                row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                version = int(row[0]) if row else 0
+            if version > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"ledger {self.path} has schema version {version}; this jupyter-dlsched "
+                    f"knows up to {len(MIGRATIONS)}: upgrade jupyter-dlsched"
+                )
+            for target in range(version, len(MIGRATIONS)):
+                for statement in MIGRATIONS[target].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', ?)",
+                    (str(target + 1),),
+                )
+
+    # -- meta -------------------------------------------------------------------------
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_meta(self, key: str, value: Any) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)", (key, json.dumps(value))
+            )
+
+    # -- jobs -------------------------------------------------------------------------
+
+    def spool(self, job_id: str) -> Path:
+        """The job's folder for payload, log and result (``JobNotFound`` for a bad id)."""
+        if not isinstance(job_id, str) or not _ID.match(job_id):
+            raise JobNotFound(job_id)
+        return self.spool_root / job_id
+
+    def new_id(self) -> str:
+        return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+    def insert_job(
+        self,
+        spec: JobSpec,
+        files: dict[str, bytes],
+        *,
+        owner: str,
+        uid: int,
+        backend: str = "local",
+        job_id: str | None = None,
+        now: float | None = None,
+    ) -> JobInfo:
+        """Store a validated job as ``queued``; its files are on disk before the row exists."""
+        job_id = job_id or self.new_id()
+        folder = self.spool(job_id)
+        folder.mkdir(mode=0o700)
+        for name, data in files.items():
+            tmp = folder / (name + ".tmp")
+            tmp.write_bytes(data)
+            tmp.rename(folder / name)
+        now = time.time() if now is None else now
+        try:
+            with self.transaction() as db:
+                missing = [
+                    dep
+                    for dep in spec.after
+                    if not db.execute("SELECT 1 FROM jobs WHERE id=?", (dep,)).fetchone()
+                ]
+                if missing:
+                    from .errors import SpecError
+
+                    raise SpecError("after", missing[0], "the id of a job in this ledger")
+                db.execute(
+                    """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
+                       gpus, gpu_mem, cpus, mem, deadline, time_limit, retries, preemptible,
+                       distributed, after, backend, submitted, env)
+                       VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                    (
+                        job_id,
+                        spec.name,
+                        spec.kind,
+                        owner,
+                        uid,
+                        spec.origin,
+                        spec.priority,
+                        spec.request.gpus,
+                        spec.request.gpu_mem,
+                        spec.request.cpus,
+                        spec.request.mem,
+                        spec.deadline,
+                        spec.time_limit,
+                        spec.retries,
+                        int(spec.preemptible),
+                        int(spec.distributed),
+                        json.dumps(list(spec.after)),
+                        backend,
+                        now,
+                        json.dumps(spec.env),
+                    ),
+                )
+                self._event(db, job_id, None, "queued", "submitted", now=now)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> JobInfo:
+        if not isinstance(job_id, str) or not _ID.match(job_id):
+            raise JobNotFound(job_id)
+        row = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        return _row_to_info(row)
+
+    def jobs(
+        self,
+        states: Iterable[str] | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        ids: Sequence[str] | None = None,
+        newest_first: bool = False,
+    ) -> list[JobInfo]:
+        """Jobs in submit order (or newest first), filtered by state, owner or ids."""
+        clauses: list[str] = []
+        args: list[Any] = []
+        if states is not None:
+            states = list(states)
+            clauses.append(f"state IN ({','.join('?' * len(states))})")
+            args += states
+        if owner is not None:
+            clauses.append("owner=?")
+            args.append(owner)
+        if ids is not None:
+            clauses.append(f"id IN ({','.join('?' * len(ids))})")
+            args += list(ids)
+        sql = "SELECT * FROM jobs"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        sql += " ORDER BY seq DESC" if newest_first else " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ? OFFSET ?"
+            args += [int(limit), int(offset)]
+        return [_row_to_info(r) for r in self.db.execute(sql, args)]
+
+    def count_jobs(self) -> dict[str, int]:
+        """Number of jobs in each state."""
+        counts = {state: 0 for state in STATES}
+        for state, n in self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"):
+            counts[state] = n
+        return counts
+
+    def states(self, ids: Sequence[str]) -> dict[str, str]:
+        if not ids:
+            return {}
+        rows = self.db.execute(
+            f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(ids))})", list(ids)
+        )
+        return {r[0]: r[1] for r in rows}
+
+    # -- state machine ------------------------------------------------------------------
+
+    def transition(
+        self,
+        job_id: str,
+        to_state: str,
+        reason: str = "",
+        *,
+        expect: Iterable[str] | None = None,
+        **columns: Any,
+    ) -> JobInfo:
+        """Move a job to ``to_state`` in one transaction (``IllegalTransition`` if not allowed)."""
+        with self.transaction() as db:
+            self.transition_in(db, job_id, to_state, reason, expect=expect, **columns)
+        return self.get(job_id)
+
+    def transition_in(
+        self,
+        db: sqlite3.Connection,
+        job_id: str,
+        to_state: str,
+        reason: str = "",
+        *,
+        expect: Iterable[str] | None = None,
+        now: float | None = None,
+        event_data: dict[str, Any] | None = None,
+        **columns: Any,
+    ) -> str:
+        """The same, inside an open transaction; returns the previous state."""
+        row = db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        current = row[0]
+        if expect is not None and current not in set(expect):
+            raise IllegalTransition(
+                f"job {job_id} is {current}, expected {' or '.join(expect)} for -> {to_state}"
+            )
+        if to_state not in TRANSITIONS[current]:
+            raise IllegalTransition(f"job {job_id}: {current} -> {to_state} is not allowed")
+        columns["state"] = to_state
+        columns["reason"] = reason
+        self._update(db, job_id, columns)
+        self._event(db, job_id, current, to_state, reason, now=now, data=event_data)
+        return current
+
+    def update(self, job_id: str, **columns: Any) -> None:
+        """Change columns that are not the state (lease, progress, pids)."""
+        with self.transaction() as db:
+            self._update(db, job_id, columns)
+
+    @staticmethod
+    def _update(db: sqlite3.Connection, job_id: str, columns: dict[str, Any]) -> None:
+        if not columns:
+            return
+        encoded = {}
+        for key, value in columns.items():
+            if key not in _JOB_COLUMNS:
+                raise KeyError(f"unknown job column {key!r}")
+            if key == "placement" and isinstance(value, Placement):
+                value = json.dumps(value.to_json())
+            elif key in ("progress", "env") and isinstance(value, dict):
+                value = json.dumps(value)
+            elif key == "after" and not isinstance(value, str):
+                value = json.dumps(list(value))
+            elif isinstance(value, bool):
+                value = int(value)
+            encoded[key] = value
+        sets = ", ".join(f"{k}=?" for k in encoded)
+        db.execute(f"UPDATE jobs SET {sets} WHERE id=?", [*encoded.values(), job_id])
+
+    @staticmethod
+    def _event(
+        db: sqlite3.Connection,
+        job_id: str,
+        from_state: str | None,
+        to_state: str,
+        reason: str,
+        now: float | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        db.execute(
+            "INSERT INTO events(job_id, time, from_state, to_state, reason, data) "
+            "VALUES(?,?,?,?,?,?)",
+            (
+                job_id,
+                time.time() if now is None else now,
+                from_state,
+                to_state,
+                reason,
+                json.dumps(data) if data else None,
+            ),
+        )
+
+    def events(self, job_id: str | None = None, since: int = 0) -> list[dict[str, Any]]:
+        """The audit trail, oldest first."""
+        sql = "SELECT * FROM events WHERE seq > ?"
+        args: list[Any] = [since]
+        if job_id is not None:
+            sql += " AND job_id=?"
+            args.append(job_id)
+        rows = self.db.execute(sql + " ORDER BY seq", args)
+        return [{**dict(r), "data": json.loads(r["data"]) if r["data"] else None} for r in rows]
+
+    # -- utilisation samples -------------------------------------------------------------
+
+    def add_samples(self, rows: Iterable[tuple[float, str, Any, Any, Any, Any]]) -> None:
+        """Rows of ``(time, source, util, mem_used, mem_total, data-dict-or-None)``."""
+        encoded = [
+            (t, src, util, used, total, json.dumps(data) if data is not None else None)
+            for t, src, util, used, total, data in rows
+        ]
+        with self.transaction() as db:
+            db.executemany(
+                "INSERT INTO samples(time, source, util, mem_used, mem_total, data) "
+                "VALUES(?,?,?,?,?,?)",
+                encoded,
+            )
+
+    def samples(self, since: float = 0.0, until: float | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT * FROM samples WHERE time >= ?", [since]
+        if until is not None:
+            sql += " AND time <= ?"
+            args.append(until)
+        rows = self.db.execute(sql + " ORDER BY time", args)
+        return [{**dict(r), "data": json.loads(r["data"]) if r["data"] else None} for r in rows]
+
+    def prune_samples(self, older_than: float) -> int:
+        with self.transaction() as db:
+            return db.execute("DELETE FROM samples WHERE time < ?", (older_than,)).rowcount
+
+    def integrity_check(self) -> str:
+        return str(self.db.execute("PRAGMA integrity_check").fetchone()[0])
