@@ -165,3 +165,15 @@ __all__ = [
     "set_priority",
     "submit",
 ]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where JupyterLab finds the prebuilt sidebar (pip also installs it under share/jupyter)."""
+    return [{"src": "labextension", "dest": "jupyter-dlsched"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    """The Jupyter server extension (REST, scheduler loop, sampler): ``jupyter_dlsched.server``."""
+    from .server import _jupyter_server_extension_points as points
+
+    return points()

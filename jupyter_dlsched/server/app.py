@@ -1,0 +1,79 @@
+"""The server extension app: configuration, start-up and shutdown.
+
+Options (``jupyter_server_config.py`` or the command line)::
+
+    c.DlschedApp.home = "/scratch/dlsched"     # the ledger and spool folder
+    c.DlschedApp.policy = "fair"               # written to the ledger for everyone
+    c.DlschedApp.sample_interval = 5.0         # seconds between utilisation samples (0: off)
+    c.DlschedApp.history_retention = 86400.0   # seconds of utilisation history kept
+"""
+
+from __future__ import annotations
+
+import os
+
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Float, Unicode
+
+from .handlers import HANDLERS
+from .state import ServerState
+
+
+class DlschedApp(ExtensionApp):
+    """Runs the scheduler loop and the sampler inside the Jupyter server and serves REST."""
+
+    name = "jupyter_dlsched"
+    load_other_extensions = True
+
+    home = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="The state folder (ledger and spool). Default: $DLSCHED_HOME, else <jupyter data dir>/dlsched.",
+    )
+    policy = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help=(
+            "Scheduling policy (priority, fifo, sjf, fair, las). It is stored in the ledger and "
+            "used by every participant; unset keeps the ledger's (or $DLSCHED_POLICY)."
+        ),
+    )
+    sample_interval = Float(
+        5.0,
+        config=True,
+        help="Seconds between utilisation samples written to the ledger; 0 turns sampling off.",
+    )
+    history_retention = Float(
+        24 * 3600.0, config=True, help="Seconds of utilisation history kept in the ledger."
+    )
+
+    state: ServerState | None = None
+
+    def initialize_settings(self) -> None:
+        from ..scheduler import Scheduler
+
+        home = self.home or os.environ.get("DLSCHED_HOME") or None
+        scheduler = Scheduler(home=home, policy=self.policy or None, loop=False)
+        self.state = ServerState(
+            scheduler,
+            sample_interval=self.sample_interval,
+            history_retention=self.history_retention,
+        )
+        self.state.start()
+        self.settings["dlsched"] = self.state
+        self.log.info(
+            "jupyter-dlsched: ledger %s, policy %s, sampling every %ss",
+            scheduler.home,
+            scheduler.settings.policy,
+            self.sample_interval,
+        )
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(HANDLERS)
+
+    async def stop_extension(self) -> None:
+        if self.state is not None:
+            self.state.close()
+            self.state = None

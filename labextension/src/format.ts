@@ -1,0 +1,204 @@
+/**
+ * The words of UI.md: how states, sizes, durations and requests read.
+ */
+import { IJob, JobState } from './api';
+
+const GIB = 1024 ** 3;
+const MIB = 1024 ** 2;
+
+export function formatBytes(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined || !isFinite(bytes)) {
+    return '–';
+  }
+  if (bytes >= GIB) {
+    const gib = bytes / GIB;
+    return `${gib >= 10 ? Math.round(gib) : gib.toFixed(1)} GiB`;
+  }
+  return `${Math.round(bytes / MIB)} MiB`;
+}
+
+/** "12m 04s", "41m", "2h 03m", "8s". */
+export function formatDuration(seconds: number | null | undefined, precise = true): string {
+  if (seconds === null || seconds === undefined || !isFinite(seconds) || seconds < 0) {
+    return '–';
+  }
+  const s = Math.floor(seconds);
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const rest = s % 60;
+  const pad = (n: number) => n.toString().padStart(2, '0');
+  if (h > 0) {
+    return `${h}h ${pad(m)}m`;
+  }
+  if (m > 0) {
+    return precise ? `${m}m ${pad(rest)}s` : `${m}m`;
+  }
+  return `${rest}s`;
+}
+
+export function formatTime(epoch: number | null | undefined): string {
+  if (!epoch) {
+    return '–';
+  }
+  return new Date(epoch * 1000).toLocaleTimeString();
+}
+
+/** The colour family of a state chip (a CSS modifier class). */
+export function stateTone(state: JobState): string {
+  switch (state) {
+    case 'queued':
+      return 'queued';
+    case 'running':
+      return 'running';
+    case 'succeeded':
+      return 'done';
+    case 'failed':
+    case 'lost':
+    case 'timeout':
+      return 'failed';
+    case 'cancelled':
+      return 'cancelled';
+    case 'preempted':
+      return 'preempted';
+    default:
+      return 'queued';
+  }
+}
+
+/** The short word on the chip itself. */
+export function stateChip(state: JobState): string {
+  switch (state) {
+    case 'succeeded':
+      return 'done';
+    case 'lost':
+    case 'timeout':
+      return 'failed';
+    default:
+      return state;
+  }
+}
+
+/** The full phrase of UI.md, e.g. "queued · #3 in line · waiting for 2 GPUs". */
+export function stateWords(job: IJob, now: number): string {
+  switch (job.state) {
+    case 'queued': {
+      const parts = ['queued'];
+      if (job.position) {
+        parts.push(`#${job.position} in line`);
+      }
+      if (job.waiting) {
+        parts.push(job.waiting);
+      }
+      return parts.join(' · ');
+    }
+    case 'running':
+      return `running · ${formatDuration(job.started ? now - job.started : null)}`;
+    case 'succeeded':
+      return `done · ${formatDuration(ranFor(job, now), false)}`;
+    case 'failed':
+    case 'lost':
+    case 'timeout':
+      return `failed: ${job.reason || job.state}`;
+    case 'cancelled':
+      return 'cancelled';
+    case 'preempted':
+      return 'preempted · requeued';
+    default:
+      return String(job.state);
+  }
+}
+
+export function waitedFor(job: IJob, now: number): number | null {
+  const end = job.started ?? job.finished ?? now;
+  return end - job.submitted;
+}
+
+export function ranFor(job: IJob, now: number): number | null {
+  if (!job.started) {
+    return null;
+  }
+  return (job.finished ?? now) - job.started;
+}
+
+/** "2 GPU · 8 CPU · 32 GiB" */
+export function requestText(job: IJob): string {
+  if (job.request.text) {
+    return job.request.text;
+  }
+  const parts: string[] = [];
+  if (job.request.gpus) {
+    parts.push(`${job.request.gpus} GPU`);
+  }
+  parts.push(`${job.request.cpus} CPU`);
+  if (job.request.mem) {
+    parts.push(formatBytes(job.request.mem));
+  }
+  return parts.join(' · ');
+}
+
+/** The progress fraction in [0, 1], or null when unknown. */
+export function progressFraction(job: IJob): number | null {
+  const p = job.progress;
+  if (!p || !p.total) {
+    return null;
+  }
+  return Math.max(0, Math.min(1, p.done / p.total));
+}
+
+/** The last metric reported with `dls.progress`, e.g. "loss 0.31". */
+export function lastMetric(job: IJob): string {
+  const metrics = job.progress?.metrics;
+  if (!metrics) {
+    return '';
+  }
+  const names = Object.keys(metrics);
+  if (!names.length) {
+    return '';
+  }
+  const name = names[names.length - 1];
+  const value = metrics[name];
+  const text = typeof value === 'number' ? formatNumber(value) : String(value);
+  return `${name} ${text}`;
+}
+
+function formatNumber(value: number): string {
+  if (Number.isInteger(value)) {
+    return String(value);
+  }
+  return Math.abs(value) >= 100 ? value.toFixed(0) : value.toPrecision(3);
+}
+
+export const PRIORITY_NAMES: { [value: number]: string } = {
+  0: 'low',
+  50: 'normal',
+  100: 'high',
+  1000: 'urgent'
+};
+
+export function priorityText(priority: number): string {
+  return PRIORITY_NAMES[priority] ?? String(priority);
+}
+
+/** The next priority step up or down (low < normal < high < urgent, numbers in between). */
+export function nextPriority(priority: number, direction: 1 | -1): number {
+  const steps = [0, 50, 100, 1000];
+  if (direction > 0) {
+    return steps.find(step => step > priority) ?? priority + 100;
+  }
+  const lower = steps.filter(step => step < priority);
+  return lower.length ? lower[lower.length - 1] : priority - 10;
+}
+
+export function isFinished(state: JobState): boolean {
+  return !['queued', 'running', 'preempted'].includes(state);
+}
+
+/** The part of the phrase after the chip word: "#3 in line · waiting for 2 GPUs", a failure reason. */
+export function stateDetail(job: IJob, now: number): string {
+  const words = stateWords(job, now);
+  if (words.startsWith('failed: ')) {
+    return words.slice('failed: '.length);
+  }
+  const cut = words.indexOf(' · ');
+  return cut < 0 ? '' : words.slice(cut + 3);
+}

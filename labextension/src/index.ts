@@ -1,0 +1,127 @@
+/**
+ * jupyter-dlsched in JupyterLab: sidebar, status-bar item, job logs and notifications.
+ */
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { ICommandPalette, MainAreaWidget, Notification, WidgetTracker } from '@jupyterlab/apputils';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { IJob } from './api';
+import { formatDuration, ranFor } from './format';
+import { createLogWidget, JobLogView } from './logview';
+import { SchedulerModel } from './model';
+import { SchedulerSidebar } from './sidebar';
+import { SchedulerStatus } from './statusbar';
+
+const schedulerIconSvg = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
+<g class="jp-icon3" fill="#616161">
+<rect x="5" y="5" width="14" height="14" rx="2" fill="none" stroke="#616161" stroke-width="2"/>
+<rect x="9" y="9" width="6" height="6"/>
+<rect x="8" y="1" width="2" height="4"/><rect x="14" y="1" width="2" height="4"/>
+<rect x="8" y="19" width="2" height="4"/><rect x="14" y="19" width="2" height="4"/>
+<rect x="1" y="8" width="4" height="2"/><rect x="1" y="14" width="4" height="2"/>
+<rect x="19" y="8" width="4" height="2"/><rect x="19" y="14" width="4" height="2"/>
+</g></svg>`;
+
+const schedulerIcon = new LabIcon({ name: 'jupyter-dlsched:gpu', svgstr: schedulerIconSvg });
+
+namespace CommandIDs {
+  export const showQueue = 'dlsched:show-queue';
+  export const openLog = 'dlsched:open-log';
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'jupyter-dlsched:plugin',
+  description: 'GPU job queue, utilisation and logs from the jupyter-dlsched scheduler.',
+  autoStart: true,
+  optional: [ILayoutRestorer, IStatusBar, ICommandPalette],
+  activate: (
+    app: JupyterFrontEnd,
+    restorer: ILayoutRestorer | null,
+    statusBar: IStatusBar | null,
+    palette: ICommandPalette | null
+  ) => {
+    const model = new SchedulerModel();
+    const tracker = new WidgetTracker<MainAreaWidget<JobLogView>>({ namespace: 'dlsched-log' });
+
+    const openLog = (id: string) => app.commands.execute(CommandIDs.openLog, { id });
+
+    app.commands.addCommand(CommandIDs.openLog, {
+      label: args => (args.id ? `Job Log ${args.id}` : 'Job Log'),
+      describedBy: {
+        args: {
+          type: 'object',
+          properties: { id: { type: 'string', description: 'The job id' } }
+        }
+      },
+      execute: args => {
+        const id = String(args.id ?? '');
+        if (!id) {
+          return;
+        }
+        const existing = tracker.find(widget => widget.content.jobId === id);
+        if (existing) {
+          app.shell.activateById(existing.id);
+          return;
+        }
+        const widget = createLogWidget(id);
+        void tracker.add(widget);
+        app.shell.add(widget, 'main');
+        app.shell.activateById(widget.id);
+      }
+    });
+
+    const sidebar = new SchedulerSidebar({ model, openLog: id => void openLog(id) });
+    sidebar.title.icon = schedulerIcon;
+    app.shell.add(sidebar, 'left', { rank: 600 });
+    if (restorer) {
+      restorer.add(sidebar, 'jupyter-dlsched-sidebar');
+      void restorer.restore(tracker, {
+        command: CommandIDs.openLog,
+        args: widget => ({ id: widget.content.jobId }),
+        name: widget => widget.content.jobId
+      });
+    }
+
+    app.commands.addCommand(CommandIDs.showQueue, {
+      label: 'Show GPU Job Queue',
+      execute: () => {
+        app.shell.activateById(sidebar.id);
+      }
+    });
+    palette?.addItem({ command: CommandIDs.showQueue, category: 'GPU Scheduler' });
+
+    if (statusBar) {
+      const item = new SchedulerStatus(model, () => app.shell.activateById(sidebar.id));
+      statusBar.registerStatusItem('jupyter-dlsched:status', {
+        item,
+        align: 'left',
+        rank: 5
+      });
+    }
+
+    model.jobFinished.connect((_, job: IJob) => notify(job, openLog));
+  }
+};
+
+function notify(job: IJob, openLog: (id: string) => Promise<unknown>): void {
+  const actions = [{ label: 'Show log', callback: () => void openLog(job.id) }];
+  if (job.state === 'succeeded') {
+    const ran = formatDuration(ranFor(job, job.finished ?? Date.now() / 1000), false);
+    Notification.success(`Job ${job.name} (${job.id}) done in ${ran}`, {
+      autoClose: 8000,
+      actions
+    });
+  } else {
+    Notification.error(`Job ${job.name} (${job.id}) failed: ${job.reason || job.state}`, {
+      autoClose: false,
+      actions
+    });
+  }
+}
+
+export default plugin;

@@ -1,0 +1,390 @@
+"""The server extension against a real Jupyter server, a real ledger and real jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from jupyter_dlsched.scheduler import Scheduler
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+SIMULATED = "2x16GiB"
+
+
+@pytest.fixture
+def dls_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    home = tmp_path / "dlsched"
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", SIMULATED)
+    monkeypatch.setenv("DLSCHED_HOME", str(home))
+    yield home
+    # The job launcher of a state folder exits once the folder is gone.
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def jp_server_config(dls_home: Path) -> dict[str, Any]:
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_dlsched": True}},
+        "DlschedApp": {"home": str(dls_home), "sample_interval": 0.1},
+    }
+
+
+@pytest.fixture
+def submitter(dls_home: Path) -> Iterator[Scheduler]:
+    """A participant that only submits, like a kernel that goes away: the server runs the loop."""
+    s = Scheduler(home=dls_home, loop=False)
+    yield s
+    for job in s.jobs(state=["queued", "running", "preempted"]):
+        s.cancel(job.id)
+    s.close()
+
+
+def sleeper(s: Scheduler, seconds: float = 60, **resources: Any) -> str:
+    code = f"import time; print('started', flush=True); time.sleep({seconds})"
+    return s.submit_command([sys.executable, "-c", code], **resources).id
+
+
+async def get_json(jp_fetch: Any, *path: str, **params: Any) -> Any:
+    response = await jp_fetch("dlsched", "api", "v1", *path, params=params or None)
+    assert response.code == 200
+    assert response.headers["Content-Type"].startswith("application/json")
+    return json.loads(response.body)
+
+
+async def error_of(
+    jp_fetch: Any, *path: str, method: str = "GET", **kwargs: Any
+) -> tuple[int, str]:
+    with pytest.raises(HTTPClientError) as caught:
+        await jp_fetch("dlsched", "api", "v1", *path, method=method, **kwargs)
+    response = caught.value.response
+    assert response is not None
+    assert response.headers["Content-Type"].startswith("application/json")
+    return caught.value.code, json.loads(response.body)["message"]
+
+
+async def wait_for_state(jp_fetch: Any, job_id: str, state: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = await get_json(jp_fetch, "jobs", job_id)
+        if job["state"] == state or time.monotonic() > deadline:
+            assert job["state"] == state, job
+            return job
+        await asyncio.sleep(0.1)
+
+
+async def test_status_counts_jobs_and_names_the_user(jp_fetch: Any, submitter: Scheduler) -> None:
+    sleeper(submitter, gpus=2)
+    sleeper(submitter, gpus=1)
+
+    status = await get_json(jp_fetch, "status")
+
+    assert status["counts"]["running"] + status["counts"]["queued"] == 2
+    assert status["gpus"]["total"] == 2
+    assert status["gpus"]["simulated"] == 2
+    assert status["user"] == submitter.owner
+
+
+async def test_pool_shows_simulated_gpus_and_the_job_on_them(
+    jp_fetch: Any, submitter: Scheduler
+) -> None:
+    job_id = sleeper(submitter, gpus=1, gpu_mem="4GiB")
+    await wait_for_state(jp_fetch, job_id, "running")
+
+    pool = await get_json(jp_fetch, "pool")
+
+    assert [g["simulated"] for g in pool["gpus"]] == [True, True]
+    assert pool["gpus"][0]["mem_total"] == 16 * 1024**3
+    assert sum(job_id in g["jobs"] for g in pool["gpus"]) == 1
+    assert pool["cpus"]["count"] >= 1 and pool["memory"]["total"] > 0
+
+
+async def test_the_queue_moves_under_the_server_after_a_cancel_with_no_kernel(
+    jp_fetch: Any, submitter: Scheduler
+) -> None:
+    big = sleeper(submitter, gpus=2)
+    small = sleeper(submitter, gpus=1)
+    await wait_for_state(jp_fetch, big, "running")
+    waiting = await get_json(jp_fetch, "jobs", small)
+    assert waiting["state"] == "queued"
+    assert waiting["waiting"]
+    submitter.close()  # the submitting "kernel" is gone; only the server ticks now
+
+    cancelled = await get_json_post(jp_fetch, "jobs", big, "cancel")
+
+    assert cancelled["id"] == big
+    await wait_for_state(jp_fetch, big, "cancelled")
+    started = await wait_for_state(jp_fetch, small, "running")
+    assert len(started["devices"]) == 1
+
+
+async def get_json_post(jp_fetch: Any, *path: str) -> Any:
+    response = await jp_fetch("dlsched", "api", "v1", *path, method="POST", body=b"")
+    assert response.code == 200
+    return json.loads(response.body)
+
+
+async def test_a_running_jobs_log_can_be_tailed_and_followed(
+    jp_fetch: Any, submitter: Scheduler
+) -> None:
+    job_id = sleeper(submitter, cpus=1)
+    await wait_for_state(jp_fetch, job_id, "running")
+    deadline = time.monotonic() + 20
+    while True:
+        chunk = await get_json(jp_fetch, "jobs", job_id, "log", tail=10)
+        if "started" in chunk["text"] or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+
+    assert "started" in chunk["text"]
+    later = await get_json(jp_fetch, "jobs", job_id, "log", offset=chunk["next_offset"])
+    assert later["offset"] == chunk["next_offset"]
+    assert later["text"] == ""
+
+
+async def test_jobs_filter_by_state_and_owner_and_page(jp_fetch: Any, submitter: Scheduler) -> None:
+    ids = [sleeper(submitter, gpus=2, name=f"sweep-{i}") for i in range(4)]
+    await wait_for_state(jp_fetch, ids[0], "running")
+
+    queued = await get_json(jp_fetch, "jobs", state="queued", order="queue")
+    first = await get_json(jp_fetch, "jobs", limit=2)
+    second = await get_json(jp_fetch, "jobs", limit=2, offset=2)
+    nobody = await get_json(jp_fetch, "jobs", owner="nobody-at-all")
+
+    assert [j["id"] for j in queued["jobs"]] == ids[1:]
+    assert [j["position"] for j in queued["jobs"]] == [1, 2, 3]
+    assert [j["id"] for j in first["jobs"] + second["jobs"]] == ids[::-1]
+    assert first["next_offset"] == 2
+    assert nobody["jobs"] == [] and nobody["next_offset"] is None
+
+
+async def test_priority_changes_by_name_and_number(jp_fetch: Any, submitter: Scheduler) -> None:
+    job_id = sleeper(submitter, gpus=2, priority="low")
+
+    raised = await jp_fetch(
+        "dlsched",
+        "api",
+        "v1",
+        "jobs",
+        job_id,
+        method="PATCH",
+        body=json.dumps({"priority": "high"}),
+    )
+    numbered = await jp_fetch(
+        "dlsched", "api", "v1", "jobs", job_id, method="PATCH", body=json.dumps({"priority": 7})
+    )
+
+    assert json.loads(raised.body)["priority"] == 100
+    assert json.loads(numbered.body)["priority"] == 7
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"priority": "very"},
+        {"priority": True},
+        {"priority": None},
+        {"priority": [1]},
+        {"priority": 1, "name": "x"},
+        {},
+        [],
+        "high",
+    ],
+)
+async def test_a_bad_priority_is_a_400_that_says_why(
+    jp_fetch: Any, submitter: Scheduler, body: Any
+) -> None:
+    job_id = sleeper(submitter, gpus=2)
+
+    code, message = await error_of(jp_fetch, "jobs", job_id, method="PATCH", body=json.dumps(body))
+
+    assert code == 400
+    assert "priority" in message
+
+
+async def test_a_body_that_is_not_json_is_a_400(jp_fetch: Any, submitter: Scheduler) -> None:
+    job_id = sleeper(submitter, gpus=2)
+
+    code, message = await error_of(jp_fetch, "jobs", job_id, method="PATCH", body=b"{nope")
+
+    assert code == 400 and "JSON" in message
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("jobs", "zzzz9999"),
+        ("jobs", "zzzz9999", "log"),
+    ],
+)
+async def test_an_unknown_job_is_a_404(jp_fetch: Any, dls_home: Path, path: tuple[str]) -> None:
+    code, message = await error_of(jp_fetch, *path)
+
+    assert code == 404
+    assert "zzzz9999" in message
+
+
+async def test_cancelling_or_reprioritising_an_unknown_job_is_a_404(
+    jp_fetch: Any, dls_home: Path
+) -> None:
+    assert (await error_of(jp_fetch, "jobs", "zzzz9999", "cancel", method="POST", body=b""))[
+        0
+    ] == 404
+    patch = json.dumps({"priority": 1})
+    assert (await error_of(jp_fetch, "jobs", "zzzz9999", method="PATCH", body=patch))[0] == 404
+
+
+@pytest.mark.parametrize(
+    "raw_id",
+    ["..", "..%2F..%2Fetc%2Fpasswd", "%2E%2E", "ABCD", "a b", "a%00b", "x" * 200, "%2Fetc"],
+)
+async def test_path_tricks_in_ids_are_refused(jp_fetch: Any, dls_home: Path, raw_id: str) -> None:
+    for suffix in ("", "/log"):
+        url = f"dlsched/api/v1/jobs/{raw_id}{suffix}"
+        with pytest.raises(HTTPClientError) as caught:
+            await jp_fetch(url)
+        assert caught.value.code in (400, 404), (url, caught.value.code)
+
+
+@pytest.mark.parametrize(
+    "path, params",
+    [
+        (("jobs",), {"limit": "abc"}),
+        (("jobs",), {"limit": "0"}),
+        (("jobs",), {"limit": "100000"}),
+        (("jobs",), {"offset": "-1"}),
+        (("jobs",), {"state": "sleeping"}),
+        (("jobs",), {"order": "random"}),
+        (("metrics",), {"since": "yesterday"}),
+        (("metrics",), {"since": "nan"}),
+        (("metrics",), {"since": "200", "until": "100"}),
+    ],
+)
+async def test_bad_query_arguments_are_a_400(
+    jp_fetch: Any, dls_home: Path, path: tuple[str], params: dict[str, str]
+) -> None:
+    with pytest.raises(HTTPClientError) as caught:
+        await jp_fetch("dlsched", "api", "v1", *path, params=params)
+
+    assert caught.value.code == 400
+    response = caught.value.response
+    assert response is not None
+    name = next(iter(params))
+    assert name in json.loads(response.body)["message"]
+
+
+async def test_log_arguments_are_checked(jp_fetch: Any, submitter: Scheduler) -> None:
+    job_id = sleeper(submitter, gpus=2)
+
+    for params in ({"offset": "-5"}, {"tail": "x"}, {"offset": "0", "tail": "5"}):
+        with pytest.raises(HTTPClientError) as caught:
+            await jp_fetch("dlsched", "api", "v1", "jobs", job_id, "log", params=params)
+        assert caught.value.code == 400
+
+
+async def test_metrics_hold_gpu_cpu_and_ram_samples(jp_fetch: Any, dls_home: Path) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        metrics = await get_json(jp_fetch, "metrics")
+        sources = {s["source"] for s in metrics["samples"]}
+        if {"gpu:0", "gpu:1", "cpu", "ram"} <= sources or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+
+    assert {"gpu:0", "gpu:1", "cpu", "ram"} <= sources
+    gpus = await get_json(jp_fetch, "metrics", source="gpu")
+    assert {s["source"] for s in gpus["samples"]} == {"gpu:0", "gpu:1"}
+    assert all(s["mem_total"] == 16 * 1024**3 for s in gpus["samples"])
+    assert metrics["interval"] == 0.1
+
+
+# -- every route: authentication and the OpenAPI description ---------------------------------
+
+
+def dlsched_routes(app: Any) -> list[tuple[str, type]]:
+    """(regex, handler) of every registered route under /dlsched/, from tornado's routers."""
+    found: list[tuple[str, type]] = []
+
+    def walk(router: Any) -> None:
+        for rule in getattr(router, "rules", []):
+            target = rule.target
+            if hasattr(target, "rules"):
+                walk(target)
+                continue
+            regex = getattr(rule.matcher, "regex", None)
+            if regex is not None and "/dlsched/" in regex.pattern:
+                found.append((regex.pattern, target))
+
+    walk(app.default_router)
+    walk(app.wildcard_router)
+    return found
+
+
+def concrete(pattern: str) -> str:
+    """The route as a path below the base URL, with a job id filled in: /dlsched/api/v1/..."""
+    path = pattern.rstrip("$").replace("(?P<job_id>[^/]+)", "abcd1234")
+    return path[path.index("/dlsched/") :]
+
+
+def methods_of(handler: type) -> set[str]:
+    return {m for m in ("get", "post", "patch", "put", "delete") if m in vars(handler)}
+
+
+async def test_every_route_refuses_an_unauthenticated_call(
+    jp_serverapp: Any, http_server_client: Any, jp_base_url: str, dls_home: Path
+) -> None:
+    routes = dlsched_routes(jp_serverapp.web_app)
+    assert len(routes) >= 7
+
+    for pattern, handler in routes:
+        path = jp_base_url.rstrip("/") + concrete(pattern)
+        for method in methods_of(handler):
+            body = b"{}" if method in ("post", "patch", "put") else None
+            response = await http_server_client.fetch(
+                path, method=method.upper(), body=body, raise_error=False, follow_redirects=False
+            )
+            assert response.code in (401, 403), (method, path, response.code)
+
+
+async def test_the_openapi_file_describes_exactly_the_registered_routes(
+    jp_serverapp: Any, jp_base_url: str, dls_home: Path
+) -> None:
+    import jupyter_dlsched.server
+
+    spec_path = Path(jupyter_dlsched.server.__file__).parent / "openapi.json"
+    spec = json.loads(spec_path.read_text())
+    prefix = spec["servers"][0]["url"]
+    described = {
+        (prefix + path.replace("{job_id}", "abcd1234"), method)
+        for path, operations in spec["paths"].items()
+        for method in operations
+    }
+
+    registered = {
+        (concrete(pattern), method)
+        for pattern, handler in dlsched_routes(jp_serverapp.web_app)
+        for method in methods_of(handler)
+    }
+
+    assert registered == described
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            assert "200" in operation["responses"], (path, method)
+            if "{job_id}" in path:
+                assert "404" in operation["responses"], (path, method)
+
+
+def test_the_extension_is_enabled_by_the_shipped_config() -> None:
+    config = Path(__file__).parents[1] / "jupyter-config" / "server-config" / "jupyter_dlsched.json"
+    enabled = json.loads(config.read_text())["ServerApp"]["jpserver_extensions"]
+
+    assert enabled == {"jupyter_dlsched": True}
