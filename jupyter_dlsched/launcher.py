@@ -56,6 +56,18 @@ def request_start(home: str | os.PathLike[str], job_id: str, timeout: float = 2.
     return reply.startswith(b"ok")
 
 
+def stop(home: str | os.PathLike[str]) -> bool:
+    """Ask this folder's launcher to exit (running jobs are not affected)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(2.0)
+            conn.connect(socket_name(home))
+            conn.sendall(b"stop\n")
+            return conn.recv(64).startswith(b"ok")
+    except OSError:
+        return False
+
+
 def spawn_launcher(home: str | os.PathLike[str]) -> None:
     """Start a launcher in the background (its own session, so it outlives the caller)."""
     subprocess.Popen(
@@ -116,6 +128,9 @@ def serve(home: str, idle_exit: float = IDLE_EXIT) -> int:
                     continue
                 line = conn.recv(256).decode().strip()
                 verb, _, job_id = line.partition(" ")
+                if verb == "stop":
+                    conn.sendall(b"ok\n")
+                    return 0
                 if verb != "start" or not job_id:
                     conn.sendall(b"bad request\n")
                     continue

@@ -24,6 +24,7 @@ from typing import Any
 from .backends import Backend, make_backend
 from .errors import JobNotFound, SpecError
 from .handle import JobHandle, job_exception
+from .inline import InlineRunner
 from .policy import Decisions, Policy, QueuedJob, RunningJob, get_policy
 from .pool import PoolInfo, idle_capacity, probe
 from .resources import Capacity, GpuFree, Placement
@@ -113,6 +114,7 @@ class Scheduler:
         self.uid = os.getuid()
         self._watched: dict[str, list[JobHandle]] = {}
         self._orphan_tries: dict[str, float] = {}
+        self._inline = InlineRunner(self)
         self._watch_lock = threading.Lock()
         self._event_seq = self._last_event_seq()
         self._wake = threading.Event()
@@ -207,8 +209,28 @@ class Scheduler:
         files = {"payload.pkl": pickle_payload(payload)}
         return self._insert(kind, files, default_name=default_name, **resources)
 
+    def submit_inline(
+        self,
+        fn: Callable[[JobInfo], Any],
+        *,
+        kind: str = "cell",
+        default_name: str = "cell",
+        **resources: Any,
+    ) -> JobHandle:
+        """Queue ``fn(info)`` to run in a thread of this process once resources are granted.
+
+        See ``jupyter_dlsched.inline`` for what cancel and time limits can do there.
+        """
+        return self._insert(kind, {}, default_name=default_name, inline_fn=fn, **resources)
+
     def _insert(
-        self, kind: str, files: dict[str, bytes], *, default_name: str, **resources: Any
+        self,
+        kind: str,
+        files: dict[str, bytes],
+        *,
+        default_name: str,
+        inline_fn: Callable[[JobInfo], Any] | None = None,
+        **resources: Any,
     ) -> JobHandle:
         unknown = set(resources) - set(RESOURCE_ARGS)
         if unknown:
@@ -221,11 +243,22 @@ class Scheduler:
             **resources,
         )
         files["context.json"] = json.dumps(submit_context()).encode()
+        job_id = self.store.new_id()
+        if inline_fn is not None:
+            self._inline.register(job_id, inline_fn)
         info = self.store.insert_job(
-            spec, files, owner=self.owner, uid=self.uid, backend=self.backend.name
+            spec,
+            files,
+            owner=self.owner,
+            uid=self.uid,
+            backend=self.backend.name,
+            job_id=job_id,
+            inline=inline_fn is not None,
         )
+        handle = JobHandle(self, info.id)
+        self._watch(handle, check=False)
         self._kick()
-        return JobHandle(self, info.id)
+        return handle
 
     def map(
         self, fn: Callable[..., Any], items: Iterable[Any], **resources: Any
@@ -252,7 +285,9 @@ class Scheduler:
     def get(self, job_id: str) -> JobHandle:
         """A handle on an existing job (``JobNotFound`` if there is none)."""
         self.store.get(job_id)
-        return JobHandle(self, job_id)
+        handle = JobHandle(self, job_id)
+        self._watch(handle)
+        return handle
 
     def log_path(self, job_id: str) -> Path:
         return self.store.spool(job_id) / "log"
@@ -503,11 +538,15 @@ class Scheduler:
         """Launch jobs of this user allocated by this tick, and orphans nobody launched."""
         fresh = set(just_started)
         rows = self.store.db.execute(
-            "SELECT id, started FROM jobs WHERE state='running' AND supervisor_pid IS NULL "
+            "SELECT id, started, inline FROM jobs WHERE state='running' AND supervisor_pid IS NULL "
             "AND uid=? AND backend=? AND cancel_requested=0",
             (self.uid, self.backend.name),
         ).fetchall()
-        for job_id, started in rows:
+        for job_id, started, inline in rows:
+            if inline:
+                # only the process that holds the cell can run it; the lease reaps the rest
+                self._inline.launch(self.store.get(job_id))
+                continue
             if job_id not in fresh:
                 # allocated by another participant, which launches it; step in if it did not
                 if started is None or now - started < UNLAUNCHED_GRACE:
@@ -565,6 +604,7 @@ class Scheduler:
                     last_change = now
                 if woke or changed or now - last_tick >= 1.0:
                     self.tick()
+                    self._inline.maintain()
                     last_tick = now
                 if woke or changed:
                     self._resolve_watched()
@@ -577,9 +617,15 @@ class Scheduler:
         row = self.store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
         return int(row[0])
 
-    def _watch(self, handle: JobHandle) -> None:
+    def _watch(self, handle: JobHandle, check: bool = True) -> None:
+        """Have the loop resolve ``handle`` when its job ends (futures' wait/as_completed)."""
         with self._watch_lock:
-            self._watched.setdefault(handle.id, []).append(handle)
+            handles = self._watched.setdefault(handle.id, [])
+            if any(h is handle for h in handles):
+                return
+            handles.append(handle)
+        if not check:
+            return
         handle._check()
         if handle._resolved:
             with self._watch_lock:
@@ -610,6 +656,8 @@ class Scheduler:
     def _load_result(self, job_id: str) -> Any:
         import cloudpickle
 
+        if job_id in self._inline.results:
+            return self._inline.results[job_id]
         info = self.store.get(job_id)
         if info.kind == "command":
             return info.exit_code
@@ -617,6 +665,8 @@ class Scheduler:
         return cloudpickle.loads(path.read_bytes())
 
     def _job_exception(self, info: JobInfo) -> BaseException:
+        if info.id in self._inline.errors:
+            return self._inline.errors[info.id]
         folder = self.store.spool(info.id)
         error_json = folder / "error.json"
         error_pickle = folder / "error.pkl"

@@ -91,7 +91,8 @@ MIGRATIONS: list[str] = [
         attained REAL NOT NULL DEFAULT 0,
         waiting TEXT,
         position INTEGER,
-        env TEXT NOT NULL DEFAULT '{}'
+        env TEXT NOT NULL DEFAULT '{}',
+        inline INTEGER NOT NULL DEFAULT 0
     );
     CREATE INDEX jobs_state ON jobs(state);
     CREATE INDEX jobs_owner ON jobs(owner);
@@ -167,6 +168,7 @@ class JobInfo:
     waiting: str | None
     position: int | None
     env: dict[str, str]
+    inline: bool
 
     @property
     def request(self) -> Request:
@@ -215,11 +217,12 @@ class JobInfo:
             "position": self.position,
             "waiting": self.waiting,
             "backend": self.backend,
+            "inline": self.inline,
         }
 
 
 _JOB_COLUMNS = [f.name for f in fields(JobInfo)]
-_BOOL_COLUMNS = {"preemptible", "distributed", "cancel_requested", "preempt_requested"}
+_BOOL_COLUMNS = {"preemptible", "distributed", "cancel_requested", "preempt_requested", "inline"}
 
 
 def _row_to_info(row: sqlite3.Row) -> JobInfo:
@@ -364,6 +367,7 @@ class Store:
         backend: str = "local",
         job_id: str | None = None,
         now: float | None = None,
+        inline: bool = False,
     ) -> JobInfo:
         """Store a validated job as ``queued``; its files are on disk before the row exists."""
         job_id = job_id or self.new_id()
@@ -388,8 +392,8 @@ class Store:
                 db.execute(
                     """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
                        gpus, gpu_mem, cpus, mem, deadline, time_limit, retries, preemptible,
-                       distributed, after, backend, submitted, env)
-                       VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       distributed, after, backend, submitted, env, inline)
+                       VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                     (
                         job_id,
                         spec.name,
@@ -411,6 +415,7 @@ class Store:
                         backend,
                         now,
                         json.dumps(spec.env),
+                        int(inline),
                     ),
                 )
                 self._event(db, job_id, None, "queued", "submitted", now=now)

@@ -77,13 +77,10 @@ def supervise(home: str | os.PathLike[str], job_id: str) -> int:
     context = _read_context(folder)
     env = job_environment(job, store, context)
     cores = _cores(job, store)
-    supervisor = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        _run_job(folder, job, env, context, cores, log_fd, supervisor)
+    pids = _start_ranks(folder, job, env, context, cores, log_fd)
     os.close(log_fd)
-    store.update(job_id, job_pid=pid)
-    outcome = _monitor(store, job, pid, settings, folder)
+    store.update(job_id, job_pid=pids[0])
+    outcome = _monitor(store, job, pids, settings, folder)
     _record(store, job, outcome, folder)
     store.close()
     _tick_after(home)
@@ -142,6 +139,55 @@ def _cores(job: JobInfo, store: Store) -> set[int]:
     return mapped & usable
 
 
+def world_size(job: JobInfo) -> int:
+    """Processes a job runs: one per granted GPU (or whole CPU) when distributed, else one."""
+    if not job.distributed:
+        return 1
+    return len(job.devices) or max(1, int(job.cpus))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start_ranks(
+    folder: Path,
+    job: JobInfo,
+    env: dict[str, str],
+    context: dict[str, Any],
+    cores: set[int],
+    log_fd: int,
+) -> list[int]:
+    """Fork the job's process(es), all in one process group led by rank 0."""
+    world = world_size(job)
+    if job.distributed:
+        env = {
+            **env,
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_free_port()),
+        }
+    supervisor = os.getpid()
+    pids: list[int] = []
+    for rank in range(world):
+        rank_env = env
+        if job.distributed:
+            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0"}
+        pgid = pids[0] if pids else 0
+        pid = os.fork()
+        if pid == 0:
+            _run_job(folder, job, rank_env, context, cores, log_fd, supervisor, pgid, rank)
+        try:
+            os.setpgid(pid, pgid or pid)  # also done by the child: whichever runs first wins
+        except OSError:
+            pass
+        pids.append(pid)
+    return pids
+
+
 def _run_job(
     folder: Path,
     job: JobInfo,
@@ -150,11 +196,16 @@ def _run_job(
     cores: set[int],
     log_fd: int,
     supervisor: int,
+    pgid: int = 0,
+    rank: int = 0,
 ) -> None:
-    """The job process: never returns."""
+    """A job process (rank ``rank`` of a distributed job): never returns."""
     code = 1
     try:
-        os.setpgid(0, 0)
+        try:
+            os.setpgid(0, pgid)
+        except OSError:
+            pass
         try:
             ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):
@@ -187,7 +238,7 @@ def _run_job(
         for entry in reversed(context.get("sys_path") or []):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        code = _run_python(folder)
+        code = _run_python(folder, rank)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -198,7 +249,7 @@ def _run_job(
             os._exit(code)
 
 
-def _run_python(folder: Path) -> int:
+def _run_python(folder: Path, rank: int = 0) -> int:
     import cloudpickle
 
     try:
@@ -212,16 +263,18 @@ def _run_python(folder: Path) -> int:
         if stop.code in (0, None):
             result = None
         else:
-            _write_error(folder, stop)
+            _write_error(folder, stop, rank)
             return stop.code if isinstance(stop.code, int) else 1
     except BaseException as error:
-        _write_error(folder, error)
+        _write_error(folder, error, rank)
         return 1
+    if rank != 0:
+        return 0  # a distributed job's result is rank 0's
     try:
         data = cloudpickle.dumps(result)
     except Exception as error:
         wrapped = TypeError(f"the job's result could not be pickled: {error}")
-        _write_error(folder, wrapped)
+        _write_error(folder, wrapped, rank)
         return 1
     tmp = folder / "result.pkl.tmp"
     tmp.write_bytes(data)
@@ -229,13 +282,20 @@ def _run_python(folder: Path) -> int:
     return 0
 
 
-def _write_error(folder: Path, error: BaseException) -> None:
+def _write_error(folder: Path, error: BaseException, rank: int = 0) -> None:
+    """Record the job's exception; with several ranks the first failing rank's is kept."""
     import cloudpickle
 
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     sys.stderr.write(text)
-    info = {"type": type(error).__name__, "message": str(error), "traceback": text}
-    (folder / "error.json").write_text(json.dumps(info))
+    message = str(error) if rank == 0 else f"rank {rank}: {error}"
+    info = {"type": type(error).__name__, "message": message, "traceback": text, "rank": rank}
+    try:
+        fd = os.open(folder / "error.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(info))
     try:
         (folder / "error.pkl").write_bytes(cloudpickle.dumps(error))
     except Exception:
@@ -249,20 +309,33 @@ class Outcome:
     detail: str = ""
 
 
-def _monitor(store: Store, job: JobInfo, pid: int, settings: Settings, folder: Path) -> Outcome:
+def _monitor(
+    store: Store, job: JobInfo, pids: list[int], settings: Settings, folder: Path
+) -> Outcome:
+    """Watch the job's processes until all have exited; stop them when the job must end."""
     outcome = Outcome()
+    pgid = pids[0]
     poller = select.poll()
-    pidfd = os.pidfd_open(pid)
-    poller.register(pidfd, select.POLLIN)
+    pidfds = {os.pidfd_open(pid): pid for pid in pids}
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    statuses: dict[int, int] = {}
     started = job.started or time.time()
     next_renew = time.time() + settings.lease_ttl / 4
     next_memory = 0.0
     kill_at: float | None = None
     version = store.data_version()
-    try:
-        process: psutil.Process | None = psutil.Process(pid)
-    except psutil.Error:
-        process = None
+    processes = []
+    for pid in pids:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    grants = (
+        dict(zip(job.placement.gpus, job.placement.gpu_mem, strict=False))
+        if (job.placement and job.placement.shared)
+        else {}
+    )
 
     def stop(reason: str, detail: str, at_once: bool = False) -> None:
         nonlocal kill_at
@@ -270,10 +343,22 @@ def _monitor(store: Store, job: JobInfo, pid: int, settings: Settings, folder: P
             return
         outcome.stop_reason, outcome.detail = reason, detail
         (folder / STOP_FILE).touch()
-        _signal_group(pid, signal.SIGKILL if at_once else signal.SIGTERM)
+        _signal_group(pgid, signal.SIGKILL if at_once else signal.SIGTERM)
         kill_at = time.time() + (0.0 if at_once else settings.grace)
 
-    while not poller.poll(POLL_SECONDS * 1000):
+    while len(statuses) < len(pids):
+        for fd, _ in poller.poll(POLL_SECONDS * 1000):
+            pid = pidfds[fd]
+            poller.unregister(fd)
+            os.close(fd)
+            _, status = os.waitpid(pid, 0)
+            statuses[pid] = status
+            if status != 0 and len(pids) > 1 and outcome.stop_reason is None:
+                rank = pids.index(pid)
+                _, _, why = _describe_status(status, folder)
+                stop("rank", f"rank {rank} failed ({why}); stopped the other ranks")
+        if len(statuses) == len(pids):
+            break
         now = time.time()
         if now >= next_renew:
             next_renew = now + settings.lease_ttl / 4
@@ -297,23 +382,64 @@ def _monitor(store: Store, job: JobInfo, pid: int, settings: Settings, folder: P
             from .units import format_duration
 
             stop("timeout", f"time limit {format_duration(job.time_limit)} reached")
-        if job.mem and process is not None and now >= next_memory:
+        if now >= next_memory and (job.mem or grants):
             next_memory = now + MEMORY_CHECK_SECONDS
-            used = _tree_rss(process)
-            if used > job.mem:
+            tree = _tree(processes)
+            used = _rss(tree)
+            if job.mem and used > job.mem:
                 stop(
                     "oom",
                     f"out of memory: used {format_size(used)}, limit {format_size(job.mem)}",
                     at_once=True,
                 )
+            over = _gpu_over_grant(tree, grants)
+            if over:
+                stop("oom", over, at_once=True)
         if kill_at is not None and now >= kill_at:
-            _signal_group(pid, signal.SIGKILL)
+            _signal_group(pgid, signal.SIGKILL)
             kill_at = None
-    _, status = os.waitpid(pid, 0)
-    os.close(pidfd)
-    _signal_group(pid, signal.SIGKILL)  # whatever the job left behind in its group
-    outcome.status = status
+    _signal_group(pgid, signal.SIGKILL)  # whatever the job left behind in its group
+    bad = [st for st in statuses.values() if st != 0]
+    outcome.status = statuses[pgid] if statuses[pgid] != 0 or not bad else bad[0]
     return outcome
+
+
+def _tree(processes: list[psutil.Process]) -> list[psutil.Process]:
+    tree = list(processes)
+    for p in processes:
+        try:
+            tree += p.children(recursive=True)
+        except psutil.Error:
+            continue
+    return tree
+
+
+def _rss(tree: list[psutil.Process]) -> int:
+    total = 0
+    for p in tree:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def _gpu_over_grant(tree: list[psutil.Process], grants: dict[int, int]) -> str | None:
+    """Why a shared-GPU job is over its memory grant (measured through NVML), or None."""
+    if not grants:
+        return None
+    try:
+        from .gpu_watch import job_gpu_memory
+    except ImportError:
+        return None
+    used = job_gpu_memory({p.pid for p in tree})
+    for index, limit in grants.items():
+        if used.get(index, 0) > limit:
+            return (
+                f"GPU out of memory: used {format_size(used[index])}, "
+                f"limit {format_size(limit)} on GPU {index}"
+            )
+    return None
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -321,20 +447,6 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _tree_rss(process: psutil.Process) -> int:
-    total = 0
-    try:
-        procs = [process, *process.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            continue
-    return total
 
 
 def _describe_status(status: int, folder: Path) -> tuple[int | None, int | None, str]:
@@ -383,7 +495,7 @@ def _record(store: Store, job: JobInfo, outcome: Outcome, folder: Path) -> None:
                 to, why = "timeout", outcome.detail
             elif reason == "lease":
                 return  # the reaper already recorded this job as lost or requeued
-            elif reason == "oom":
+            elif reason in ("oom", "rank"):
                 to, why = "failed", outcome.detail
             elif exit_code == 0 and (job.kind == "command" or (folder / "result.pkl").exists()):
                 to, why = "succeeded", ""

@@ -1,0 +1,164 @@
+"""Jobs that run in a thread of the submitting process once the scheduler grants resources.
+
+This is ``%%schedule --inline``: the cell keeps the notebook's namespace (no
+pickling), while the queue still decides when it runs and on which devices.
+What a thread cannot do: it cannot be killed. Cancel and time limit raise
+``InlineStopped`` inside the thread at the next Python instruction; code
+blocked in C (a long GPU kernel, ``time.sleep``) notices only when it returns
+to Python. If the process dies, the lease expires and the job is ``lost``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import runtime
+from .errors import IllegalTransition, JobNotFound
+from .store import JobInfo
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+
+class InlineStopped(BaseException):
+    """Raised inside an inline job's thread when it is cancelled or runs out of time."""
+
+
+class InlineRunner:
+    """Holds this process's inline jobs: starts their threads, renews leases, records ends."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.pending: dict[str, Callable[[JobInfo], Any]] = {}
+        self.threads: dict[str, threading.Thread] = {}
+        self.stopping: dict[str, str] = {}
+        self.results: dict[str, Any] = {}
+        self.errors: dict[str, BaseException] = {}
+        self._lock = threading.Lock()
+
+    def register(self, job_id: str, fn: Callable[[JobInfo], Any]) -> None:
+        with self._lock:
+            self.pending[job_id] = fn
+
+    def launch(self, job: JobInfo) -> bool:
+        """Start the thread of an allocated inline job of this process (False if not ours)."""
+        with self._lock:
+            fn = self.pending.pop(job.id, None)
+        if fn is None:
+            return False
+        thread = threading.Thread(
+            target=self._run, args=(job.id, fn), name=f"dlsched-inline-{job.id}", daemon=True
+        )
+        with self._lock:
+            self.threads[job.id] = thread
+        thread.start()
+        return True
+
+    def _run(self, job_id: str, fn: Callable[[JobInfo], Any]) -> None:
+        store = self.scheduler.store
+        now = time.time()
+        ttl = self.scheduler.settings.lease_ttl
+        with store.transaction() as db:
+            claimed = db.execute(
+                "UPDATE jobs SET supervisor_pid=?, host=?, lease_expires=? "
+                "WHERE id=? AND state='running' AND supervisor_pid IS NULL",
+                (os.getpid(), socket.gethostname(), now + ttl, job_id),
+            ).rowcount
+        if not claimed:
+            with self._lock:
+                self.threads.pop(job_id, None)
+            return
+        info = store.get(job_id)
+        token = runtime.bind(job_id, str(store.home))
+        to, why, value, error = "succeeded", "", None, None
+        try:
+            value = fn(info)
+        except InlineStopped:
+            reason = self.stopping.get(job_id, "cancel")
+            to = "cancelled" if reason == "cancel" else "timeout"
+            why = "cancelled by user" if reason == "cancel" else reason
+        except BaseException as exc:  # the cell's own exception, reported like a job's
+            error = exc
+            to, why = "failed", f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+        finally:
+            runtime.unbind(token)
+        self._record(info, to, why, value, error)
+
+    def _record(
+        self, info: JobInfo, to: str, why: str, value: Any, error: BaseException | None
+    ) -> None:
+        store = self.scheduler.store
+        folder = store.spool(info.id)
+        if to == "succeeded":
+            self.results[info.id] = value
+            try:
+                import cloudpickle
+
+                (folder / "result.pkl").write_bytes(cloudpickle.dumps(value))
+            except Exception:
+                pass  # the value stays available in this process only
+        elif error is not None:
+            self.errors[info.id] = error
+            tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            (folder / "error.json").write_text(
+                json.dumps({"type": type(error).__name__, "message": str(error), "traceback": tb})
+            )
+        now = time.time()
+        attained = info.attained + max(0.0, now - (info.started or now)) * info.gpus
+        try:
+            store.transition(
+                info.id,
+                to,
+                why,
+                expect=["running"],
+                finished=now,
+                lease_expires=None,
+                attained=attained,
+            )
+        except (IllegalTransition, JobNotFound):
+            pass
+        with self._lock:
+            self.threads.pop(info.id, None)
+            self.stopping.pop(info.id, None)
+        self.scheduler._kick()
+
+    def maintain(self) -> None:
+        """Renew leases of running inline jobs; deliver cancels and time limits."""
+        with self._lock:
+            running = dict(self.threads)
+        if not running:
+            return
+        store = self.scheduler.store
+        now = time.time()
+        ttl = self.scheduler.settings.lease_ttl
+        with store.transaction() as db:
+            db.executemany(
+                "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' "
+                "AND supervisor_pid=?",
+                [(now + ttl, job_id, os.getpid()) for job_id in running],
+            )
+        for job_id, thread in running.items():
+            if job_id in self.stopping:
+                continue
+            info = store.get(job_id)
+            reason = None
+            if info.cancel_requested:
+                reason = "cancel"
+            elif info.time_limit is not None and info.started is not None:
+                if now - info.started >= info.time_limit:
+                    from .units import format_duration
+
+                    reason = f"time limit {format_duration(info.time_limit)} reached"
+            if reason is not None and thread.ident is not None:
+                self.stopping[job_id] = reason
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(thread.ident), ctypes.py_object(InlineStopped)
+                )

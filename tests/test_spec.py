@@ -1,0 +1,137 @@
+"""Every bad input raises SpecError naming the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+
+import pytest
+
+from jupyter_dlsched.errors import SpecError
+from jupyter_dlsched.resources import Capacity
+from jupyter_dlsched.spec import build_spec, parse_priority, pickle_payload
+from jupyter_dlsched.units import format_duration, format_size, parse_duration, parse_size
+
+GiB = 2**30
+POOL = Capacity.empty(n_gpus=2, gpu_mem=16 * GiB, cpus=4, mem=64 * GiB)
+
+
+def spec(**kw):
+    return build_spec(capacity=POOL, **kw)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("8GiB", 8 * GiB),
+        ("512MiB", 512 * 2**20),
+        ("8G", 8 * 10**9),
+        ("1.5GiB", int(1.5 * GiB)),
+        (1024, 1024),
+        ("100", 100),
+    ],
+)
+def test_sizes_parse(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected", [("90s", 90), ("30m", 1800), ("2h", 7200), (5, 5), ("1.5h", 5400)]
+)
+def test_durations_parse(text, expected):
+    assert parse_duration(text) == expected
+
+
+def test_formatting_reads_like_the_ui():
+    assert format_size(8 * GiB) == "8.0 GiB"
+    assert format_size(96 * GiB) == "96 GiB"
+    assert format_duration(724) == "12m 04s"
+    assert format_duration(3 * 3600 + 60) == "3h 01m"
+
+
+def test_priority_names_map_to_numbers():
+    assert [parse_priority(p) for p in ("low", "normal", "high", "urgent", 7, "12")] == [
+        0,
+        50,
+        100,
+        1000,
+        7,
+        12,
+    ]
+
+
+def test_a_valid_request_is_normalised():
+    s = spec(gpus=1, cpus=2, mem="8GiB", priority="high", time_limit="2h", name="resnet")
+    assert (s.request.gpus, s.request.cpus, s.request.mem) == (1.0, 2.0, 8 * GiB)
+    assert (s.priority, s.time_limit, s.name) == (100, 7200.0, "resnet")
+
+
+def test_gpu_memory_alone_means_a_share_of_one_gpu():
+    s = spec(gpu_mem="4GiB")
+    assert s.request.shared and s.request.gpu_mem == 4 * GiB
+    assert s.request.gpus == pytest.approx(0.25)
+
+
+def test_deadline_accepts_datetime_and_duration():
+    at = datetime.now() + timedelta(hours=1)
+    assert spec(deadline=at).deadline == pytest.approx(at.timestamp())
+    assert spec(deadline="30m", now=1000.0).deadline == 2800.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, words",
+    [
+        ({"gpus": -1}, "gpus", "whole number"),
+        ({"gpus": "two"}, "gpus", "whole number"),
+        ({"gpus": 1.5}, "gpus", "fraction"),
+        ({"gpus": 4}, "gpus", "requests 4 GPUs; this pool has 2"),
+        ({"gpu_mem": "32GiB"}, "gpu_mem", "largest GPU here has 16 GiB"),
+        ({"gpus": 2, "gpu_mem": "20GiB"}, "gpu_mem", "largest GPU here has 16 GiB"),
+        ({"gpus": 0, "gpu_mem": "1GiB"}, "gpu_mem", "CPU-only"),
+        ({"cpus": 0}, "cpus", "CPU cores > 0"),
+        ({"cpus": 64}, "cpus", "this pool has 4"),
+        ({"mem": "1TiB"}, "mem", "this pool has 64 GiB"),
+        ({"mem": "lots"}, "mem", "a size such as"),
+        ({"priority": "asap"}, "priority", "low=0, normal=50"),
+        ({"priority": True}, "priority", "an integer"),
+        ({"time_limit": "soon"}, "time_limit", "a duration such as"),
+        ({"time_limit": 0}, "time_limit", "above zero"),
+        ({"deadline": "whenever"}, "deadline", "a datetime"),
+        ({"retries": -2}, "retries", "whole number >= 0"),
+        ({"preemptible": "yes"}, "preemptible", "True or False"),
+        ({"name": ""}, "name", "non-empty"),
+        ({"after": 42}, "after", "a job id"),
+        ({"gpus": 0.5, "distributed": True}, "distributed", "whole GPUs"),
+        ({"kind": "lambda"}, "kind", "function, cell, command"),
+    ],
+)
+def test_each_bad_input_names_field_value_and_what_is_allowed(kwargs, field, words):
+    with pytest.raises(SpecError) as caught:
+        spec(**kwargs)
+    assert caught.value.field == field
+    message = str(caught.value)
+    assert message.startswith(f"{field}=")
+    assert words in message
+
+
+def test_an_unpicklable_argument_is_named():
+    lock = threading.Lock()
+    with pytest.raises(SpecError) as caught:
+        pickle_payload({"fn": print, "args": (1, lock), "kwargs": {}})
+    assert caught.value.field == "args[1]"
+    assert "lock" in str(caught.value).lower()
+
+
+def test_an_unpicklable_keyword_argument_is_named():
+    with pytest.raises(SpecError) as caught:
+        pickle_payload({"fn": print, "args": (), "kwargs": {"handle": threading.Lock()}})
+    assert caught.value.field == "kwargs['handle']"
+
+
+def test_whole_gpus_with_a_memory_floor_count_only_big_enough_cards():
+    from dataclasses import replace
+
+    mixed = replace(POOL, gpus=(POOL.gpus[0], replace(POOL.gpus[1], mem_total=80 * GiB)))
+    assert build_spec(capacity=mixed, gpus=1, gpu_mem="40GiB").request.whole_gpus == 1
+    with pytest.raises(SpecError, match="requests 2 GPUs with 40 GiB each; this pool has 1"):
+        build_spec(capacity=mixed, gpus=2, gpu_mem="40GiB")
