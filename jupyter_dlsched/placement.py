@@ -96,14 +96,19 @@ def _best_fit_shared(request: Request, gpus: tuple[GpuFree, ...]) -> GpuFree | N
 
 def _gang(request: Request, gpus: tuple[GpuFree, ...]) -> tuple[GpuFree, ...] | None:
     k = request.whole_gpus
+    if k == 1:  # the common case, answered without listing every free card
+        for g in gpus:
+            if g.jobs == 0 and (request.gpu_mem is None or g.mem_total >= request.gpu_mem):
+                return (g,)
+        return None
     free = [
         g
         for g in gpus
-        if g.whole_free and (request.gpu_mem is None or g.mem_total >= request.gpu_mem)
+        if g.jobs == 0 and (request.gpu_mem is None or g.mem_total >= request.gpu_mem)
     ]
     if len(free) < k:
         return None
-    if k == 1 or all(g.group is None for g in free):
+    if all(g.group is None for g in free):
         return tuple(free[:k])
     islands: dict[int | None, list[GpuFree]] = defaultdict(list)
     for g in free:

@@ -130,7 +130,7 @@ class Capacity:
 
     @property
     def free_whole_gpus(self) -> int:
-        return sum(1 for g in self.gpus if g.whole_free)
+        return [g.jobs for g in self.gpus].count(0)  # same as whole_free, at C speed
 
     def take(self, p: Placement) -> Capacity:
         """Capacity left after granting ``p``."""
@@ -142,12 +142,22 @@ class Capacity:
 
     def _apply(self, p: Placement, sign: int) -> Capacity:
         granted = dict(zip(p.gpus, p.gpu_mem, strict=False))
-        gpus = tuple(
-            replace(g, mem_free=g.mem_free - sign * granted[g.index], jobs=g.jobs + sign)
-            if g.index in granted
-            else g
-            for g in self.gpus
-        )
+        n = len(self.gpus)
+        if all(i < n and self.gpus[i].index == i for i in granted):
+            # GPU i sits at position i (the usual layout): touch only the granted cards,
+            # which keeps a grant cheap on pools of hundreds of GPUs (the simulator)
+            changed = list(self.gpus)
+            for i, mem in granted.items():
+                g = changed[i]
+                changed[i] = replace(g, mem_free=g.mem_free - sign * mem, jobs=g.jobs + sign)
+            gpus = tuple(changed)
+        else:
+            gpus = tuple(
+                replace(g, mem_free=g.mem_free - sign * granted[g.index], jobs=g.jobs + sign)
+                if g.index in granted
+                else g
+                for g in self.gpus
+            )
         load = list(self.cpu_load)
         if p.cpus:
             per_core = p.cpu_share / len(p.cpus)
