@@ -1,8 +1,14 @@
 """Scheduling policies: pure functions from a snapshot to decisions.
 
+Built in (``POLICIES``): ``priority`` (default), ``fifo``, ``fifo-ff``,
+``sjf``, ``fair``, ``las``, ``gittins`` and the simulator-only oracle
+``srtf``. ``docs/policies.md`` says when to pick which.
+
 >>> policy = get_policy("priority")
 >>> policy.name
 'priority'
+>>> get_policy("las", thresholds=[600, 6000]).thresholds
+(600.0, 6000.0)
 """
 
 from __future__ import annotations
@@ -10,14 +16,42 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .base import Decisions, Policy, Preempt, QueuedJob, RunningJob, Start, describe_shortfall
+from .base import (
+    Decisions,
+    Policy,
+    Preempt,
+    PresortedQueue,
+    QueuedJob,
+    Room,
+    RunningJob,
+    Start,
+    describe_shortfall,
+    submit_order,
+)
+from .fair import FairPolicy
 from .fifo import FifoPolicy
+from .gittins import GittinsPolicy
+from .las import LasPolicy
 from .priority import PriorityPolicy
+from .sjf import SjfPolicy
+from .srtf import SrtfPolicy
+
+
+def _fifo_ff(**params: Any) -> FifoPolicy:
+    params.setdefault("skip", True)
+    params.setdefault("name", "fifo-ff")
+    return FifoPolicy(**params)
+
 
 POLICIES: dict[str, Callable[..., Policy]] = {
     "priority": PriorityPolicy,
     "fifo": FifoPolicy,
-    "fifo-ff": lambda **kw: FifoPolicy(skip=True, name="fifo-ff", **kw),
+    "fifo-ff": _fifo_ff,
+    "sjf": SjfPolicy,
+    "fair": FairPolicy,
+    "las": LasPolicy,
+    "gittins": GittinsPolicy,
+    "srtf": SrtfPolicy,
 }
 
 
@@ -31,19 +65,30 @@ def get_policy(name: str | Policy = "priority", **params: Any) -> Policy:
         factory = POLICIES[name]
     except KeyError:
         raise SpecError("policy", name, "one of " + ", ".join(sorted(POLICIES))) from None
-    return factory(**params)
+    try:
+        return factory(**params)
+    except TypeError as exc:
+        raise SpecError(f"{name} policy parameters", params, f"valid parameters ({exc})") from None
 
 
 __all__ = [
     "POLICIES",
     "Decisions",
+    "FairPolicy",
     "FifoPolicy",
+    "GittinsPolicy",
+    "LasPolicy",
     "Policy",
     "Preempt",
+    "PresortedQueue",
     "PriorityPolicy",
     "QueuedJob",
+    "Room",
     "RunningJob",
+    "SjfPolicy",
+    "SrtfPolicy",
     "Start",
     "describe_shortfall",
     "get_policy",
+    "submit_order",
 ]

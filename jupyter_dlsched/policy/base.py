@@ -6,10 +6,11 @@ The live scheduler and the simulator call the very same objects.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from ..placement import place
 from ..resources import Capacity, Placement, Request
 
 
@@ -28,6 +29,13 @@ class QueuedJob:
     preemptible: bool = False
     attained: float = 0.0  # GPU-seconds of service received so far (las, gittins)
     preemptions: int = 0
+    # True run time still needed, in seconds. Only the simulator knows it (the
+    # oracle ``srtf`` policy reads it); the live scheduler leaves it ``None``.
+    remaining: float | None = None
+
+    @property
+    def gpu_count(self) -> float:
+        return self.request.gpus
 
 
 @dataclass(frozen=True)
@@ -45,10 +53,25 @@ class RunningJob:
     time_limit: float | None = None
     preemptible: bool = False
     attained: float = 0.0  # GPU-seconds before this run started
+    # True run time still needed when this run started (simulator only, else None).
+    remaining: float | None = None
+    # Already asked to stop (preempted, inside its grace period): not a victim
+    # again, and its resources count as about to be free.
+    stopping: bool = False
 
     @property
     def expected_end(self) -> float | None:
         return None if self.time_limit is None else self.started + self.time_limit
+
+    def attained_at(self, now: float) -> float:
+        """GPU-seconds of service received up to ``now``, this run included."""
+        return self.attained + self.request.gpus * max(0.0, now - self.started)
+
+    def remaining_at(self, now: float) -> float | None:
+        """True run time still needed at ``now`` (``None`` outside the simulator)."""
+        if self.remaining is None:
+            return None
+        return max(0.0, self.remaining - max(0.0, now - self.started))
 
 
 @dataclass(frozen=True)
@@ -80,10 +103,19 @@ class Decisions:
     preempts: list[Preempt] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
+    # Ask again at this time even if nothing else happens (a running job
+    # crosses a ``las`` threshold, say); ``None``: only when something changes.
+    wake_at: float | None = None
 
 
 class Policy(Protocol):
-    """Anything with a ``name`` that maps a snapshot to decisions."""
+    """Anything with a ``name`` that maps a snapshot to decisions.
+
+    Optional attributes callers look for: ``preempt_grace`` (seconds a
+    preempted job gets between SIGTERM and SIGKILL) and ``queue_key`` (a
+    function of one queued job that orders the queue and never changes while
+    the job waits; see ``PresortedQueue``).
+    """
 
     name: str
 
@@ -112,3 +144,95 @@ def describe_shortfall(request: Request, capacity: Capacity) -> str:
     if request.mem > capacity.mem_free:
         return f"waiting for {format_size(request.mem)} of memory"
     return "waiting for resources"
+
+
+def submit_order(job: QueuedJob) -> int:
+    """The queue key of first-in-first-out order."""
+    return job.seq
+
+
+class PresortedQueue(list[QueuedJob]):
+    """Queued jobs already sorted by ``key``, from a caller that keeps its queue sorted.
+
+    The simulator passes one of these so that a policy whose ``queue_key`` is
+    ``key`` can skip sorting a queue of thousands on every event. With
+    ``gpu_only`` every job asks for whole GPUs and nothing else, so a policy
+    may stop looking as soon as no GPU is free; ``waiting`` and ``order`` then
+    cover only the jobs it looked at. ``uniform_priority`` says every job has
+    the same priority and no deadline. ``sizes``, when kept, counts the queued
+    jobs by whole GPUs asked, so a policy can tell that nothing left fits.
+
+    >>> q = PresortedQueue([], key=submit_order, gpu_only=True)
+    >>> q.key is submit_order, len(q)
+    (True, 0)
+    """
+
+    def __init__(
+        self,
+        jobs: Iterable[QueuedJob] = (),
+        key: Callable[[QueuedJob], Any] = submit_order,
+        gpu_only: bool = False,
+        uniform_priority: bool = False,
+        sizes: dict[int, int] | None = None,
+    ) -> None:
+        super().__init__(jobs)
+        self.key = key
+        self.gpu_only = gpu_only
+        self.uniform_priority = uniform_priority
+        self.sizes = sizes
+
+
+def smallest_size(queued: Sequence[QueuedJob]) -> int:
+    """The fewest whole GPUs any job of a ``gpu_only`` queue asks for (1 when unknown)."""
+    sizes = getattr(queued, "sizes", None)
+    return min((n for n, count in sizes.items() if count > 0), default=1) if sizes else 1
+
+
+def presorted(queued: Sequence[QueuedJob], key: Callable[[QueuedJob], Any]) -> bool:
+    """Whether ``queued`` is a ``PresortedQueue`` already in ``key`` order."""
+    return isinstance(queued, PresortedQueue) and queued.key == key
+
+
+def gpu_only(queued: Sequence[QueuedJob]) -> bool:
+    return isinstance(queued, PresortedQueue) and queued.gpu_only
+
+
+class Room:
+    """Free capacity during one policy call, with a cheap "cannot fit" test.
+
+    Counting whole free GPUs once lets a policy reject a request for more
+    GPUs than are free without a full placement search, which is what keeps a
+    queue of thousands cheap to scan.
+
+    >>> room = Room(Capacity.empty(n_gpus=2, gpu_mem=16 * 2**30, cpus=4, mem=2**34))
+    >>> room.take(room.place(Request(gpus=2, cpus=1)))
+    >>> room.whole, room.place(Request(gpus=1))
+    (0, None)
+    """
+
+    __slots__ = ("capacity", "whole")
+
+    def __init__(self, capacity: Capacity) -> None:
+        self.capacity = capacity
+        self.whole = capacity.free_whole_gpus
+
+    def place(self, request: Request) -> Placement | None:
+        if request.whole_gpus > self.whole:
+            return None
+        return place(request, self.capacity)
+
+    def take(self, placement: Placement) -> None:
+        self.capacity = self.capacity.take(placement)
+        if placement.shared:
+            self.whole = self.capacity.free_whole_gpus
+        else:
+            self.whole -= len(placement.gpus)
+
+    def give_back(self, placement: Placement) -> None:
+        self.capacity = self.capacity.give_back(placement)
+        self.whole = self.capacity.free_whole_gpus
+
+    def copy(self) -> Room:
+        other = Room.__new__(Room)
+        other.capacity, other.whole = self.capacity, self.whole
+        return other

@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..placement import place
-from ..resources import Capacity
-from .base import Decisions, QueuedJob, RunningJob, Start, describe_shortfall
+from .base import submit_order
+from .ranked import RankedPolicy
 
 
 @dataclass
-class FifoPolicy:
-    """Strict submit order; with ``skip=True`` jobs that fit jump a blocked head (first fit)."""
+class FifoPolicy(RankedPolicy):
+    """Strict submit order; with ``skip=True`` jobs that fit jump a blocked head (first fit).
+
+    Parameters: ``skip=False`` (``fifo-ff`` is ``skip=True``). Never preempts.
+
+    >>> FifoPolicy(skip=True, name="fifo-ff").name
+    'fifo-ff'
+    """
 
     skip: bool = False
     name: str = "fifo"
-
-    def __call__(
-        self,
-        queued: Sequence[QueuedJob],
-        running: Sequence[RunningJob],
-        capacity: Capacity,
-        now: float,
-    ) -> Decisions:
-        out = Decisions()
-        blocked: QueuedJob | None = None
-        for job in sorted(queued, key=lambda j: j.seq):
-            out.order.append(job.id)
-            if blocked is not None and not self.skip:
-                out.waiting[job.id] = f"behind {blocked.id} (first in line)"
-                continue
-            placement = place(job.request, capacity)
-            if placement is None:
-                out.waiting[job.id] = describe_shortfall(job.request, capacity)
-                blocked = blocked or job
-                continue
-            capacity = capacity.take(placement)
-            out.starts.append(Start(job.id, placement))
-        return out
+    preempt = False
+    queue_key = staticmethod(submit_order)

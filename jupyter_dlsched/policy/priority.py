@@ -11,28 +11,55 @@ reservation leaves free, so a blocked big job is never delayed by small ones.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..placement import place
 from ..resources import EPS, Capacity, Placement, Request
-from .base import Decisions, QueuedJob, RunningJob, Start, describe_shortfall
+from .base import (
+    Decisions,
+    Preempt,
+    PresortedQueue,
+    QueuedJob,
+    Room,
+    RunningJob,
+    Start,
+    describe_shortfall,
+    gpu_only,
+    presorted,
+    smallest_size,
+    submit_order,
+)
+from .ranked import _victims_for
 
 
 @dataclass
 class PriorityPolicy:
-    """Priority + aging + deadline + EASY backfill.
+    """Priority + aging + deadline + EASY backfill, with optional preemption.
 
     Parameters (all configuration, defaults shown):
 
     * ``aging_step=10``, ``aging_interval=600``: +10 priority per 10 minutes waited;
-    * ``backfill=True``: let later jobs use resources a blocked job cannot use yet.
+    * ``backfill=True``: let later jobs use resources a blocked job cannot use yet;
+    * ``preempt=False``: a waiting job may stop running jobs that were submitted
+      with ``preemptible=True`` and have a strictly lower base priority, when
+      that lets it start (aging never triggers preemption, so equals never
+      take turns stopping each other);
+    * ``preempt_grace=30``: seconds a preempted job gets between SIGTERM and
+      SIGKILL to checkpoint; it then waits as ``preempted``, keeping its
+      priority and submit order.
+
+    >>> PriorityPolicy(preempt=True).preempt_grace
+    30.0
     """
 
     aging_step: float = 10.0
     aging_interval: float = 600.0
     backfill: bool = True
+    preempt: bool = False
+    preempt_grace: float = 30.0
     name: str = "priority"
 
     def effective_priority(self, job: QueuedJob, now: float) -> float:
@@ -53,48 +80,111 @@ class PriorityPolicy:
         now: float,
     ) -> Decisions:
         out = Decisions()
-        ordered = sorted(queued, key=lambda j: self.sort_key(j, now))
-        out.order = [j.id for j in ordered]
-        holders: list[tuple[float | None, Placement]] = [
-            (r.expected_end, r.placement) for r in running
-        ]
+        # with one priority and no deadlines, aging keeps submit order
+        fast = (
+            presorted(queued, submit_order)
+            and isinstance(queued, PresortedQueue)
+            and queued.uniform_priority
+        )
+        lean = fast and gpu_only(queued)
+        room = Room(capacity)
+        if lean and room.whole < smallest_size(queued):
+            return out
+        ordered = queued if fast else sorted(queued, key=lambda j: self.sort_key(j, now))
+        if not lean:
+            out.order = [j.id for j in ordered]
+        holders: list[tuple[float | None, Placement]] | None = None
         head: QueuedJob | None = None
         shadow: float | None = None
-        protected = capacity
-        for job in ordered:
+        protected = room
+        for i, job in enumerate(ordered):
+            if lean and room.whole == 0:
+                break
             if head is None:
-                placement = place(job.request, capacity)
+                placement = room.place(job.request)
                 if placement is not None:
-                    capacity = capacity.take(placement)
+                    room.take(placement)
                     out.starts.append(Start(job.id, placement))
-                    holders.append((_end(now, job.time_limit), placement))
                     continue
                 head = job
-                out.waiting[job.id] = describe_shortfall(job.request, capacity)
+                out.waiting[job.id] = describe_shortfall(job.request, room.capacity)
                 if not self.backfill:
                     continue
-                shadow, reserved = _reservation(job.request, capacity, holders)
-                protected = _protect(capacity, job.request, reserved)
+                holders = [(r.expected_end, r.placement) for r in running]
+                # every job ahead of the head has just started
+                holders.extend(
+                    (_end(now, q.time_limit), s.placement)
+                    for q, s in zip(ordered[:i], out.starts, strict=True)
+                )
+                shadow, reserved = _reservation(job.request, room.capacity, holders)
+                protected = Room(_protect(room.capacity, job.request, reserved))
                 continue
             if not self.backfill:
-                out.waiting[job.id] = f"behind {head.id} (higher in line)"
+                if not lean:
+                    out.waiting[job.id] = f"behind {head.id} (higher in line)"
                 continue
             ends_in_time = (
                 shadow is not None
                 and job.time_limit is not None
                 and now + job.time_limit <= shadow + EPS
             )
-            placement = place(job.request, capacity if ends_in_time else protected)
+            placement = (room if ends_in_time else protected).place(job.request)
             if placement is None:
-                if place(job.request, capacity) is None:
-                    out.waiting[job.id] = describe_shortfall(job.request, capacity)
+                if lean:
+                    continue
+                if room.place(job.request) is None:
+                    out.waiting[job.id] = describe_shortfall(job.request, room.capacity)
                 else:
                     out.waiting[job.id] = f"resources held for {head.id} (ahead in line)"
                 continue
-            capacity = capacity.take(placement)
-            protected = _take_clamped(protected, placement)
+            room.take(placement)
+            protected = Room(_take_clamped(protected.capacity, placement))
             out.starts.append(Start(job.id, placement))
+        if self.preempt and head is not None and not fast:
+            self._plan_preemptions(ordered, running, room, now, out)
         return out
+
+    def _plan_preemptions(
+        self,
+        ordered: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        room: Room,
+        now: float,
+        out: Decisions,
+    ) -> None:
+        """Stop lower-priority preemptible jobs for waiting jobs, highest in line first."""
+        victims = [
+            (float(r.priority), -r.seq, r) for r in running if r.preemptible and not r.stopping
+        ]
+        if not victims:
+            return
+        plan = room.copy()
+        for r in running:
+            if r.stopping:
+                plan.give_back(r.placement)
+        heapq.heapify(victims)  # lowest priority first, then the latest submitted
+        started = {s.job_id for s in out.starts}
+        for job in ordered:
+            if not victims:
+                return
+            if job.id in started or job.priority <= victims[0][0]:
+                continue
+            placement = plan.place(job.request)
+            if placement is not None:  # fits once jobs already stopping have left
+                plan.take(placement)
+                continue
+            chosen = _victims_for(job, plan, victims, -job.priority)
+            if chosen is None:
+                continue
+            for r in chosen:
+                plan.give_back(r.placement)
+                out.preempts.append(
+                    Preempt(r.id, f"for {job.id} (priority {job.priority} > {r.priority})")
+                )
+            out.waiting[job.id] = "waiting for preempted jobs to stop"
+            placement = plan.place(job.request)
+            if placement is not None:
+                plan.take(placement)
 
 
 def _end(now: float, time_limit: float | None) -> float | None:

@@ -1,0 +1,118 @@
+"""Dominant-resource fair share between owners (people, notebooks), with weights.
+
+Each owner's share is its largest fraction of any one resource held by its
+running jobs (GPUs, CPU cores, memory), divided by its weight. The next job to
+start is the first job that fits of the owner with the smallest share, so a
+person with one job is not stuck behind someone who queued fifty (Ghodsi et
+al., "Dominant Resource Fairness", NSDI'11).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..resources import Capacity, Request
+from .base import (
+    Decisions,
+    QueuedJob,
+    Room,
+    RunningJob,
+    Start,
+    describe_shortfall,
+    gpu_only,
+    presorted,
+    smallest_size,
+    submit_order,
+)
+
+
+@dataclass
+class FairPolicy:
+    """Smallest weighted dominant share first; submit order within an owner.
+
+    Parameters (defaults shown):
+
+    * ``weights={}``: owner -> weight; a weight of 2 entitles an owner to twice
+      the share of someone with weight 1;
+    * ``default_weight=1.0``: the weight of owners not named in ``weights``.
+
+    Never preempts: fairness is restored as running jobs end.
+
+    >>> FairPolicy(weights={"ana": 2}).weight("ana")
+    2.0
+    """
+
+    weights: Mapping[str, float] = field(default_factory=dict)
+    default_weight: float = 1.0
+    name: str = "fair"
+
+    def weight(self, owner: str) -> float:
+        return float(self.weights.get(owner, self.default_weight)) or 1e-9
+
+    def __call__(
+        self,
+        queued: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        capacity: Capacity,
+        now: float,
+    ) -> Decisions:
+        out = Decisions()
+        room = Room(capacity)
+        lean = presorted(queued, submit_order) and gpu_only(queued)
+        if lean and room.whole < smallest_size(queued):
+            return out
+        totals = (
+            float(len(capacity.gpus)) or 1.0,
+            float(capacity.cpus_total) or 1.0,
+            float(capacity.mem_total) or 1.0,
+        )
+        usage: dict[str, list[float]] = {}
+        for r in running:
+            _add(usage, r.owner, r.request, r.placement.cpu_share)
+        by_owner: dict[str, list[QueuedJob]] = {}
+        ordered = queued if presorted(queued, submit_order) else sorted(queued, key=submit_order)
+        for job in ordered:
+            by_owner.setdefault(job.owner, []).append(job)
+
+        def share(owner: str) -> float:
+            used = usage.get(owner, [0.0, 0.0, 0.0])
+            return max(u / t for u, t in zip(used, totals, strict=True)) / self.weight(owner)
+
+        heap = [(share(o), jobs[0].seq, o) for o, jobs in by_owner.items()]
+        heapq.heapify(heap)
+        position = dict.fromkeys(by_owner, 0)
+        while heap and not (lean and room.whole == 0):
+            _, _, owner = heapq.heappop(heap)
+            jobs = by_owner[owner]
+            i = position[owner]
+            while i < len(jobs):
+                # a job that did not fit will not fit later in this call: room only shrinks
+                placement = room.place(jobs[i].request)
+                i += 1
+                if placement is not None:
+                    room.take(placement)
+                    out.starts.append(Start(jobs[i - 1].id, placement))
+                    _add(usage, owner, jobs[i - 1].request, placement.cpu_share)
+                    break
+            position[owner] = i
+            if i < len(jobs):
+                heapq.heappush(heap, (share(owner), jobs[i].seq, owner))
+        if not lean:
+            started = {s.job_id for s in out.starts}
+            rest = sorted(
+                (j for j in ordered if j.id not in started),
+                key=lambda j: (share(j.owner), j.seq),
+            )
+            out.order = [s.job_id for s in out.starts] + [j.id for j in rest]
+            for job in rest:
+                out.waiting[job.id] = describe_shortfall(job.request, room.capacity)
+        return out
+
+
+def _add(usage: dict[str, list[float]], owner: str, request: Request, cpus: float) -> None:
+    used = usage.setdefault(owner, [0.0, 0.0, 0.0])
+    used[0] += request.gpus
+    used[1] += cpus
+    used[2] += request.mem

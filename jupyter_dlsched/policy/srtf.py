@@ -1,0 +1,50 @@
+"""Oracle shortest remaining time first: the simulator's lower bracket.
+
+It needs every job's true remaining run time (``QueuedJob.remaining`` and
+``RunningJob.remaining``), which only a simulator knows; live jobs without it
+are ordered as if endless, in submit order. Use it to see how much room a
+policy has left, not to run a real queue.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .base import QueuedJob, RunningJob
+from .ranked import RankedPolicy
+
+
+@dataclass
+class SrtfPolicy(RankedPolicy):
+    """Least remaining GPU-time (remaining run time × GPUs) first, preemptive.
+
+    Parameters (defaults shown):
+
+    * ``preempt=True``: a waiting job stops running jobs with more remaining GPU-time;
+    * ``preempt_grace=30``: seconds a preempted job gets to checkpoint;
+    * ``skip=True``: a job that fits starts even if one ahead does not.
+
+    >>> from jupyter_dlsched.resources import Request
+    >>> SrtfPolicy().queue_key(QueuedJob("a", 0, 0.0, Request(gpus=2), remaining=10.0))
+    (20.0, 0)
+    """
+
+    preempt: bool = True
+    preempt_grace: float = 30.0
+    skip: bool = True
+    name: str = "srtf"
+
+    def queue_key(self, job: QueuedJob) -> tuple[float, int]:
+        return (self.queued_rank(job), job.seq)
+
+    def queued_rank(self, job: QueuedJob) -> float:
+        if job.remaining is None:
+            return math.inf
+        return job.remaining * max(job.request.gpus, 1.0)
+
+    def running_rank(self, job: RunningJob, now: float) -> float:
+        left = job.remaining_at(now)
+        if left is None:
+            return math.inf
+        return left * max(job.request.gpus, 1.0)
