@@ -8,18 +8,24 @@ second has passed.
 
 from __future__ import annotations
 
+import copy
 import getpass
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from ..pool import PoolInfo
 from ..scheduler import Scheduler
 from ..store import ACTIVE, STATES, TERMINAL
 from .sampler import Sampler
 
 #: Seconds a cached ``status`` answer may be reused while the ledger is unchanged.
 STATUS_MAX_AGE = 1.0
+#: Seconds one pool reading serves every open tab and the sampler. Longer than the core's
+#: probe cache (1 s), so each reading starts from a fresh probe: ``Scheduler.pool()``
+#: adds granted memory to simulated GPUs in the probe's cached object.
+POOL_MAX_AGE = 1.1
 
 
 class ServerState:
@@ -41,8 +47,11 @@ class ServerState:
         self.history_retention = history_retention
         self.user = getpass.getuser()
         self.sampler = Sampler(
-            self.store, scheduler.pool, interval=sample_interval, retention=history_retention
+            self.store, self.read_pool, interval=sample_interval, retention=history_retention
         )
+        self._pool_lock = threading.Lock()
+        self._pool: PoolInfo | None = None
+        self._pool_at = 0.0
         self._status_lock = threading.Lock()
         self._status: dict[str, Any] | None = None
         self._status_key: tuple[int, float] = (-1, 0.0)
@@ -86,8 +95,17 @@ class ServerState:
         with self._status_lock:
             self._status = None
 
+    def read_pool(self) -> PoolInfo:
+        """The pool now, read at most once per ``POOL_MAX_AGE`` (a private copy)."""
+        with self._pool_lock:
+            now = time.monotonic()
+            if self._pool is None or now - self._pool_at >= POOL_MAX_AGE:
+                self._pool = copy.deepcopy(self.scheduler.pool())
+                self._pool_at = now
+            return copy.deepcopy(self._pool)
+
     def pool_json(self) -> dict[str, Any]:
-        return self.scheduler.pool().to_json()
+        return self.read_pool().to_json()
 
     def job_json(self, job_id: str) -> dict[str, Any]:
         return self.scheduler.info(job_id).to_json()

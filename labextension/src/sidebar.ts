@@ -258,9 +258,10 @@ export class SchedulerSidebar extends Widget {
     const head = h(
       'tr',
       {},
-      ...['state', 'id', 'name', 'owner', 'priority', 'request', 'waited', 'ran', 'progress', ''].map(
-        text => h('th', {}, text)
-      )
+      ...['state', 'job', 'priority', 'request', 'waited', 'ran', 'progress'].map(text =>
+        h('th', {}, text)
+      ),
+      h('th', { className: 'jp-dlsched-actions' }, '')
     );
     const body = h('tbody');
     for (const job of jobs) {
@@ -304,9 +305,17 @@ export class SchedulerSidebar extends Widget {
         ),
         h('div', { className: 'jp-dlsched-why' }, stateDetail(job, now))
       ),
-      h('td', { className: 'jp-dlsched-id' }, job.id),
-      h('td', { className: 'jp-dlsched-name', title: job.name }, job.name),
-      h('td', { title: job.origin ?? '' }, ownerText(job)),
+      h(
+        'td',
+        { className: 'jp-dlsched-job-cell' },
+        h('div', { className: 'jp-dlsched-name', title: job.name }, job.name),
+        h(
+          'div',
+          { className: 'jp-dlsched-muted' },
+          h('span', { className: 'jp-dlsched-id' }, job.id),
+          ` · ${ownerText(job)}`
+        )
+      ),
       h('td', {}, priorityText(job.priority)),
       h('td', {}, requestText(job)),
       h('td', {}, formatDuration(waitedFor(job, now), false)),

@@ -1,0 +1,160 @@
+"""A real JupyterLab on loopback and Debian's Chromium driven by Playwright.
+
+Nothing here downloads a browser: Chromium comes from the system package
+(``apt-get install chromium``); without it these tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).parent / "artifacts"
+LABEXTENSION = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "jupyter-dlsched"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    reason = None
+    if not CHROMIUM.exists():
+        reason = f"browser tests need Debian's Chromium at {CHROMIUM} (apt-get install chromium)"
+    elif not (LABEXTENSION / "package.json").exists():
+        reason = f"the JupyterLab extension is not installed at {LABEXTENSION} (pip install -e .)"
+    if reason:
+        here = Path(__file__).parent
+        for item in items:
+            if here in Path(str(item.fspath)).parents:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Lab:
+    url: str
+    token: str
+    home: Path
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def api(self, path: str) -> Any:
+        request = urllib.request.Request(
+            f"{self.url}{path}", headers={"Authorization": f"token {self.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+
+def start_lab(tmp: Path, server_config: dict[str, Any] | None = None) -> Lab:
+    """JupyterLab on 127.0.0.1 with private HOME, config, data and runtime folders."""
+    for name in ("home", "config/labconfig", "data", "runtime", "root", "dlsched"):
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+    # Nothing in the page may reach out: no news, no update checks.
+    (tmp / "config/labconfig/page_config.json").write_text(
+        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
+    )
+    if server_config:
+        (tmp / "config/jupyter_server_config.json").write_text(json.dumps(server_config))
+    port, token = free_port(), secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "HOME": str(tmp / "home"),
+        "XDG_CONFIG_HOME": str(tmp / "home/.config"),
+        "XDG_CACHE_HOME": str(tmp / "home/.cache"),
+        "XDG_DATA_HOME": str(tmp / "home/.local/share"),
+        "JUPYTER_CONFIG_DIR": str(tmp / "config"),
+        "JUPYTER_DATA_DIR": str(tmp / "data"),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+        "DLSCHED_HOME": str(tmp / "dlsched"),
+        "DLSCHED_SIMULATE_GPUS": "2x16GiB",
+    }
+    log = tmp / "lab.log"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ServerApp.allow_root=True",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={tmp / 'root'}",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--LabApp.news_url=None",
+            "--DlschedApp.sample_interval=0.5",
+        ],
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    lab = Lab(f"http://127.0.0.1:{port}/", token, tmp / "dlsched", process, log)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            lab.api("api/status")
+            return lab
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                stop_lab(lab)
+                raise RuntimeError(
+                    f"JupyterLab did not start:\n{log.read_text()[-3000:]}"
+                ) from None
+            time.sleep(0.25)
+
+
+def stop_lab(lab: Lab) -> None:
+    if lab.process.poll() is None:
+        lab.process.terminate()
+        try:
+            lab.process.wait(15)
+        except subprocess.TimeoutExpired:
+            lab.process.kill()
+            lab.process.wait(5)
+
+
+@pytest.fixture
+def browser_context(tmp_path: Path) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 900},
+        )
+        try:
+            yield context
+        finally:
+            context.close()
