@@ -1,0 +1,422 @@
+"""``%%schedule`` and ``%dlsched``: the scheduler from inside a notebook.
+
+::
+
+    %load_ext jupyter_dlsched
+
+    %%schedule --gpus 1 --priority high --name exp1 --out model,history
+    model, history = train(lr)
+
+    %dlsched queue | pool | dashboard | cancel ID | logs ID | priority ID P | wait ID
+
+A scheduled cell runs in its own job process with only the notebook
+variables it reads; ``--inline`` runs it in a thread of the kernel instead,
+with the notebook's namespace. Bad flags give a one-line usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import threading
+from typing import Any, NoReturn
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.display import display
+
+from .cells import CellResult, UnpicklableVariable, capture, execute, run_cell
+from .errors import DlschedError, JobNotFound
+from .handle import JobHandle
+from .store import JobInfo
+
+SCHEDULE_USAGE = (
+    "%%schedule [--gpus N|0.5] [--gpu-mem SIZE] [--cpus N] [--mem SIZE] [--priority P] "
+    "[--name NAME] [--time-limit DURATION] [--after ID,...] [--preemptible] [--out a,b] "
+    "[--wait] [--inline]"
+)
+DLSCHED_USAGE = (
+    "%dlsched queue [--all] | pool | dashboard | cancel ID | logs ID [--tail N] | "
+    "priority ID P | wait ID"
+)
+HANDLE_NAME = "_job"  # the handle of the last scheduled cell, in the notebook namespace
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are a one-line ``UsageError`` with the usage, not a SystemExit."""
+
+    def __init__(self, prog: str, usage: str) -> None:
+        super().__init__(prog=prog, usage=usage, add_help=False, allow_abbrev=False)
+        self.one_line_usage = usage
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}. Usage: {self.one_line_usage}")
+
+
+def _names(text: str | None, flag: str) -> list[str]:
+    if not text:
+        return []
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not n.isidentifier()]
+    if bad:
+        raise UsageError(f"%%schedule: {flag} {bad[0]!r} is not a variable name")
+    return names
+
+
+def schedule_parser() -> _Parser:
+    p = _Parser("%%schedule", SCHEDULE_USAGE)
+    p.add_argument("--gpus")
+    p.add_argument("--gpu-mem", dest="gpu_mem")
+    p.add_argument("--cpus")
+    p.add_argument("--mem")
+    p.add_argument("--priority")
+    p.add_argument("--name")
+    p.add_argument("--time-limit", dest="time_limit")
+    p.add_argument("--after")
+    p.add_argument("--preemptible", action="store_true")
+    p.add_argument("--out")
+    p.add_argument("--wait", action="store_true")
+    p.add_argument("--inline", action="store_true")
+    return p
+
+
+def _split(line: str, prog: str, usage: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as error:
+        raise UsageError(f"{prog}: {error}. Usage: {usage}") from None
+
+
+class CellJob:
+    """One scheduled cell: brings its outputs back into the notebook when it succeeds."""
+
+    def __init__(self, shell: Any, out: list[str], inline: bool, show_value: bool) -> None:
+        self.shell = shell
+        self.out = out
+        self.inline = inline
+        self.show_value = show_value
+        self.view: Any = None
+        self.result: CellResult | None = None
+        self._lock = threading.Lock()
+        self._done = False
+
+    def finish(self, handle: JobHandle, info: JobInfo) -> str:
+        """Called once when the job ends; returns the words for ``done in … · <words>``."""
+        with self._lock:
+            if self._done:
+                return self._summary()
+            self._done = True
+        if info.state != "succeeded":
+            return ""
+        result = handle.result(timeout=0)
+        if not isinstance(result, CellResult):
+            return "finished"
+        self.result = result
+        if not self.inline:
+            self.shell.user_ns.update(result.outputs)
+        if result.has_value:
+            self.shell.user_ns["_"] = result.value
+            if self.show_value and self.view is not None:
+                self.view.result_area.append_display_data(result.value)
+        return self._summary()
+
+    def _summary(self) -> str:
+        result = self.result
+        if result is None:
+            return ""
+        parts = []
+        if result.outputs:
+            parts.append(", ".join(result.outputs) + " returned")
+        elif result.has_value:
+            text = repr(result.value)
+            parts.append(f"returned {text[:60] + '…' if len(text) > 60 else text}")
+        if result.missing:
+            parts.append("not assigned by the cell: " + ", ".join(result.missing))
+        for name, why in result.unsent.items():
+            parts.append(f"{name} could not come back ({why})")
+        return " · ".join(parts) or "nothing returned"
+
+
+def _inline_runner(shell: Any, source: str, filename: str, out: list[str], log_path: Any) -> Any:
+    """The function an inline job runs in a kernel thread once its resources are granted."""
+
+    def run(info: JobInfo) -> CellResult:
+        devices = ",".join(map(str, info.devices))
+        os.environ["DLSCHED_DEVICES"] = devices
+        torch = sys.modules.get("torch")
+        if torch is not None and info.devices:
+            try:
+                if torch.cuda.is_available() and info.devices[0] < torch.cuda.device_count():
+                    torch.cuda.set_device(info.devices[0])
+            except Exception:
+                pass  # simulated GPUs have no CUDA device behind them
+        from .cells import report_tqdm_progress
+
+        report_tqdm_progress()
+        with _routed_output(log_path):
+            return execute(source, shell.user_ns, filename, out)
+
+    return run
+
+
+class _ThreadRouter:
+    """``sys.stdout``/``sys.stderr`` stand-in: inline job threads write to their job's log."""
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+        self.targets: dict[int, Any] = {}
+
+    def write(self, text: str) -> int:
+        target = self.targets.get(threading.get_ident())
+        if target is None:
+            return int(self.original.write(text) or 0)
+        target.write(text)
+        target.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        target = self.targets.get(threading.get_ident())
+        (target or self.original).flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.original, name)
+
+
+_router_lock = threading.Lock()
+
+
+class _routed_output:
+    def __init__(self, log_path: Any) -> None:
+        self.log_path = log_path
+        self.file: Any = None
+
+    def __enter__(self) -> None:
+        self.file = open(self.log_path, "a", buffering=1, encoding="utf-8", errors="replace")
+        with _router_lock:
+            for name in ("stdout", "stderr"):
+                stream = getattr(sys, name)
+                if not isinstance(stream, _ThreadRouter):
+                    stream = _ThreadRouter(stream)
+                    setattr(sys, name, stream)
+                stream.targets[threading.get_ident()] = self.file
+
+    def __exit__(self, *exc: object) -> None:
+        with _router_lock:
+            for name in ("stdout", "stderr"):
+                stream = getattr(sys, name)
+                if isinstance(stream, _ThreadRouter):
+                    stream.targets.pop(threading.get_ident(), None)
+                    if not stream.targets:
+                        setattr(sys, name, stream.original)
+        self.file.close()
+
+
+@magics_class
+class SchedulerMagics(Magics):
+    """``%%schedule`` and ``%dlsched``."""
+
+    last_view: Any = None  # the live status of the last scheduled cell
+
+    def _scheduler(self) -> Any:
+        from . import default_scheduler
+
+        return default_scheduler()
+
+    @cell_magic
+    def schedule(self, line: str, cell: str) -> Any:
+        """Run this cell as a job: ``%%schedule --gpus 1 --priority high --out model``.
+
+        Flags: --gpus N|0.5, --gpu-mem SIZE, --cpus N, --mem SIZE, --priority P,
+        --name NAME, --time-limit DURATION, --after ID,..., --preemptible,
+        --out a,b (names that come back into the notebook when the job succeeds),
+        --wait (block until it ends), --inline (run in a kernel thread with the
+        notebook's namespace). The handle of the job is kept in ``_job``.
+        """
+        args = schedule_parser().parse_args(_split(line, "%%schedule", SCHEDULE_USAGE))
+        out = _names(args.out, "--out")
+        after = _names(args.after, "--after") if args.after else None
+        if args.after and not after:
+            raise UsageError("%%schedule: --after needs job ids, e.g. --after k3x9m2ab,q8r2m4za")
+        resources: dict[str, Any] = {
+            key: getattr(args, key)
+            for key in ("gpus", "gpu_mem", "cpus", "mem", "priority", "name", "time_limit")
+            if getattr(args, key) is not None
+        }
+        if after:
+            resources["after"] = after
+        if args.preemptible:
+            resources["preemptible"] = True
+        shell = self.shell
+        if shell is None:
+            raise UsageError("%%schedule runs inside IPython")
+        source = shell.transform_cell(cell)
+        if not source.strip():
+            raise UsageError("%%schedule: the cell is empty; there is nothing to run")
+        try:
+            compile(source, "<cell>", "exec")
+        except SyntaxError as error:
+            raise UsageError(
+                f"%%schedule: syntax error in the cell, line {error.lineno}: {error.msg}"
+            ) from None
+        count = getattr(self.shell, "execution_count", 0)
+        default_name = f"cell {count}"
+        filename = f"<scheduled cell {args.name or count}>"
+        scheduler = self._scheduler()
+        job = CellJob(self.shell, out, inline=args.inline, show_value=not args.wait)
+        try:
+            if args.inline:
+                handle = self._submit_inline(
+                    scheduler, source, filename, out, default_name, resources
+                )
+            else:
+                names, blob = capture(source, shell.user_ns)
+                payload = {
+                    "runner": run_cell,
+                    "source": source,
+                    "variables": blob,
+                    "names": names,
+                    "out": out,
+                    "filename": filename,
+                }
+                handle = scheduler.submit_payload(
+                    "cell", payload, default_name=default_name, **resources
+                )
+        except UnpicklableVariable as error:
+            raise UsageError(f"%%schedule: {error}") from None
+        except DlschedError as error:
+            raise UsageError(f"%%schedule: {error}") from None
+        shell.user_ns[HANDLE_NAME] = handle
+        from .widgets import JobView
+
+        view = JobView(handle, on_finish=job.finish)
+        job.view = view
+        self.last_view = view
+        display(view)
+        if not args.wait:
+            return None
+        try:
+            handle.wait()
+        except KeyboardInterrupt:
+            print(f"stopped waiting; job {handle.id} goes on (cancel it with the button)")
+            return None
+        view.refresh()
+        failure = handle.exception(timeout=0) if not handle.cancelled() else None
+        if failure is not None:
+            raise failure
+        if job.result is not None and job.result.has_value:
+            return job.result.value
+        return None
+
+    def _submit_inline(
+        self,
+        scheduler: Any,
+        source: str,
+        filename: str,
+        out: list[str],
+        default_name: str,
+        resources: dict[str, Any],
+    ) -> JobHandle:
+        if not hasattr(scheduler, "submit_inline"):
+            raise UsageError("%%schedule: --inline needs a newer jupyter-dlsched core")
+
+        def fn(info: JobInfo) -> CellResult:
+            runner = _inline_runner(self.shell, source, filename, out, scheduler.log_path(info.id))
+            return runner(info)
+
+        handle: JobHandle = scheduler.submit_inline(
+            fn, kind="cell", default_name=default_name, **resources
+        )
+        return handle
+
+    @line_magic
+    def dlsched(self, line: str) -> Any:
+        """``%dlsched queue | pool | dashboard | cancel ID | logs ID | priority ID P | wait ID``."""
+        words = _split(line, "%dlsched", DLSCHED_USAGE)
+        if not words:
+            raise UsageError(f"%dlsched: say what to do. Usage: {DLSCHED_USAGE}")
+        command, rest = words[0], words[1:]
+        action = {
+            "queue": self._queue,
+            "pool": self._pool,
+            "dashboard": self._dashboard,
+            "cancel": self._cancel,
+            "logs": self._logs,
+            "priority": self._priority,
+            "wait": self._wait,
+        }.get(command)
+        if action is None:
+            raise UsageError(f"%dlsched: unknown command {command!r}. Usage: {DLSCHED_USAGE}")
+        try:
+            return action(rest)
+        except JobNotFound as error:
+            raise UsageError(f"%dlsched {command}: {error}") from None
+        except DlschedError as error:
+            raise UsageError(f"%dlsched {command}: {error}") from None
+
+    def _parse(self, command: str, rest: list[str], *spec: tuple[str, dict[str, Any]]) -> Any:
+        parser = _Parser(f"%dlsched {command}", DLSCHED_USAGE)
+        for name, options in spec:
+            parser.add_argument(name, **options)
+        return parser.parse_args(rest)
+
+    def _queue(self, rest: list[str]) -> None:
+        from .store import ACTIVE
+        from .widgets.tables import QueueSnapshot
+
+        args = self._parse("queue", rest, ("--all", {"action": "store_true"}))
+        scheduler = self._scheduler()
+        jobs = scheduler.jobs() if args.all else scheduler.jobs(state=ACTIVE)
+        display(QueueSnapshot(jobs))
+
+    def _pool(self, rest: list[str]) -> None:
+        from .store import ACTIVE
+        from .widgets.tables import PoolSnapshot
+
+        self._parse("pool", rest)
+        scheduler = self._scheduler()
+        display(PoolSnapshot(scheduler.pool(), scheduler.jobs(state=ACTIVE)))
+
+    def _dashboard(self, rest: list[str]) -> None:
+        from .widgets import dashboard
+
+        self._parse("dashboard", rest)
+        display(dashboard(self._scheduler()))
+
+    def _cancel(self, rest: list[str]) -> None:
+        args = self._parse("cancel", rest, ("id", {}))
+        info = self._scheduler().cancel(args.id)
+        if info.state == "running":
+            print(f"job {info.id} ({info.name}): cancel requested; it stops within seconds")
+        else:
+            print(f"job {info.id} ({info.name}): {info.state}")
+
+    def _logs(self, rest: list[str]) -> None:
+        args = self._parse("logs", rest, ("id", {}), ("--tail", {"type": int}))
+        text = self._scheduler().get(args.id).logs(tail=args.tail)
+        print(text if text else f"(job {args.id} has written no output yet)")
+
+    def _priority(self, rest: list[str]) -> None:
+        args = self._parse("priority", rest, ("id", {}), ("priority", {}))
+        scheduler = self._scheduler()
+        before = scheduler.info(args.id).priority
+        info = scheduler.set_priority(args.id, args.priority)
+        print(f"job {info.id} ({info.name}): priority {before} -> {info.priority}")
+
+    def _wait(self, rest: list[str]) -> None:
+        from .widgets.format import state_words
+
+        args = self._parse("wait", rest, ("id", {}))
+        handle = self._scheduler().get(args.id)
+        try:
+            info = handle.wait()
+        except KeyboardInterrupt:
+            print(f"stopped waiting; job {args.id} goes on")
+            return
+        print(f"job {info.id} ({info.name}): {state_words(info)}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext jupyter_dlsched``."""
+    ipython.register_magics(SchedulerMagics)

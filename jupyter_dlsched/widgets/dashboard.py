@@ -1,0 +1,358 @@
+"""``dls.dashboard()``: the pool (a card per GPU), the queue table and utilisation history.
+
+The panel refreshes itself from a background thread and stops when closed
+(the ✕ button or ``.close()``). Everything user-controlled is escaped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ipywidgets as w
+
+from ..pool import GpuInfo, PoolInfo
+from ..store import ACTIVE, TERMINAL, WAITING, JobInfo
+from ..units import format_duration, parse_duration
+from . import format as fmt
+from .history import History, render_png
+from .live import refresher
+
+PRIORITY_STEP = 10
+COLUMNS = (
+    "state",
+    "id",
+    "name",
+    "owner / notebook",
+    "priority",
+    "request",
+    "waited",
+    "ran",
+    "progress",
+    "",
+)
+GRID = "90px 80px minmax(100px,1.4fr) minmax(90px,1.2fr) 60px 130px 70px 70px minmax(120px,1.4fr) 150px"
+MUTED = "color:var(--jp-ui-font-color2, #757575)"
+
+
+def _bar(share: float, width: int = 14) -> str:
+    return fmt.bar_text(max(0.0, min(1.0, share)), width)
+
+
+def gpu_card_html(gpu: GpuInfo, jobs: dict[str, JobInfo], recent_util: list[float]) -> str:
+    """The GPU card of UI.md as HTML (every name escaped)."""
+    sim = f' <span style="{MUTED}">[simulated]</span>' if gpu.simulated else ""
+    util = float(gpu.util or 0.0)
+    util_text = "–" if gpu.util is None else f"{util:.0f}%"
+    spark = fmt.sparkline(recent_util) if recent_util else ""
+    mem_share = gpu.mem_used / gpu.mem_total if gpu.mem_total else 0.0
+    lines = [
+        f"<b>GPU {gpu.index}</b>&nbsp; {fmt.esc(gpu.name)} · {fmt.esc(fmt.size(gpu.mem_total))}{sim}",
+        f"util {fmt.esc(spark)} {fmt.esc(util_text)} &nbsp; mem {_bar(mem_share)} "
+        f"{fmt.esc(fmt.size(gpu.mem_used))} / {fmt.esc(fmt.size(gpu.mem_total))}",
+    ]
+    entries: list[str] = []
+    for job_id in gpu.jobs:
+        job = jobs.get(job_id)
+        if job is None:
+            entries.append(fmt.esc(job_id))
+            continue
+        granted = ""
+        if job.placement and gpu.index in job.placement.gpus:
+            at = list(job.placement.gpus).index(gpu.index)
+            if at < len(job.placement.gpu_mem):
+                granted = f" · {fmt.size(job.placement.gpu_mem[at])}"
+        gpus = f"{job.gpus:g} GPU"
+        entries.append(
+            f"{fmt.coloured(job.state, fmt.esc(job.name))} "
+            f'<span style="{MUTED}">({fmt.esc(fmt.owner_words(job))})</span> '
+            f"{fmt.esc(gpus + granted)}"
+        )
+    outside = [p for p in gpu.processes if p.job_id is None]
+    if outside:
+        entries.append(
+            f"{len(outside)} process{'es' if len(outside) != 1 else ''} outside the scheduler "
+            f"{fmt.esc(fmt.size(gpu.external_mem))}"
+        )
+    for n, entry in enumerate(entries):
+        lines.append(("└─ " if n == len(entries) - 1 else "├─ ") + entry)
+    if not entries:
+        lines.append(f'<span style="{MUTED}">idle</span>')
+    return (
+        '<div class="dlsched-gpu" style="border:1px solid var(--jp-border-color2, #ccc);'
+        "border-radius:4px;padding:4px 8px;font-family:var(--jp-code-font-family, monospace);"
+        'font-size:12px;line-height:1.5">' + "<br>".join(lines) + "</div>"
+    )
+
+
+def host_card_html(pool: PoolInfo) -> str:
+    mem_share = pool.mem_used / pool.mem_total if pool.mem_total else 0.0
+    gpu_note = "" if pool.gpus else f"<br>no GPUs ({fmt.esc(pool.gpu_error or 'none found')})"
+    return (
+        '<div class="dlsched-host" style="border:1px solid var(--jp-border-color2, #ccc);'
+        "border-radius:4px;padding:4px 8px;font-family:var(--jp-code-font-family, monospace);"
+        'font-size:12px;line-height:1.5">'
+        f"<b>CPU</b> {pool.cpus} cores {_bar(pool.cpu_percent / 100)} {pool.cpu_percent:.0f}%<br>"
+        f"<b>RAM</b> {_bar(mem_share)} {fmt.esc(fmt.size(pool.mem_used))} / "
+        f"{fmt.esc(fmt.size(pool.mem_total))}{gpu_note}</div>"
+    )
+
+
+class QueueRow:
+    """The widgets of one job's row; ``update(job)`` changes only what changed."""
+
+    def __init__(self, dashboard: Dashboard, job_id: str) -> None:
+        self.job_id = job_id
+        self.cells = {name: w.HTML() for name in COLUMNS[:-1]}
+        self.cancel_button = w.Button(icon="times", tooltip="Cancel", layout=w.Layout(width="32px"))
+        self.up_button = w.Button(
+            description="↑", tooltip="Raise priority", layout=w.Layout(width="32px")
+        )
+        self.down_button = w.Button(
+            description="↓", tooltip="Lower priority", layout=w.Layout(width="32px")
+        )
+        self.log_button = w.Button(
+            description="log", tooltip="Show output", layout=w.Layout(width="42px")
+        )
+        self.cancel_button.on_click(lambda _: dashboard.cancel(job_id))
+        self.up_button.on_click(lambda _: dashboard.change_priority(job_id, +PRIORITY_STEP))
+        self.down_button.on_click(lambda _: dashboard.change_priority(job_id, -PRIORITY_STEP))
+        self.log_button.on_click(lambda _: dashboard.show_log(job_id))
+        self.actions = w.HBox(
+            [self.cancel_button, self.up_button, self.down_button, self.log_button]
+        )
+        self.widgets: list[w.Widget] = [*self.cells.values(), self.actions]
+        self.job: JobInfo | None = None
+
+    @property
+    def state(self) -> str:
+        return self.job.state if self.job else ""
+
+    def update(self, job: JobInfo, now: float) -> None:
+        self.job = job
+        share = fmt.fraction(job)
+        words = fmt.esc(fmt.progress_words(job))
+        bar = fmt.esc(fmt.bar_text(share, 8)) + " " if share is not None else ""
+        values = {
+            "state": fmt.chip(job.state),
+            "id": f"<code>{fmt.esc(job.id)}</code>",
+            "name": f'<span title="{fmt.esc(fmt.state_words(job, now))}">{fmt.esc(job.name)}</span>',
+            "owner / notebook": fmt.esc(fmt.owner_words(job)),
+            "priority": fmt.esc(job.priority),
+            "request": fmt.esc(fmt.request_words(job)),
+            "waited": fmt.esc(format_duration(fmt.waited_for(job, now))),
+            "ran": fmt.esc(format_duration(fmt.ran_for(job, now))),
+            "progress": bar + words if job.state != "queued" else self._why(job),
+        }
+        for name, value in values.items():
+            if self.cells[name].value != value:
+                self.cells[name].value = value
+        active = job.state in ACTIVE
+        self.cancel_button.disabled = not active
+        self.up_button.disabled = self.down_button.disabled = not active
+
+    @staticmethod
+    def _why(job: JobInfo) -> str:
+        words = fmt.state_words(job).removeprefix("queued").lstrip(" ·")
+        return f'<span style="{MUTED}">{fmt.esc(words)}</span>'
+
+
+class Dashboard(w.VBox):
+    """Pool, queue and utilisation history in one panel; see ``dls.dashboard()``."""
+
+    def __init__(
+        self,
+        scheduler: Any,
+        *,
+        refresh: float = 1.0,
+        history: str | float = "10m",
+        recent: int = 10,
+        live: bool = True,
+    ) -> None:
+        self.scheduler = scheduler
+        self.interval = float(refresh)
+        self.history_seconds = parse_duration(history, "history")
+        self.recent = int(recent)
+        self.rows: dict[str, QueueRow] = {}
+        self.history = History()
+        self.closed = False
+        self._last = {"queue": 0.0, "pool": 0.0, "plot": 0.0}
+        self.summary = w.HTML()
+        self.close_button = w.Button(
+            icon="times", tooltip="Close the dashboard", layout=w.Layout(width="32px")
+        )
+        self.close_button.on_click(lambda _: self.close())
+        self.cards = w.HBox(layout=w.Layout(flex_flow="row wrap", grid_gap="6px"))
+        self.gpu_cards: dict[int, w.HTML] = {}
+        self.host_card = w.HTML()
+        header = w.GridBox(
+            [w.HTML(f"<b>{fmt.esc(c)}</b>") for c in COLUMNS],
+            layout=w.Layout(grid_template_columns=GRID),
+        )
+        self.active_table = w.GridBox(layout=w.Layout(grid_template_columns=GRID))
+        self.recent_table = w.GridBox(layout=w.Layout(grid_template_columns=GRID))
+        self.recent_box = w.Accordion(children=[self.recent_table], selected_index=None)
+        self.recent_box.set_title(0, "recent (0)")
+        self.empty = w.HTML(f'<span style="{MUTED}">no queued or running jobs</span>')
+        self.log_title = w.HTML()
+        self.log_view = w.HTML()
+        self.log_box = w.VBox([self.log_title, self.log_view], layout=w.Layout(display="none"))
+        self.log_job: str | None = None
+        self.plot = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.message = w.HTML()
+        super().__init__(
+            [
+                w.HBox(
+                    [self.summary, self.close_button],
+                    layout=w.Layout(justify_content="space-between"),
+                ),
+                self.cards,
+                header,
+                self.active_table,
+                self.empty,
+                self.recent_box,
+                self.message,
+                self.log_box,
+                self.plot,
+            ]
+        )
+        self.add_class("dlsched-dashboard")
+        self.refresh(force=True)
+        if live:
+            refresher.add(self)
+
+    # -- actions ------------------------------------------------------------------------------
+    def cancel(self, job_id: str) -> None:
+        self._act(lambda: self.scheduler.cancel(job_id), f"cancel {job_id}")
+
+    def change_priority(self, job_id: str, step: int) -> None:
+        def act() -> None:
+            job = self.scheduler.info(job_id)
+            self.scheduler.set_priority(job_id, job.priority + step)
+
+        self._act(act, f"priority of {job_id}")
+
+    def show_log(self, job_id: str) -> None:
+        self.log_job = None if self.log_job == job_id else job_id
+        self._refresh_log()
+
+    def _act(self, action: Any, what: str) -> None:
+        try:
+            action()
+            self.message.value = ""
+        except Exception as error:
+            self.message.value = f'<span style="color:{fmt.COLOURS["failed"]}">{fmt.esc(what)}: {fmt.esc(error)}</span>'
+        self.refresh(force=True)
+
+    def close(self) -> None:
+        """Stop refreshing and close the panel."""
+        self.closed = True
+        refresher.remove(self)
+        super().close()
+
+    # -- refreshing ---------------------------------------------------------------------------
+    def refresh(self, force: bool = False) -> bool:
+        """Bring every part up to date (each at its own pace); False once closed."""
+        if self.closed:
+            return False
+        now = time.time()
+        if force or now - self._last["queue"] >= self.interval:
+            self._last["queue"] = now
+            jobs = self._refresh_queue(now)
+            if force or now - self._last["pool"] >= max(2.0, self.interval):
+                self._last["pool"] = now
+                self._refresh_pool(jobs, now)
+            if force or now - self._last["plot"] >= max(5.0, self.interval):
+                self._last["plot"] = now
+                self._refresh_plot(now)
+            self._refresh_log()
+        return not self.closed
+
+    def _refresh_queue(self, now: float) -> dict[str, JobInfo]:
+        store = self.scheduler.store
+        active = store.jobs(states=ACTIVE)
+        finished = store.jobs(states=TERMINAL, newest_first=True, limit=self.recent)
+        running = sorted((j for j in active if j.state == "running"), key=lambda j: -j.seq)
+        waiting = sorted(
+            (j for j in active if j.state in WAITING), key=lambda j: (j.position or 10**9, j.seq)
+        )
+        shown = {j.id for j in [*active, *finished]}
+        for job_id in [i for i in self.rows if i not in shown]:
+            del self.rows[job_id]
+        for job in [*running, *waiting, *finished]:
+            row = self.rows.get(job.id)
+            if row is None:
+                row = self.rows[job.id] = QueueRow(self, job.id)
+            row.update(job, now)
+        self._set_children(self.active_table, [self.rows[j.id] for j in [*running, *waiting]])
+        self._set_children(self.recent_table, [self.rows[j.id] for j in finished])
+        self.recent_box.set_title(0, f"recent ({len(finished)})")
+        self.empty.layout.display = "none" if active else ""
+        counts = store.count_jobs()
+        status = self.scheduler.status()
+        gpus = status["gpus"]
+        sim = f" ({gpus['simulated']} simulated)" if gpus["simulated"] else ""
+        self.summary.value = fmt.esc(
+            f"GPU {gpus['busy']}/{gpus['total']}{sim} busy · {counts['running']} running · "
+            f"{counts['queued'] + counts['preempted']} queued · policy {status['policy']}"
+        )
+        return {j.id: j for j in [*active, *finished]}
+
+    @staticmethod
+    def _set_children(table: w.GridBox, rows: list[QueueRow]) -> None:
+        children = tuple(widget for row in rows for widget in row.widgets)
+        if tuple(table.children) != children:
+            table.children = children
+
+    def _refresh_pool(self, jobs: dict[str, JobInfo], now: float) -> None:
+        pool = self.scheduler.pool()
+        self.history.record(pool, now)
+        missing = {g.jobs[i] for g in pool.gpus for i in range(len(g.jobs))} - set(jobs)
+        if missing:
+            jobs = {**jobs, **{j.id: j for j in self.scheduler.store.jobs(ids=sorted(missing))}}
+        cards: list[w.Widget] = []
+        for gpu in pool.gpus:
+            card = self.gpu_cards.get(gpu.index)
+            if card is None:
+                card = self.gpu_cards[gpu.index] = w.HTML()
+            value = gpu_card_html(gpu, jobs, self.history.latest(gpu.index))
+            if card.value != value:
+                card.value = value
+            cards.append(card)
+        self.host_card.value = host_card_html(pool)
+        cards.append(self.host_card)
+        if tuple(self.cards.children) != tuple(cards):
+            self.cards.children = tuple(cards)
+
+    def _refresh_plot(self, now: float) -> None:
+        since = now - self.history_seconds
+        lines, _ = self.history.series(self.scheduler.store, since)
+        gpu_indices = sorted({*self.gpu_cards, *lines})
+        if not gpu_indices:
+            self.plot.layout.display = "none"
+            return
+        jobs = [
+            j
+            for j in self.scheduler.store.jobs(newest_first=True, limit=200)
+            if (j.finished or now) >= since
+        ]
+        self.plot.value = render_png(lines, jobs, gpu_indices, since, now)
+
+    def _refresh_log(self) -> None:
+        if self.log_job is None:
+            self.log_box.layout.display = "none"
+            return
+        from .jobview import read_log_tail
+
+        handle = self.scheduler.get(self.log_job)
+        self.log_title.value = f"<b>output of {fmt.esc(handle.id)}</b>"
+        self.log_view.value = (
+            '<pre style="max-height:16em;overflow:auto;margin:0;white-space:pre-wrap">'
+            f"{fmt.esc(read_log_tail(handle) or '(no output yet)')}</pre>"
+        )
+        self.log_box.layout.display = ""
+
+
+def dashboard(scheduler: Any, **options: Any) -> Dashboard:
+    """The panel for ``scheduler``: ``dls.dashboard(refresh=1, history="30m", recent=20)``."""
+    return Dashboard(scheduler, **options)

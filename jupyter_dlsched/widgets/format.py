@@ -1,0 +1,172 @@
+"""The words and colours of UI.md, as escaped HTML fragments for the widgets.
+
+Everything user-controlled (job names, owners, notebooks, reasons, metric
+names, log lines) goes through ``html.escape`` before it reaches an HTML
+widget: a job named ``<img src=x onerror=alert(1)>`` shows as text.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+from ..store import JobInfo
+from ..units import format_duration, format_size
+
+# JupyterLab theme variables (so themes work), with fallbacks for front ends without them
+COLOURS = {
+    "queued": "var(--jp-layout-color3, #bdbdbd)",
+    "running": "var(--jp-brand-color1, #1976d2)",
+    "succeeded": "var(--jp-success-color1, #388e3c)",
+    "failed": "var(--jp-error-color1, #d32f2f)",
+    "lost": "var(--jp-error-color1, #d32f2f)",
+    "timeout": "var(--jp-error-color1, #d32f2f)",
+    "cancelled": "var(--jp-ui-font-color2, #757575)",
+    "preempted": "var(--jp-warn-color1, #f57c00)",
+}
+ICONS = {
+    "queued": "⏳",
+    "running": "▶",
+    "succeeded": "✔",
+    "failed": "✖",
+    "lost": "✖",
+    "timeout": "✖",
+    "cancelled": "⊘",
+    "preempted": "↻",
+}
+CHIP_WORDS = {"succeeded": "done", "lost": "failed", "timeout": "failed"}
+BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def esc(value: object) -> str:
+    """``html.escape`` of ``str(value)``, quotes included."""
+    return html.escape(str(value), quote=True)
+
+
+def ran_for(job: JobInfo, now: float) -> float | None:
+    if job.started is None:
+        return None
+    return (job.finished or now) - job.started
+
+
+def waited_for(job: JobInfo, now: float) -> float:
+    end = job.started or job.finished or now
+    return max(0.0, end - job.submitted)
+
+
+def state_words(job: JobInfo, now: float | None = None) -> str:
+    """Plain words for a state: ``"queued · #3 in line · waiting for 2 GPUs"``."""
+    now = time.time() if now is None else now
+    if job.state == "queued":
+        parts = ["queued"]
+        if job.position:
+            parts.append(f"#{job.position} in line")
+        if job.waiting:
+            parts.append(job.waiting)
+        return " · ".join(parts)
+    if job.state == "running":
+        return f"running · {format_duration(ran_for(job, now))}"
+    if job.state == "succeeded":
+        return f"done · {format_duration(ran_for(job, now))}"
+    if job.state in ("failed", "lost", "timeout"):
+        return f"failed: {job.reason or job.state}"
+    if job.state == "preempted":
+        return "preempted · requeued"
+    return job.state
+
+
+def chip(state: str) -> str:
+    """A coloured state chip (HTML)."""
+    colour = COLOURS.get(state, COLOURS["queued"])
+    word = CHIP_WORDS.get(state, state)
+    text_colour = "inherit" if state in ("queued", "cancelled") else "white"
+    if state == "cancelled":
+        return (
+            f'<span class="dlsched-chip dlsched-{esc(state)}" style="border:1px solid {colour};'
+            f'color:{colour};border-radius:8px;padding:0 6px">{esc(word)}</span>'
+        )
+    return (
+        f'<span class="dlsched-chip dlsched-{esc(state)}" style="background:{colour};'
+        f'color:{text_colour};border-radius:8px;padding:0 6px">{esc(word)}</span>'
+    )
+
+
+def coloured(state: str, text: str) -> str:
+    """``text`` (already escaped) in the colour of ``state``."""
+    colour = COLOURS.get(state, COLOURS["queued"])
+    if state == "queued":
+        colour = "var(--jp-ui-font-color1, inherit)"
+    return f'<span class="dlsched-{esc(state)}" style="color:{colour}">{text}</span>'
+
+
+def fraction(job: JobInfo) -> float | None:
+    """Progress in [0, 1] from ``dls.progress``, or None when there is no total."""
+    p = job.progress
+    if not p or not p.get("total"):
+        return None
+    return max(0.0, min(1.0, float(p.get("done", 0)) / float(p["total"])))
+
+
+def last_metric(job: JobInfo) -> str:
+    """The last metric reported, e.g. ``"loss 0.31"`` (plain text)."""
+    metrics = (job.progress or {}).get("metrics") or {}
+    if not metrics:
+        return ""
+    key, value = list(metrics.items())[-1]
+    if isinstance(value, float):
+        value = f"{value:.4g}"
+    return f"{key} {value}"
+
+
+def progress_words(job: JobInfo) -> str:
+    """``"70% loss 0.31"``, ``"step 12 loss 0.31"`` or ``""`` (plain text)."""
+    p = job.progress
+    if not p:
+        return ""
+    share = fraction(job)
+    head = f"{share * 100:.0f}%" if share is not None else f"step {p.get('done', 0):g}"
+    metric = last_metric(job)
+    return f"{head} {metric}".strip()
+
+
+def bar_text(share: float | None, width: int = 10) -> str:
+    """``███████░░░`` for 0.7."""
+    if share is None:
+        return ""
+    filled = int(round(share * width))
+    return "█" * filled + "░" * (width - filled)
+
+
+def sparkline(values: list[float], maximum: float = 100.0) -> str:
+    """``▁▂▅▇▇█▇▆`` for a list of utilisation percentages."""
+    out = []
+    for v in values:
+        level = 0 if maximum <= 0 else int(round(max(0.0, min(1.0, v / maximum)) * 7))
+        out.append(BLOCKS[level])
+    return "".join(out)
+
+
+def devices_words(job: JobInfo) -> str:
+    """``"GPU 1"``, ``"GPUs 0,1"`` or ``"CPU"``."""
+    devices = job.devices
+    if not devices:
+        return "CPU"
+    if len(devices) == 1:
+        return f"GPU {devices[0]}"
+    return "GPUs " + ",".join(map(str, devices))
+
+
+def owner_words(job: JobInfo) -> str:
+    """``"anna · notebook sweep.ipynb"``."""
+    if job.origin and job.origin not in ("notebook", "python"):
+        return f"{job.owner} · {job.origin}"
+    return job.owner
+
+
+def request_words(job: JobInfo) -> str:
+    return job.request.describe()
+
+
+def size(value: Any) -> str:
+    return format_size(value)

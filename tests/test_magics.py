@@ -1,0 +1,277 @@
+"""``%%schedule`` and ``%dlsched`` in a real IPython shell, with real jobs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import cloudpickle
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+import jupyter_dlsched as dls
+from jupyter_dlsched.cells import CellResult
+from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.widgets.live import refresher
+
+
+def wait_for(condition, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def ip(home):
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "jupyter_dlsched")
+    dls.set_default_scheduler(Scheduler(home))
+    before = set(shell.user_ns)
+    yield shell
+    refresher.stop_all()
+    for name in set(shell.user_ns) - before:
+        del shell.user_ns[name]
+    dls.set_default_scheduler(None)
+
+
+def schedule(shell, line, cell):
+    return shell.run_cell_magic("schedule", line, cell)
+
+
+def last_view(shell):
+    return shell.magics_manager.registry["SchedulerMagics"].last_view
+
+
+# -- default mode -------------------------------------------------------------------------------
+
+
+def test_a_cell_runs_as_a_job_and_its_out_names_come_back(ip):
+    ip.user_ns.update(x=21, unused=threading.Lock())
+    assert schedule(ip, "--out y,z", "y = x * 2\nz = 'zed'\nprint('in job')\ny + 1") is None
+    handle = ip.user_ns["_job"]
+    assert handle.info().kind == "cell"
+    result = handle.result(timeout=60)
+    assert isinstance(result, CellResult) and result.value == 43
+    # the refresh thread of the cell's status brings the names back
+    wait_for(lambda: ip.user_ns.get("y") == 42, what="y back in the namespace")
+    assert ip.user_ns["z"] == "zed" and ip.user_ns["_"] == 43
+    assert "in job" in handle.logs()
+    payload = cloudpickle.loads(
+        (handle._scheduler.store.spool(handle.id) / "payload.pkl").read_bytes()
+    )
+    assert payload["names"] == ["x"]  # not `unused`, which could not even travel
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "expected"),
+    [
+        ("--gpus 0.5", "gpus", 0.5),
+        ("--gpus 1 --gpu-mem 2GiB", "gpu_mem", 2 * 2**30),
+        ("--cpus 0.5", "cpus", 0.5),
+        ("--mem 256MiB", "mem", 256 * 2**20),
+        ("--priority high", "priority", 100),
+        ("--priority 7", "priority", 7),
+        ("--name 'exp 1'", "name", "exp 1"),
+        ("--time-limit 30m", "time_limit", 1800.0),
+        ("--preemptible", "preemptible", True),
+    ],
+)
+def test_each_resource_flag_reaches_the_job(ip, line, field, expected):
+    schedule(ip, line, "1")
+    handle = ip.user_ns["_job"]
+    assert getattr(handle.info(), field) == expected
+    assert handle.result(timeout=60).value == 1
+
+
+def test_time_limit_stops_a_cell_that_runs_too_long(ip):
+    schedule(ip, "--time-limit 1s", "import time\ntime.sleep(60)")
+    info = ip.user_ns["_job"].wait(timeout=60)
+    assert info.state == "timeout"
+
+
+def test_after_waits_for_the_named_jobs(ip):
+    schedule(ip, "--name first", "import time\ntime.sleep(1.5)")
+    first = ip.user_ns["_job"]
+    schedule(ip, f"--after {first.id} --name second", "'second'")
+    second = ip.user_ns["_job"]
+    assert second.info().after == (first.id,)
+    wait_for(lambda: second.info().waiting is not None or second.done(), what="a reason")
+    if not second.done():
+        assert first.id in second.info().waiting
+    assert second.result(timeout=60).value == "second"
+    assert second.info().started >= first.info().finished
+
+
+def test_wait_blocks_and_returns_the_trailing_value(ip):
+    ip.user_ns["base"] = 10
+    value = schedule(ip, "--wait --out doubled", "doubled = base * 2\ndoubled + 1")
+    assert value == 21
+    assert ip.user_ns["doubled"] == 20
+    assert ip.user_ns["_job"].info().state == "succeeded"
+
+
+def test_wait_raises_what_the_cell_raised(ip):
+    with pytest.raises(ValueError, match="learning rate too high"):
+        schedule(ip, "--wait", "raise ValueError('learning rate too high')")
+    assert ip.user_ns["_job"].info().state == "failed"
+
+
+# -- inline mode --------------------------------------------------------------------------------
+
+
+def test_inline_runs_in_the_kernel_with_the_notebook_namespace(ip):
+    ip.user_ns["lock"] = threading.Lock()  # could never travel to a job process
+    value = schedule(
+        ip,
+        "--inline --gpus 1 --wait",
+        "import os, threading\n"
+        "with lock:\n"
+        "    where = threading.current_thread().name\n"
+        "print('inline says hi')\n"
+        "import jupyter_dlsched as dls\n"
+        "dls.progress(3, 4, loss=0.5)\n"
+        "os.environ['DLSCHED_DEVICES']",
+    )
+    handle = ip.user_ns["_job"]
+    info = handle.info()
+    assert info.state == "succeeded" and info.inline
+    assert value == str(info.devices[0])
+    assert ip.user_ns["where"] == f"dlsched-inline-{handle.id}"
+    assert "inline says hi" in handle.logs()
+    assert info.progress["done"] == 3 and info.progress["metrics"] == {"loss": 0.5}
+
+
+def test_cancel_stops_an_inline_cell_at_its_next_python_instruction(ip):
+    schedule(ip, "--inline", "import time\nwhile True:\n    time.sleep(0.01)")
+    handle = ip.user_ns["_job"]
+    wait_for(lambda: handle.info().state == "running", what="the inline job to start")
+    last_view(ip).cancel_button.click()
+    assert handle.wait(timeout=60).state == "cancelled"
+
+
+# -- errors: one line, no traceback -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "cell", "message"),
+    [
+        ("--gpu 1", "1", "unrecognized arguments: --gpu 1"),
+        ("--gpus", "1", "argument --gpus: expected one argument"),
+        ("--gpus many", "1", "gpus='many' is invalid"),
+        ("--gpus 8", "1", "this pool has 2"),
+        ("--mem lots", "1", "mem='lots' is invalid"),
+        ("--priority extreme", "1", "priority='extreme' is invalid"),
+        ("--time-limit soon", "1", "time_limit='soon' is invalid"),
+        ("--out 1x", "1", "--out '1x' is not a variable name"),
+        ("--after nosuchjob", "1", "after='nosuchjob' is invalid"),
+        ("--name 'exp", "1", "No closing quotation"),
+        ("", "   \n", "the cell is empty"),
+        ("", "x = (1,", "syntax error in the cell, line 1"),
+        ("", "with lock:\n    pass", "variable 'lock' (lock) cannot be sent"),
+    ],
+)
+def test_bad_input_gives_a_one_line_usage_error(ip, line, cell, message):
+    ip.user_ns["lock"] = threading.Lock()
+    with pytest.raises(UsageError) as caught:
+        schedule(ip, line, cell)
+    text = str(caught.value)
+    assert message in text and "\n" not in text
+    assert text.startswith("%%schedule")
+    assert "_job" not in ip.user_ns
+
+
+def test_a_usage_error_in_a_cell_prints_one_line_not_a_traceback(ip, capsys):
+    result = ip.run_cell("%%schedule --gpu 1\n1\n")
+    assert isinstance(result.error_before_exec or result.error_in_exec, UsageError)
+    err = capsys.readouterr()
+    shown = (err.out + err.err).strip().splitlines()
+    assert len(shown) == 1 and shown[0].startswith("UsageError: %%schedule")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("", "say what to do"),
+        ("frobnicate", "unknown command 'frobnicate'"),
+        ("cancel", "the following arguments are required: id"),
+        ("cancel nosuchjob", "no job with id 'nosuchjob'"),
+        ("logs abc --tail x", "invalid int value: 'x'"),
+        ("queue --everything", "unrecognized arguments: --everything"),
+    ],
+)
+def test_dlsched_errors_are_one_line(ip, line, message):
+    with pytest.raises(UsageError) as caught:
+        ip.run_line_magic("dlsched", line)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_dlsched_priority_rejects_a_bad_priority(ip):
+    handle = dls.submit(time.sleep, 0, cpus=0.5)
+    with pytest.raises(UsageError, match="priority='sky-high' is invalid"):
+        ip.run_line_magic("dlsched", f"priority {handle.id} sky-high")
+
+
+# -- %dlsched -----------------------------------------------------------------------------------
+
+
+def test_dlsched_queue_shows_running_and_waiting_jobs_escaped(ip):
+    blocker = dls.submit(time.sleep, 30, gpus=2, name="<b>blocker</b>")
+    waiting = dls.submit(time.sleep, 0, gpus=1, name="waits")
+    wait_for(lambda: blocker.state == "running", what="the blocker to run")
+    with capture_output() as shown:
+        ip.run_line_magic("dlsched", "queue")
+    data = shown.outputs[0].data
+    assert (
+        "&lt;b&gt;blocker&lt;/b&gt;" in data["text/html"] and "<b>blocker" not in data["text/html"]
+    )
+    text = data["text/plain"]
+    assert text.index(blocker.id) < text.index(waiting.id)
+    assert "running" in text and "queued" in text
+    blocker.cancel()
+
+
+def test_dlsched_queue_all_includes_finished_jobs(ip):
+    done = dls.submit(time.sleep, 0, cpus=0.5, name="finished-one")
+    done.result(timeout=60)
+    with capture_output() as active:
+        ip.run_line_magic("dlsched", "queue")
+    with capture_output() as everything:
+        ip.run_line_magic("dlsched", "queue --all")
+    assert "finished-one" not in active.outputs[0].data["text/plain"]
+    assert "finished-one" in everything.outputs[0].data["text/plain"]
+
+
+def test_dlsched_pool_shows_the_gpu_cards(ip):
+    with capture_output() as shown:
+        ip.run_line_magic("dlsched", "pool")
+    html = shown.outputs[0].data["text/html"]
+    assert "GPU 0" in html and "GPU 1" in html and "[simulated]" in html and "CPU" in html
+
+
+def test_dlsched_dashboard_displays_the_panel(ip):
+    with capture_output() as shown:
+        ip.run_line_magic("dlsched", "dashboard")
+    assert "application/vnd.jupyter.widget-view+json" in shown.outputs[0].data
+
+
+def test_dlsched_cancel_logs_priority_and_wait(ip, capsys):
+    blocker = dls.submit(time.sleep, 30, gpus=2, name="blocker")
+    queued = dls.submit(print, "never", gpus=1, name="queued-one")
+    ip.run_line_magic("dlsched", f"priority {queued.id} high")
+    assert queued.info().priority == 100
+    assert "priority 50 -> 100" in capsys.readouterr().out
+    ip.run_line_magic("dlsched", f"cancel {queued.id}")
+    assert queued.info().state == "cancelled"
+    assert "cancelled" in capsys.readouterr().out
+    ip.run_line_magic("dlsched", f"cancel {blocker.id}")
+    assert blocker.wait(timeout=60).state == "cancelled"
+    talker = dls.submit(print, "hello from the log", cpus=0.5, name="talker")
+    ip.run_line_magic("dlsched", f"wait {talker.id}")
+    assert "done" in capsys.readouterr().out
+    ip.run_line_magic("dlsched", f"logs {talker.id}")
+    assert "hello from the log" in capsys.readouterr().out
