@@ -1,0 +1,244 @@
+"""The trace-replay simulator: exact hand-calculated replays, loaders, metrics, CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from jupyter_dlsched.policy import LasPolicy
+from jupyter_dlsched.sim import (
+    SimulationError,
+    TraceError,
+    TraceJob,
+    cli,
+    compare,
+    load_csv,
+    load_philly,
+    load_trace,
+    simulate,
+    summarize,
+)
+
+PHILLY = Path(__file__).parents[2] / "shared/traces/philly.csv"
+
+
+def finishes(result) -> dict[str, float]:
+    return {j.id: j.finish for j in result.jobs}
+
+
+# strict FIFO, by hand
+#
+# 2 GPUs. a (1 GPU, 10 s) and b (2 GPUs, 5 s) arrive at 0, c (1 GPU, 2 s) at 1.
+# a runs 0-10; b needs both GPUs, so it waits for a: 10-15; c is behind b: 15-17.
+# JCT 10, 15, 16 (mean 41/3); queueing 0, 10, 14 (mean 8); makespan 17;
+# busy GPU-seconds 10 + 2*5 + 2 = 22 of 2*17.
+HOL = [TraceJob("a", 0, 1, 10.0), TraceJob("b", 0, 2, 5.0), TraceJob("c", 1, 1, 2.0)]
+
+
+def test_strict_fifo_matches_the_hand_calculation():
+    result = simulate(HOL, "fifo", gpus=2)
+    assert finishes(result) == {"a": 10.0, "b": 15.0, "c": 17.0}
+    row = summarize(result)
+    assert row["avg_jct"] == pytest.approx(41 / 3)
+    assert row["p50_jct"] == 15.0
+    assert row["avg_queue"] == pytest.approx(8.0)
+    assert row["makespan"] == 17.0
+    assert row["utilisation"] == pytest.approx(22 / 34)
+    assert row["preemptions_per_job"] == 0.0
+
+
+def test_first_fit_fifo_lets_c_use_the_idle_gpu():
+    # c fits on the GPU a leaves free: 1-3; b still starts at 10
+    assert finishes(simulate(HOL, "fifo-ff", gpus=2)) == {"a": 10.0, "b": 15.0, "c": 3.0}
+
+
+def test_fifo_with_equal_jobs_is_a_plain_queue():
+    # 1 GPU, three 4-second jobs at 0, 1, 2: they end at 4, 8, 12; JCT 4, 7, 10
+    jobs = [TraceJob(f"j{i}", float(i), 1, 4.0) for i in range(3)]
+    row = summarize(simulate(jobs, "fifo", gpus=1))
+    assert row["avg_jct"] == pytest.approx(7.0)
+    assert row["p99_jct"] == pytest.approx(7 + 3 * 0.98)  # interpolated between 7 and 10
+
+
+# preemptive shortest remaining time, by hand
+#
+# 1 GPU. a (10 s) at 0, b (3 s) at 2, c (1 s) at 3.
+# 0-2 a; at 2 b (3 left) beats a (8 left); at 3 c (1) beats b (2 left);
+# 3-4 c; 4-6 b; 6-14 a. JCT a 14, b 4, c 1; a and b were each preempted once.
+SRTF = [TraceJob("a", 0, 1, 10.0), TraceJob("b", 2, 1, 3.0), TraceJob("c", 3, 1, 1.0)]
+
+
+def test_preemptive_srtf_matches_the_hand_calculation():
+    result = simulate(SRTF, "srtf", gpus=1, restart_overhead=0)
+    assert finishes(result) == {"a": 14.0, "b": 6.0, "c": 4.0}
+    assert {j.id: j.preemptions for j in result.jobs} == {"a": 1, "b": 1, "c": 0}
+    row = summarize(result)
+    assert row["avg_jct"] == pytest.approx(19 / 3)
+    assert row["preemptions_per_job"] == pytest.approx(2 / 3)
+    assert row["utilisation"] == 1.0
+
+
+def test_restart_overhead_is_paid_on_every_restart():
+    # as above, but each restart costs 1 s: b resumes 4-7 (2 + 1), a 7-16 (8 + 1)
+    result = simulate(SRTF, "srtf", gpus=1, restart_overhead=1)
+    assert finishes(result) == {"a": 16.0, "b": 7.0, "c": 4.0}
+
+
+def test_srtf_ranks_by_remaining_gpu_time():
+    # 2 GPUs. a (2 GPUs, 10 s, 20 GPU-s) at 0; b (1 GPU, 4 s) at 1 has less GPU-time
+    # left (4 < 18): a is stopped, b runs 1-5 while one GPU idles, a runs again 5-14
+    jobs = [TraceJob("a", 0, 2, 10.0), TraceJob("b", 1, 1, 4.0)]
+    result = simulate(jobs, "srtf", gpus=2, restart_overhead=0)
+    assert finishes(result) == {"a": 14.0, "b": 5.0}
+
+
+def test_a_grace_period_keeps_the_victim_running_until_it_ends():
+    # 1 GPU, grace 1 s: b arrives at 2, a is asked to stop and lets go at 3
+    jobs = [TraceJob("a", 0, 1, 10.0), TraceJob("b", 2, 1, 3.0)]
+    result = simulate(jobs, "srtf", gpus=1, restart_overhead=0, grace=1)
+    assert finishes(result) == {"b": 6.0, "a": 13.0}
+
+
+def test_las_wakes_itself_when_a_running_job_crosses_a_threshold():
+    # 1 GPU, threshold 5 GPU-s. a (20 s) at 0, b (3 s) at 1: b waits (same level)
+    # until a has had 5 s, then takes over 5-8; a finishes 8-23
+    jobs = [TraceJob("a", 0, 1, 20.0), TraceJob("b", 1, 1, 3.0)]
+    result = simulate(jobs, LasPolicy(thresholds=(5.0,)), gpus=1, restart_overhead=0)
+    assert finishes(result) == pytest.approx({"a": 23.0, "b": 8.0}, abs=1e-3)
+
+
+def test_sjf_uses_time_limits_and_none_means_fifo():
+    jobs = [TraceJob("long", 0, 1, 10.0), TraceJob("x", 0, 1, 8.0), TraceJob("y", 0, 1, 1.0)]
+    assert finishes(simulate(jobs, "sjf", gpus=1))["y"] == 1.0
+    assert finishes(simulate(jobs, "sjf", gpus=1, time_limits=None))["y"] == 19.0
+
+
+# nodes, determinism, errors
+
+
+def test_nodes_keep_a_gang_on_one_node():
+    jobs = [TraceJob("one", 0, 1, 10.0), TraceJob("two", 0, 2, 10.0)]
+    result = simulate(jobs, "fifo", gpus=4, nodes=2)
+    assert finishes(result) == {"one": 10.0, "two": 10.0}
+
+
+def test_replays_are_deterministic():
+    jobs = [TraceJob(f"j{i}", float(i % 7), 1 + i % 3, 5.0 + (i * 37) % 50) for i in range(60)]
+    for policy in ("priority", "las", "gittins", "srtf", "fair"):
+        first = simulate(jobs, policy, gpus=4)
+        second = simulate(jobs, policy, gpus=4)
+        assert first.jobs == second.jobs
+        assert summarize(first) == summarize(second)
+
+
+def test_a_job_larger_than_the_pool_is_refused_with_advice():
+    with pytest.raises(SimulationError, match="max_gpus"):
+        simulate([TraceJob("huge", 0, 8, 1.0)], "fifo", gpus=4)
+
+
+def test_fairness_is_reported_only_when_owners_are_present():
+    plain = [TraceJob("a", 0, 1, 1.0), TraceJob("b", 0, 1, 1.0)]
+    owned = [TraceJob("a", 0, 1, 1.0, owner="ana"), TraceJob("b", 0, 1, 1.0, owner="bo")]
+    assert summarize(simulate(plain, "fifo", gpus=1))["fairness"] is None
+    # ana's job ran at once (1.0), bo's waited 1 s (0.5): Jain = 1.5^2 / (2 * 1.25)
+    assert summarize(simulate(owned, "fifo", gpus=1))["fairness"] == pytest.approx(0.9)
+
+
+# loaders
+
+
+def test_csv_loader_reads_rows_with_or_without_a_header(tmp_path):
+    bare = tmp_path / "bare.csv"
+    bare.write_text("10,1,5\n0,2,7,ana,100\n")
+    named = tmp_path / "named.csv"
+    named.write_text("duration,submit_time,num_gpus\n5,10,1\n7,0,2\n")
+    for path in (bare, named):
+        jobs = load_csv(path)
+        assert [(j.submit, j.gpus, j.duration) for j in jobs] == [(0.0, 2, 7.0), (10.0, 1, 5.0)]
+    assert load_csv(bare)[0].owner == "ana" and load_csv(bare)[0].priority == 100
+
+
+def test_csv_loader_names_the_bad_line(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("0,1,5\n3,two,5\n")
+    with pytest.raises(TraceError, match="line 2"):
+        load_csv(path)
+
+
+def test_philly_loader_sorts_and_filters(tmp_path):
+    path = tmp_path / "philly.csv"
+    path.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-10-02 00:00:10,60.0,1,60.0,aa\n"
+        "2017-10-02 00:00:00,30.0,2,60.0,aa\n"
+        "2017-10-02 00:00:05,10.0,1,10.0,bb\n"
+        "2017-10-03 00:00:00,10.0,16,160.0,aa\n"
+    )
+    jobs = load_trace(path, cluster="aa", max_gpus=8)
+    assert [(j.id, j.submit, j.gpus, j.owner) for j in jobs] == [
+        ("philly-2", 0.0, 2, "aa"),
+        ("philly-1", 10.0, 1, "aa"),
+    ]
+    assert len(load_philly(path, end="2017-10-02 00:00:06")) == 2
+    assert len(load_philly(path, sample=2, seed=1)) == 2
+    assert load_philly(path, sample=2, seed=1) == load_philly(path, sample=2, seed=1)
+
+
+@pytest.mark.skipif(not PHILLY.exists(), reason="the Philly trace is not next to the checkout")
+def test_a_slice_of_the_real_philly_trace_replays_with_sane_figures():
+    jobs = load_philly(PHILLY, cluster="ed69ec", sample=200, seed=7)
+    assert len(jobs) == 200 and all(j.gpus == 1 for j in jobs)
+    table = compare(jobs, ["fifo", "srtf"], gpus=2)
+    fifo, srtf = table.rows
+    assert fifo["jobs"] == srtf["jobs"] == 200
+    assert srtf["avg_jct"] <= fifo["avg_jct"]
+    assert 0 < fifo["utilisation"] <= 1
+
+
+# report and CLI
+
+
+def test_compare_keeps_policy_order_and_plots(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    jobs = [TraceJob(f"j{i}", float(i), 1, 3.0 + i) for i in range(8)]
+    table = compare(jobs, ["srtf", "fifo", "las"], gpus=2)
+    assert [row["policy"] for row in table.rows] == ["srtf", "fifo", "las"]
+    ax = table.plot_jct_cdf()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["srtf", "fifo", "las"]
+    assert ax.get_xscale() == "log"
+    assert table.plot_utilisation().get_lines()
+    assert "avg JCT h" in str(table).splitlines()[0]
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dlsched")
+    cli.add_parser(parser.add_subparsers(dest="command"))
+    return cli.run(parser.parse_args(argv))
+
+
+def test_cli_prints_one_row_per_policy(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,1,10\n0,2,5\n1,1,2\n")
+    assert _cli(["sim", str(trace), "--gpus", "2", "--policy", "fifo,fifo-ff"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[2:]] == ["fifo", "fifo-ff"]
+
+
+def test_cli_json_is_machine_readable(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,1,10\n0,2,5\n1,1,2\n")
+    assert _cli(["sim", str(trace), "--gpus", "2", "--policy", "fifo", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rows"][0]["avg_jct"] == pytest.approx(41 / 3)
+
+
+def test_cli_reports_a_bad_policy_without_a_traceback(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,1,10\n")
+    assert _cli(["sim", str(trace), "--gpus", "1", "--policy", "lottery"]) == 2
+    assert "policy='lottery'" in capsys.readouterr().err
