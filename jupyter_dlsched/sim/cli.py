@@ -72,7 +72,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--plot", metavar="PNG", help="also save JCT CDFs and utilisation to PNG")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    return p  # type: ignore[no-any-return]
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
