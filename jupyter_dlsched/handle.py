@@ -102,6 +102,8 @@ class JobHandle(concurrent.futures.Future):
                 if not super().done():
                     self._condition.release()
                     try:
+                        if not self._scheduler.looping:
+                            self._scheduler.tick()  # nobody else may be reaping leases
                         self._check()
                     finally:
                         self._condition.acquire()

@@ -558,6 +558,11 @@ class Scheduler:
 
     # -- the background loop ---------------------------------------------------------------
 
+    @property
+    def looping(self) -> bool:
+        """True while the background loop runs in this process."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         """Start the background loop (``loop=True`` does this for you)."""
         if self._thread is None or not self._thread.is_alive():
@@ -580,7 +585,7 @@ class Scheduler:
         self.close()
 
     def _kick(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+        if self.looping:
             self._wake.set()
         else:
             self.tick()

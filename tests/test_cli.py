@@ -1,0 +1,69 @@
+"""The dlsched command line, run as a real program."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def dlsched(*args, check=True):
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyter_dlsched.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_submit_runs_a_command_in_the_queue(home):
+    job_id = dlsched(
+        "submit", "--cpus", "0.5", "--name", "hello", "--wait", "--", "echo", "hello from the queue"
+    ).stdout.split()[0]
+    info = json.loads(dlsched("queue", "--all", "--json").stdout)
+    assert [(j["id"], j["name"], j["state"], j["kind"]) for j in info] == [
+        (job_id, "hello", "succeeded", "command")
+    ]
+    assert dlsched("logs", job_id).stdout == "hello from the queue\n"
+    assert json.loads(dlsched("logs", job_id, "--json").stdout)["log"] == "hello from the queue\n"
+
+
+def test_status_shows_simulated_gpus(home):
+    out = dlsched("status").stdout
+    assert out.startswith("GPU 0/2 (2 simulated) busy")
+    data = json.loads(dlsched("status", "--json").stdout)
+    assert data["gpus"] == {"total": 2, "busy": 0, "simulated": 2}
+    assert [g["simulated"] for g in data["pool"]["gpus"]] == [True, True]
+
+
+def test_queue_shows_why_a_job_waits_and_cancel_works(home):
+    running = dlsched("submit", "--gpus", "2", "--cpus", "0.25", "--", "sleep", "30").stdout.strip()
+    waiting = dlsched("submit", "--gpus", "1", "--cpus", "0.25", "--", "true").stdout.strip()
+    table = dlsched("queue").stdout
+    assert "waiting for 1 GPU" in table and waiting in table
+    assert dlsched("cancel", waiting).stdout.strip() == f"{waiting} cancelled"
+    assert dlsched("cancel", running).stdout.strip() == f"{running} cancel requested"
+    assert dlsched("priority", waiting, "high", "--json").returncode == 0
+
+
+def test_follow_logs_until_the_job_ends(home):
+    job_id = dlsched(
+        "submit", "--cpus", "0.5", "--", "sh", "-c", "echo one; sleep 1; echo two"
+    ).stdout.strip()
+    assert dlsched("logs", "-f", job_id).stdout == "one\ntwo\n"
+
+
+def test_errors_are_one_line_messages(home):
+    bad = dlsched("submit", "--gpus", "8", "--", "true", check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        "dlsched submit: gpus=8 is invalid: expected a request this pool can satisfy "
+        "(requests 8 GPUs; this pool has 2)"
+    )
+    missing = dlsched("cancel", "nosuchjob", check=False)
+    assert missing.returncode == 2 and "no job with id 'nosuchjob'" in missing.stderr
+    empty = dlsched("submit", "--", check=False)
+    assert empty.returncode == 2 and "give the command after --" in empty.stderr

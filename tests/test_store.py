@@ -1,0 +1,108 @@
+"""The ledger: state machine, audit trail, change detection, schema versions, privacy."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from jupyter_dlsched import store as store_mod
+from jupyter_dlsched.errors import IllegalTransition, JobNotFound
+from jupyter_dlsched.resources import Capacity
+from jupyter_dlsched.spec import build_spec
+from jupyter_dlsched.store import TRANSITIONS, Store
+
+POOL = Capacity.empty(n_gpus=2, gpu_mem=16 * 2**30, cpus=4, mem=64 * 2**30)
+
+
+def queued_job(store, **kw):
+    spec = build_spec(capacity=POOL, **kw)
+    return store.insert_job(spec, {"payload.pkl": b"x"}, owner="anna", uid=1000)
+
+
+def test_a_new_job_is_queued_with_an_event_and_its_files(tmp_path):
+    store = Store(tmp_path / "h")
+    job = queued_job(store, gpus=1, name="resnet")
+    assert job.state == "queued" and job.owner == "anna" and job.name == "resnet"
+    assert (store.spool(job.id) / "payload.pkl").read_bytes() == b"x"
+    assert [(e["from_state"], e["to_state"]) for e in store.events(job.id)] == [(None, "queued")]
+
+
+def test_every_state_change_is_checked_and_recorded(tmp_path):
+    store = Store(tmp_path / "h")
+    job = queued_job(store)
+    store.transition(job.id, "running", started=1.0)
+    store.transition(job.id, "succeeded", finished=2.0)
+    with pytest.raises(IllegalTransition, match="succeeded -> running is not allowed"):
+        store.transition(job.id, "running")
+    assert [e["to_state"] for e in store.events(job.id)] == ["queued", "running", "succeeded"]
+    assert store.get(job.id).state == "succeeded"
+
+
+def test_terminal_states_are_final():
+    for state in store_mod.TERMINAL:
+        assert TRANSITIONS[state] == frozenset()
+
+
+def test_an_expected_state_guards_the_transition(tmp_path):
+    store = Store(tmp_path / "h")
+    job = queued_job(store)
+    with pytest.raises(IllegalTransition, match="expected running"):
+        store.transition(job.id, "succeeded", expect=["running"])
+
+
+def test_other_connections_see_changes_through_data_version(tmp_path):
+    reader, writer = Store(tmp_path / "h"), Store(tmp_path / "h")
+    before = reader.data_version()
+    queued_job(writer)
+    assert reader.data_version() != before
+
+
+def test_the_state_folder_is_private(tmp_path):
+    store = Store(tmp_path / "h")
+    assert stat.S_IMODE(store.home.stat().st_mode) == 0o700
+    assert stat.S_IMODE(store.spool_root.stat().st_mode) == 0o700
+    job = queued_job(store)
+    assert stat.S_IMODE(store.spool(job.id).stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("bad", ["../etc", "a/b", "", "UPPER", "x" * 40, None])
+def test_ids_that_could_escape_the_spool_are_refused(tmp_path, bad):
+    store = Store(tmp_path / "h")
+    with pytest.raises(JobNotFound):
+        store.spool(bad)
+    with pytest.raises(JobNotFound):
+        store.get(bad)
+
+
+def test_the_schema_migrates_forward(tmp_path, monkeypatch):
+    Store(tmp_path / "h")
+    extra = "ALTER TABLE jobs ADD COLUMN note TEXT"
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, extra])
+    store = Store(tmp_path / "h")
+    assert store.get_meta("schema_version") == len(store_mod.MIGRATIONS)
+    columns = [r[1] for r in store.db.execute("PRAGMA table_info(jobs)")]
+    assert "note" in columns
+
+
+def test_a_ledger_from_a_newer_version_is_refused(tmp_path):
+    store = Store(tmp_path / "h")
+    store.set_meta("schema_version", 99)
+    with pytest.raises(RuntimeError, match="schema version 99"):
+        Store(tmp_path / "h")
+
+
+def test_samples_are_kept_and_pruned(tmp_path):
+    store = Store(tmp_path / "h")
+    store.add_samples([(10.0, "gpu0", 50.0, 1, 2, None), (20.0, "gpu0", 70.0, 1, 2, {"j": 1})])
+    assert [s["util"] for s in store.samples(since=0)] == [50.0, 70.0]
+    assert store.prune_samples(older_than=15.0) == 1
+    assert [s["data"] for s in store.samples()] == [{"j": 1}]
+
+
+def test_counts_by_state(tmp_path):
+    store = Store(tmp_path / "h")
+    queued_job(store)
+    queued_job(store)
+    counts = store.count_jobs()
+    assert counts["queued"] == 2 and counts["running"] == 0
