@@ -131,6 +131,15 @@ def dashboard(**options: Any) -> Any:
     return make_dashboard(default_scheduler(), **options)
 
 
+def __getattr__(name: str) -> Any:
+    # front ends load on first use, so importing the package never imports ipywidgets
+    if name == "JobView":
+        from .widgets import JobView
+
+        return JobView
+    raise AttributeError(f"module 'jupyter_dlsched' has no attribute {name!r}")
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_dlsched``: the ``%%schedule`` and ``%dlsched`` magics."""
     from .magics import load_ipython_extension as load
@@ -147,6 +156,7 @@ __all__ = [
     "JobHandle",
     "JobInfo",
     "JobLost",
+    "JobView",
     "JobNotFound",
     "JobTimeout",
     "PoolInfo",
