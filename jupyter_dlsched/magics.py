@@ -219,6 +219,11 @@ class SchedulerMagics(Magics):
 
     last_view: Any = None  # the live status of the last scheduled cell
 
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        # live status of each scheduled cell, so `%dlsched wait` can bring its names back at once
+        self.cell_views: dict[str, Any] = {}
+
     def _scheduler(self) -> Any:
         from . import default_scheduler
 
@@ -293,6 +298,9 @@ class SchedulerMagics(Magics):
         view = JobView(handle, on_finish=job.finish)
         job.view = view
         self.last_view = view
+        self.cell_views[handle.id] = view
+        while len(self.cell_views) > 500:
+            del self.cell_views[next(iter(self.cell_views))]
         display(view)
         if not args.wait:
             return None
@@ -414,6 +422,9 @@ class SchedulerMagics(Magics):
         except KeyboardInterrupt:
             print(f"stopped waiting; job {args.id} goes on")
             return
+        view = self.cell_views.pop(info.id, None)
+        if view is not None:
+            view.refresh()  # a scheduled cell's --out names are back before this returns
         print(f"job {info.id} ({info.name}): {state_words(info)}")
 
 

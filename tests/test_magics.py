@@ -275,3 +275,11 @@ def test_dlsched_cancel_logs_priority_and_wait(ip, capsys):
     assert "done" in capsys.readouterr().out
     ip.run_line_magic("dlsched", f"logs {talker.id}")
     assert "hello from the log" in capsys.readouterr().out
+
+
+def test_dlsched_wait_brings_a_scheduled_cells_names_back_before_returning(ip, capsys):
+    ip.user_ns["seed"] = 3
+    schedule(ip, "--out grown", "import time\ntime.sleep(0.5)\ngrown = seed * 100")
+    ip.run_line_magic("dlsched", f"wait {ip.user_ns['_job'].id}")
+    assert ip.user_ns["grown"] == 300  # no waiting for the background refresh
+    assert "done" in capsys.readouterr().out

@@ -122,7 +122,11 @@ def render_png(
     bottom.set_yticks(list(rows.values()), [f"GPU {i}" for i in rows])
     bottom.set_ylim(-0.5, max(0.5, len(rows) - 0.5))
     bottom.invert_yaxis()
-    bottom.set_xlim((since - now) / 60, 0)
+    # show the stretch that has something in it (at least a minute), not an empty window
+    starts = [t for points in lines.values() for t, _ in points[:1]]
+    starts += [j.started for j in jobs if j.started is not None and (j.finished or now) >= since]
+    left = max(since, min(min(starts, default=since), now - 60.0))
+    bottom.set_xlim((left - now) / 60, 0)
     bottom.set_xlabel("minutes ago")
     fig.tight_layout()
     buffer = io.BytesIO()
