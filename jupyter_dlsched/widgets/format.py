@@ -159,7 +159,9 @@ def devices_words(job: JobInfo) -> str:
 
 def owner_words(job: JobInfo) -> str:
     """``"anna · notebook sweep.ipynb"``."""
-    if job.origin and job.origin not in ("notebook", "python"):
+    if job.origin.endswith(".ipynb"):
+        return f"{job.owner} · notebook {job.origin}"
+    if job.origin and job.origin not in ("notebook", "python", "-"):
         return f"{job.owner} · {job.origin}"
     return job.owner
 
