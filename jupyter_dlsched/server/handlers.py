@@ -35,10 +35,13 @@ class DlschedHandler(APIHandler):
         return state
 
     def send(self, payload: Any, status: int = 200) -> None:
+        body = json.dumps(payload)
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(payload))
+        # time spent in the server (shown by browser dev tools; used by benchmarks/rest.py)
+        self.set_header("Server-Timing", f"app;dur={1000 * self.request.request_time():.2f}")
+        self.finish(body)
 
     def int_arg(
         self, name: str, default: int | None, low: int = 0, high: int | None = None

@@ -1,9 +1,10 @@
 """What the server extension holds while it runs: a Scheduler, the sampler, and cheap reads.
 
-Handlers call these methods on the server's event loop; each is one or two short
-SQLite reads. ``status`` is asked for by every open JupyterLab every couple of
-seconds, so it is cached until the ledger changes (``PRAGMA data_version``) or a
-second has passed.
+Handlers call these methods on the server's event loop. Every open JupyterLab asks
+for the status and the queue every couple of seconds, so answers are shared: an
+answer is reused until a job changes (a new row in the ledger's ``events`` table,
+which every submit, state change and priority change writes) or, for job lists
+whose progress can move without an event, for at most ``JOBS_MAX_AGE`` seconds.
 """
 
 from __future__ import annotations
@@ -12,20 +13,56 @@ import copy
 import getpass
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..pool import PoolInfo
 from ..scheduler import Scheduler
 from ..store import ACTIVE, STATES, TERMINAL
 from .sampler import Sampler
 
-#: Seconds a cached ``status`` answer may be reused while the ledger is unchanged.
-STATUS_MAX_AGE = 1.0
+#: Seconds a status answer may be reused while no job changed (the pool's shape can).
+STATUS_MAX_AGE = 2.0
+#: Seconds a job list may be reused while no job changed (progress moves without events).
+JOBS_MAX_AGE = 1.0
 #: Seconds one pool reading serves every open tab and the sampler. Longer than the core's
 #: probe cache (1 s), so each reading starts from a fresh probe: ``Scheduler.pool()``
 #: adds granted memory to simulated GPUs in the probe's cached object.
 POOL_MAX_AGE = 1.1
+
+T = TypeVar("T")
+
+
+class AnswerCache:
+    """Answers by key, valid while the ledger's last event is the same and for ``max_age``."""
+
+    def __init__(self, max_age: float, size: int = 64) -> None:
+        self.max_age = max_age
+        self.size = size
+        self._lock = threading.Lock()
+        self._answers: OrderedDict[Hashable, tuple[int, float, Any]] = OrderedDict()
+
+    def get(self, key: Hashable, last_event: int, compute: Callable[[], T]) -> T:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._answers.get(key)
+            if hit is not None and hit[0] == last_event and now - hit[1] < self.max_age:
+                self._answers.move_to_end(key)
+                value: T = hit[2]
+                return value
+        value = compute()
+        with self._lock:
+            self._answers[key] = (last_event, now, value)
+            self._answers.move_to_end(key)
+            while len(self._answers) > self.size:
+                self._answers.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._answers.clear()
 
 
 class ServerState:
@@ -52,9 +89,8 @@ class ServerState:
         self._pool_lock = threading.Lock()
         self._pool: PoolInfo | None = None
         self._pool_at = 0.0
-        self._status_lock = threading.Lock()
-        self._status: dict[str, Any] | None = None
-        self._status_key: tuple[int, float] = (-1, 0.0)
+        self._status_cache = AnswerCache(STATUS_MAX_AGE, size=1)
+        self._jobs_cache = AnswerCache(JOBS_MAX_AGE)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -64,19 +100,17 @@ class ServerState:
         self.sampler.stop()
         self.scheduler.close()
 
+    def last_event(self) -> int:
+        """The newest event's number: changes with every submit, state and priority change."""
+        row = self.store.db.execute("SELECT MAX(seq) FROM events").fetchone()
+        return int(row[0] or 0)
+
     # -- reads -----------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        version = self.store.data_version()
-        now = time.monotonic()
-        with self._status_lock:
-            cached_version, cached_at = self._status_key
-            if (
-                self._status is not None
-                and cached_version == version
-                and now - cached_at < STATUS_MAX_AGE
-            ):
-                return self._status
+        return self._status_cache.get("status", self.last_event(), self._compute_status)
+
+    def _compute_status(self) -> dict[str, Any]:
         status = dict(self.scheduler.status())
         status.update(
             {
@@ -86,14 +120,7 @@ class ServerState:
                 "time": time.time(),
             }
         )
-        with self._status_lock:
-            self._status, self._status_key = status, (version, now)
         return status
-
-    def invalidate(self) -> None:
-        # our own writes do not change this connection's data_version
-        with self._status_lock:
-            self._status = None
 
     def read_pool(self) -> PoolInfo:
         """The pool now, read at most once per ``POOL_MAX_AGE`` (a private copy)."""
@@ -111,6 +138,14 @@ class ServerState:
         return self.scheduler.info(job_id).to_json()
 
     def jobs_json(
+        self, states: list[str] | None, owner: str | None, limit: int, offset: int, order: str
+    ) -> list[dict[str, Any]]:
+        key = (tuple(states) if states is not None else None, owner, limit, offset, order)
+        return self._jobs_cache.get(
+            key, self.last_event(), lambda: self._jobs_json(states, owner, limit, offset, order)
+        )
+
+    def _jobs_json(
         self, states: list[str] | None, owner: str | None, limit: int, offset: int, order: str
     ) -> list[dict[str, Any]]:
         if order == "queue":
@@ -155,8 +190,13 @@ class ServerState:
 
     def cancel(self, job_id: str) -> None:
         self.scheduler.cancel(job_id)
-        self.invalidate()
+        self._forget()
 
     def set_priority(self, job_id: str, priority: int | str) -> None:
         self.scheduler.set_priority(job_id, priority)
-        self.invalidate()
+        self._forget()
+
+    def _forget(self) -> None:
+        # A cancel of a running job only sets a flag (no event yet); show it from now on.
+        self._status_cache.clear()
+        self._jobs_cache.clear()
