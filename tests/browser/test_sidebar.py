@@ -99,7 +99,7 @@ def test_sidebar_shows_the_queue_and_cancelling_moves_it(
     )
 
 
-def test_clicking_a_job_opens_its_live_log(
+def test_clicking_a_job_opens_its_live_log_and_endings_are_notified(
     lab: Lab, submitter: Scheduler, browser_context: Any
 ) -> None:
     job_id = sleeper(submitter, "log-me", gpus=1)
@@ -117,6 +117,14 @@ def test_clicking_a_job_opens_its_live_log(
     assert "training started" in log.inner_text()
     assert re.search(r"log-me", page.inner_text(".jp-dlsched-log-header"))
     page.screenshot(path=str(ARTIFACTS / "job-log.png"))
+
+    # a job of this user that ends while the page watches brings a notification
+    quick = submitter.submit_command(
+        [sys.executable, "-c", "import time; time.sleep(3)"], name="quick-one", cpus=1
+    ).id
+    toast = page.wait_for_selector(f"text=Job quick-one ({quick}) done", timeout=30_000)
+    assert toast is not None
+    page.screenshot(path=str(ARTIFACTS / "notification.png"))
 
 
 def test_a_missing_server_part_is_explained(tmp_path: Path, browser_context: Any) -> None:
