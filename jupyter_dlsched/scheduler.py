@@ -13,7 +13,6 @@ import getpass
 import json
 import logging
 import os
-import sqlite3
 import sys
 import threading
 import time
@@ -21,13 +20,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import tick as tick_steps
 from .backends import Backend, make_backend
 from .errors import JobNotFound, SpecError
 from .handle import JobHandle, job_exception
 from .inline import InlineRunner
-from .policy import Decisions, Policy, QueuedJob, RunningJob, get_policy
+from .policy import Decisions, Policy, get_policy
 from .pool import PoolInfo, idle_capacity, probe
-from .resources import Capacity, GpuFree, Placement
 from .spec import build_spec, parse_priority, pickle_payload
 from .store import TERMINAL, WAITING, JobInfo, Store
 from .worker import Settings
@@ -379,7 +378,13 @@ class Scheduler:
     # -- the tick --------------------------------------------------------------------------
 
     def tick(self, now: float | None = None) -> Decisions | None:
-        """Reap expired leases, ask the policy, commit allocations, launch what starts here."""
+        """Reap expired leases, ask the policy, commit allocations, launch what starts here.
+
+        ``now`` is for replays and tests; by default the clock is read once the
+        write lock is held, so a job never appears to start before the one it
+        replaced ended.
+        """
+        fixed_now = now
         now = time.time() if now is None else now
         db = self.store.db
         backend = self.backend.name
@@ -391,148 +396,24 @@ class Scheduler:
         decisions: Decisions | None = None
         reaped: list[JobInfo] = []
         if pending:
+            settings = self.settings
             with self.store.transaction() as wdb:
-                reaped = self._reap(wdb, now)
-                decisions = self._decide(wdb, now)
+                now = time.time() if fixed_now is None else fixed_now
+                reaped = tick_steps.reap(self.store, wdb, backend, now)
+                decisions = tick_steps.decide(
+                    self.store,
+                    wdb,
+                    backend=backend,
+                    policy=self.policy(),
+                    inventory=self.inventory,
+                    external_gpu_mem=self.backend.external_gpu_mem,
+                    lease_ttl=settings.lease_ttl,
+                    now=now,
+                )
         for job in reaped:
             self.backend.reap(job)
         self._launch_mine(now, [s.job_id for s in decisions.starts] if decisions else [])
         return decisions
-
-    def _reap(self, db: sqlite3.Connection, now: float) -> list[JobInfo]:
-        rows = db.execute(
-            "SELECT * FROM jobs WHERE state='running' AND backend=? AND lease_expires < ?",
-            (self.backend.name, now),
-        ).fetchall()
-        reaped = []
-        for row in rows:
-            info = self.store.get(row["id"])
-            common: dict[str, Any] = {"lease_expires": None, "supervisor_pid": None}
-            if info.cancel_requested:
-                self.store.transition_in(
-                    db, info.id, "cancelled", "cancelled by user", now=now, finished=now, **common
-                )
-            elif info.attempts <= info.retries:
-                why = f"retry {info.attempts}/{info.retries} after: lost (lease expired)"
-                self.store.transition_in(
-                    db, info.id, "queued", why, now=now, placement=None, job_pid=None, **common
-                )
-            else:
-                why = "lost: its supervisor stopped renewing the lease"
-                self.store.transition_in(db, info.id, "lost", why, now=now, finished=now, **common)
-            reaped.append(info)
-        return reaped
-
-    def _decide(self, db: sqlite3.Connection, now: float) -> Decisions:
-        rows = [
-            self.store.get(r[0])
-            for r in db.execute(
-                "SELECT id FROM jobs WHERE backend=? AND state IN ('queued','preempted','running')"
-                " ORDER BY seq",
-                (self.backend.name,),
-            )
-        ]
-        running = [r for r in rows if r.state == "running"]
-        waiting = [r for r in rows if r.state in WAITING]
-        dep_states = self._dependency_states(db, waiting)
-        eligible: list[JobInfo] = []
-        blocked: dict[str, str] = {}
-        for job in waiting:
-            states = [dep_states.get(d, "missing") for d in job.after]
-            bad = [
-                d
-                for d, s in zip(job.after, states, strict=False)
-                if s in TERMINAL and s != "succeeded"
-            ]
-            if bad:
-                why = f"dependency {bad[0]} {dep_states.get(bad[0])}"
-                self.store.transition_in(db, job.id, "failed", why, now=now, finished=now)
-                continue
-            pending = [d for d, s in zip(job.after, states, strict=False) if s != "succeeded"]
-            if pending:
-                blocked[job.id] = f"waiting for job {pending[0]} to finish"
-                continue
-            eligible.append(job)
-        capacity = self._capacity(running)
-        queued = [_queued(j) for j in eligible]
-        active = [_running(j, now) for j in running if j.placement is not None]
-        decisions = self.policy()(queued, active, capacity, now)
-        settings = self.settings
-        for start in decisions.starts:
-            self.store.transition_in(
-                db,
-                start.job_id,
-                "running",
-                "",
-                now=now,
-                event_data={"placement": start.placement.to_json()},
-                placement=start.placement,
-                started=now,
-                attempts=_attempts(eligible, start.job_id) + 1,
-                lease_expires=now + settings.lease_ttl,
-                supervisor_pid=None,
-                job_pid=None,
-                host=None,
-                cancel_requested=0,
-                preempt_requested=0,
-                exit_code=None,
-                term_signal=None,
-                position=None,
-                waiting=None,
-            )
-        for preempt in decisions.preempts:
-            db.execute(
-                "UPDATE jobs SET preempt_requested=1 WHERE id=? AND state='running' "
-                "AND preemptible=1",
-                (preempt.job_id,),
-            )
-        started = {s.job_id for s in decisions.starts}
-        order = [j for j in decisions.order if j not in started]
-        positions = {job_id: i + 1 for i, job_id in enumerate(order)}
-        reasons = {**decisions.waiting, **blocked}
-        for job in waiting:
-            if job.id in started:
-                continue
-            pos, reason = positions.get(job.id), reasons.get(job.id)
-            if job.position != pos or job.waiting != reason:
-                db.execute(
-                    "UPDATE jobs SET position=?, waiting=? WHERE id=?", (pos, reason, job.id)
-                )
-        return decisions
-
-    def _dependency_states(self, db: sqlite3.Connection, waiting: list[JobInfo]) -> dict[str, str]:
-        deps = sorted({d for j in waiting for d in j.after})
-        states: dict[str, str] = {}
-        for i in range(0, len(deps), 500):
-            chunk = deps[i : i + 500]
-            rows = db.execute(
-                f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk
-            )
-            states.update({r[0]: r[1] for r in rows})
-        return states
-
-    def _capacity(self, running: list[JobInfo]) -> Capacity:
-        inventory = self.inventory
-        external = self.backend.external_gpu_mem(running)
-        capacity = Capacity(
-            gpus=tuple(
-                GpuFree(
-                    g["index"],
-                    g["mem_total"],
-                    max(0, g["mem_total"] - external.get(g["index"], 0)),
-                    0,
-                    g.get("group"),
-                )
-                for g in inventory.get("gpus", [])
-            ),
-            cpu_load=(0.0,) * int(inventory.get("cpus", 1)),
-            mem_free=int(inventory.get("mem_total", 0)),
-            mem_total=int(inventory.get("mem_total", 0)),
-        )
-        for job in running:
-            if job.placement is not None:
-                capacity = capacity.take(job.placement)
-        return capacity
 
     def _launch_mine(self, now: float, just_started: Iterable[str]) -> None:
         """Launch jobs of this user allocated by this tick, and orphans nobody launched."""
@@ -680,42 +561,3 @@ class Scheduler:
             error_json.read_text() if error_json.exists() else None,
             error_pickle.read_bytes() if error_pickle.exists() else None,
         )
-
-
-def _attempts(jobs: list[JobInfo], job_id: str) -> int:
-    for job in jobs:
-        if job.id == job_id:
-            return job.attempts
-    return 0
-
-
-def _queued(job: JobInfo) -> QueuedJob:
-    return QueuedJob(
-        id=job.id,
-        seq=job.seq,
-        submitted=job.submitted,
-        request=job.request,
-        priority=job.priority,
-        owner=job.owner,
-        deadline=job.deadline,
-        time_limit=job.time_limit,
-        preemptible=job.preemptible,
-        attained=job.attained,
-        preemptions=job.preemptions,
-    )
-
-
-def _running(job: JobInfo, now: float) -> RunningJob:
-    return RunningJob(
-        id=job.id,
-        seq=job.seq,
-        submitted=job.submitted,
-        started=job.started or now,
-        request=job.request,
-        placement=job.placement or Placement(),
-        priority=job.priority,
-        owner=job.owner,
-        time_limit=job.time_limit,
-        preemptible=job.preemptible,
-        attained=job.attained,
-    )

@@ -47,8 +47,8 @@ class Backend(ABC):
         """Clean up after a job whose lease expired."""
         return None
 
-    def external_gpu_mem(self, running: list[JobInfo]) -> dict[int, int]:
-        """GPU memory (per index) held by processes the scheduler did not start."""
+    def external_gpu_mem(self, job_pids: list[int | None]) -> dict[int, int]:
+        """GPU memory (per index) held by processes other than the running jobs' ``job_pids``."""
         return {}
 
     def pool(self) -> PoolInfo:

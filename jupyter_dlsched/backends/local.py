@@ -57,16 +57,16 @@ class LocalBackend(Backend):
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def external_gpu_mem(self, running: list[JobInfo]) -> dict[int, int]:
+    def external_gpu_mem(self, job_pids: list[int | None]) -> dict[int, int]:
         info = probe(usage=True, max_age=2.0)
         if not any(g.processes for g in info.gpus):
             return {}
         ours: set[int] = set()
-        for job in running:
-            if job.job_pid:
-                ours.add(job.job_pid)
+        for pid in job_pids:
+            if pid:
+                ours.add(pid)
                 try:
-                    ours.update(p.pid for p in psutil.Process(job.job_pid).children(True))
+                    ours.update(p.pid for p in psutil.Process(pid).children(True))
                 except psutil.Error:
                     pass
         return {

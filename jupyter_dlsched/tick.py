@@ -1,0 +1,215 @@
+"""One scheduling tick inside one transaction: reap leases, snapshot, ask the policy, commit.
+
+``Scheduler.tick`` opens the transaction and launches what started; this
+module holds the steps, reading the ledger with one lean query.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .policy import Decisions, Policy, QueuedJob, RunningJob
+from .resources import Capacity, GpuFree, Placement, Request
+from .store import TERMINAL, JobInfo, Store
+
+_COLUMNS = (
+    "id, seq, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
+    "attained, preemptions, gpus, gpu_mem, cpus, mem, after, attempts, position, waiting, "
+    "placement, job_pid"
+)
+
+
+@dataclass
+class TickResult:
+    decisions: Decisions | None = None
+    reaped: list[JobInfo] = field(default_factory=list)
+
+
+def reap(store: Store, db: sqlite3.Connection, backend: str, now: float) -> list[JobInfo]:
+    """Move running jobs whose lease expired on: cancelled, requeued for a retry, or lost."""
+    ids = [
+        r[0]
+        for r in db.execute(
+            "SELECT id FROM jobs WHERE state='running' AND backend=? AND lease_expires < ?",
+            (backend, now),
+        )
+    ]
+    reaped = []
+    for job_id in ids:
+        info = store.get(job_id)
+        common: dict[str, Any] = {"lease_expires": None, "supervisor_pid": None}
+        if info.cancel_requested:
+            store.transition_in(
+                db, info.id, "cancelled", "cancelled by user", now=now, finished=now, **common
+            )
+        elif info.attempts <= info.retries:
+            why = f"retry {info.attempts}/{info.retries} after: lost (lease expired)"
+            store.transition_in(
+                db, info.id, "queued", why, now=now, placement=None, job_pid=None, **common
+            )
+        else:
+            why = "lost: its supervisor stopped renewing the lease"
+            store.transition_in(db, info.id, "lost", why, now=now, finished=now, **common)
+        reaped.append(info)
+    return reaped
+
+
+def decide(
+    store: Store,
+    db: sqlite3.Connection,
+    *,
+    backend: str,
+    policy: Policy,
+    inventory: dict[str, Any],
+    external_gpu_mem: Callable[[list[int | None]], dict[int, int]],
+    lease_ttl: float,
+    now: float,
+) -> Decisions:
+    """Snapshot the active jobs, run the policy, commit its starts, preemptions and reasons."""
+    rows = db.execute(
+        f"SELECT {_COLUMNS} FROM jobs WHERE backend=? "
+        "AND state IN ('queued','preempted','running') ORDER BY seq",
+        (backend,),
+    ).fetchall()
+    running = [r for r in rows if r["state"] == "running"]
+    waiting = [r for r in rows if r["state"] != "running"]
+    dep_states = _dependency_states(db, waiting)
+    queued: list[QueuedJob] = []
+    blocked: dict[str, str] = {}
+    attempts: dict[str, int] = {}
+    for row in waiting:
+        after = json.loads(row["after"]) if row["after"] != "[]" else []
+        states = [dep_states.get(d, "missing") for d in after]
+        bad = [d for d, s in zip(after, states, strict=True) if s in TERMINAL and s != "succeeded"]
+        if bad:
+            why = f"dependency {bad[0]} {dep_states[bad[0]]}"
+            store.transition_in(db, row["id"], "failed", why, now=now, finished=now)
+            continue
+        pending = [d for d, s in zip(after, states, strict=True) if s != "succeeded"]
+        if pending:
+            blocked[row["id"]] = f"waiting for job {pending[0]} to finish"
+            continue
+        attempts[row["id"]] = row["attempts"]
+        queued.append(_queued(row))
+    active = [_running(r, now) for r in running if r["placement"]]
+    capacity = idle_capacity_minus(
+        inventory, [a.placement for a in active], external_gpu_mem([r["job_pid"] for r in running])
+    )
+    decisions = policy(queued, active, capacity, now)
+    for start in decisions.starts:
+        store.transition_in(
+            db,
+            start.job_id,
+            "running",
+            "",
+            now=now,
+            event_data={"placement": start.placement.to_json()},
+            placement=start.placement,
+            started=now,
+            attempts=attempts.get(start.job_id, 0) + 1,
+            lease_expires=now + lease_ttl,
+            supervisor_pid=None,
+            job_pid=None,
+            host=None,
+            cancel_requested=0,
+            preempt_requested=0,
+            exit_code=None,
+            term_signal=None,
+            position=None,
+            waiting=None,
+        )
+    for preempt in decisions.preempts:
+        db.execute(
+            "UPDATE jobs SET preempt_requested=1 WHERE id=? AND state='running' AND preemptible=1",
+            (preempt.job_id,),
+        )
+    started = {s.job_id for s in decisions.starts}
+    order = [j for j in decisions.order if j not in started]
+    positions = {job_id: i + 1 for i, job_id in enumerate(order)}
+    reasons = {**decisions.waiting, **blocked}
+    changed = []
+    for row in waiting:
+        job_id = row["id"]
+        if job_id in started:
+            continue
+        pos, reason = positions.get(job_id), reasons.get(job_id)
+        if row["position"] != pos or row["waiting"] != reason:
+            changed.append((pos, reason, job_id))
+    db.executemany("UPDATE jobs SET position=?, waiting=? WHERE id=?", changed)
+    return decisions
+
+
+def idle_capacity_minus(
+    inventory: dict[str, Any], held: list[Placement], external: dict[int, int]
+) -> Capacity:
+    """The pool's capacity less what running jobs hold and outside processes use."""
+    capacity = Capacity(
+        gpus=tuple(
+            GpuFree(
+                g["index"],
+                g["mem_total"],
+                max(0, g["mem_total"] - external.get(g["index"], 0)),
+                0,
+                g.get("group"),
+            )
+            for g in inventory.get("gpus", [])
+        ),
+        cpu_load=(0.0,) * int(inventory.get("cpus", 1)),
+        mem_free=int(inventory.get("mem_total", 0)),
+        mem_total=int(inventory.get("mem_total", 0)),
+    )
+    for placement in held:
+        capacity = capacity.take(placement)
+    return capacity
+
+
+def _dependency_states(db: sqlite3.Connection, waiting: list[sqlite3.Row]) -> dict[str, str]:
+    deps = sorted({d for r in waiting if r["after"] != "[]" for d in json.loads(r["after"])})
+    states: dict[str, str] = {}
+    for i in range(0, len(deps), 500):
+        chunk = deps[i : i + 500]
+        rows = db.execute(
+            f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk
+        )
+        states.update({r[0]: r[1] for r in rows})
+    return states
+
+
+def _request(row: sqlite3.Row) -> Request:
+    return Request(row["gpus"], row["gpu_mem"], row["cpus"], row["mem"])
+
+
+def _queued(row: sqlite3.Row) -> QueuedJob:
+    return QueuedJob(
+        id=row["id"],
+        seq=row["seq"],
+        submitted=row["submitted"],
+        request=_request(row),
+        priority=row["priority"],
+        owner=row["owner"],
+        deadline=row["deadline"],
+        time_limit=row["time_limit"],
+        preemptible=bool(row["preemptible"]),
+        attained=row["attained"],
+        preemptions=row["preemptions"],
+    )
+
+
+def _running(row: sqlite3.Row, now: float) -> RunningJob:
+    return RunningJob(
+        id=row["id"],
+        seq=row["seq"],
+        submitted=row["submitted"],
+        started=row["started"] or now,
+        request=_request(row),
+        placement=Placement.from_json(json.loads(row["placement"])),
+        priority=row["priority"],
+        owner=row["owner"],
+        time_limit=row["time_limit"],
+        preemptible=bool(row["preemptible"]),
+        attained=row["attained"],
+    )
