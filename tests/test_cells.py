@@ -94,7 +94,7 @@ def test_a_failing_cell_shows_its_own_source_line_in_the_traceback():
 
 
 def _notebook_function():
-    """A function defined in a notebook: its module is __main__, so cloudpickle sends it by value."""
+    """A function defined in a notebook: its module is __main__, so it travels by value."""
     namespace = {"__name__": "__main__"}
     exec("def scale(v, by=3):\n    return [e * by for e in v]\n", namespace)
     return namespace["scale"]

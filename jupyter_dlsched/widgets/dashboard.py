@@ -23,7 +23,7 @@ COLUMNS = (
     "state",
     "id",
     "name",
-    "owner / notebook",
+    "owner/notebook",
     "priority",
     "request",
     "waited",
@@ -31,8 +31,12 @@ COLUMNS = (
     "progress",
     "",
 )
-GRID = "90px 80px minmax(100px,1.4fr) minmax(90px,1.2fr) 60px 130px 70px 70px minmax(120px,1.4fr) 150px"
+GRID = (
+    "84px 76px minmax(90px,1.3fr) minmax(120px,1.3fr) 56px 124px 60px 60px "
+    "minmax(150px,1.6fr) 150px"
+)
 MUTED = "color:var(--jp-ui-font-color2, #757575)"
+HEADER = '<div style="white-space:nowrap;overflow:hidden"><b>{}</b></div>'
 
 
 def _bar(share: float, width: int = 14) -> str:
@@ -47,7 +51,8 @@ def gpu_card_html(gpu: GpuInfo, jobs: dict[str, JobInfo], recent_util: list[floa
     spark = fmt.sparkline(recent_util) if recent_util else ""
     mem_share = gpu.mem_used / gpu.mem_total if gpu.mem_total else 0.0
     lines = [
-        f"<b>GPU {gpu.index}</b>&nbsp; {fmt.esc(gpu.name)} · {fmt.esc(fmt.size(gpu.mem_total))}{sim}",
+        f"<b>GPU {gpu.index}</b>&nbsp; {fmt.esc(gpu.name)} · "
+        f"{fmt.esc(fmt.size(gpu.mem_total))}{sim}",
         f"util {fmt.esc(spark)} {fmt.esc(util_text)} &nbsp; mem {_bar(mem_share)} "
         f"{fmt.esc(fmt.size(gpu.mem_used))} / {fmt.esc(fmt.size(gpu.mem_total))}",
     ]
@@ -103,7 +108,7 @@ class QueueRow:
 
     def __init__(self, dashboard: Dashboard, job_id: str) -> None:
         self.job_id = job_id
-        self.cells = {name: w.HTML() for name in COLUMNS[:-1]}
+        self.cells = {name: w.HTML(layout=w.Layout(overflow="hidden")) for name in COLUMNS[:-1]}
         self.cancel_button = w.Button(icon="times", tooltip="Cancel", layout=w.Layout(width="32px"))
         self.up_button = w.Button(
             description="↑", tooltip="Raise priority", layout=w.Layout(width="32px")
@@ -123,6 +128,7 @@ class QueueRow:
         )
         self.widgets: list[w.Widget] = [*self.cells.values(), self.actions]
         self.job: JobInfo | None = None
+        self.texts: dict[str, str] = {}  # each cell's words, as plain text
 
     @property
     def state(self) -> str:
@@ -130,21 +136,35 @@ class QueueRow:
 
     def update(self, job: JobInfo, now: float) -> None:
         self.job = job
-        share = fmt.fraction(job)
-        words = fmt.esc(fmt.progress_words(job))
-        bar = fmt.esc(fmt.bar_text(share, 8)) + " " if share is not None else ""
+        why = " · ".join(
+            part
+            for part in (job.waiting, f"#{job.position} in line" if job.position else "")
+            if part
+        )
+        progress = fmt.progress_words(job) if job.state != "queued" else why
+        waited = format_duration(fmt.waited_for(job, now))
+        ran = format_duration(fmt.ran_for(job, now))
+        # (html, tooltip): one line per row, the whole text on hover
         values = {
-            "state": fmt.chip(job.state),
-            "id": f"<code>{fmt.esc(job.id)}</code>",
-            "name": f'<span title="{fmt.esc(fmt.state_words(job, now))}">{fmt.esc(job.name)}</span>',
-            "owner / notebook": fmt.esc(fmt.owner_words(job)),
-            "priority": fmt.esc(job.priority),
-            "request": fmt.esc(fmt.request_words(job)),
-            "waited": fmt.esc(format_duration(fmt.waited_for(job, now))),
-            "ran": fmt.esc(format_duration(fmt.ran_for(job, now))),
-            "progress": bar + words if job.state != "queued" else self._why(job),
+            "state": (fmt.chip(job.state), fmt.state_words(job, now)),
+            "id": (f"<code>{fmt.esc(job.id)}</code>", job.id),
+            "name": (fmt.esc(job.name), job.name),
+            "owner/notebook": (
+                fmt.esc(fmt.owner_words(job, short=True)),
+                f"{job.owner} · {job.origin}",
+            ),
+            "priority": (fmt.esc(job.priority), str(job.priority)),
+            "request": (fmt.esc(fmt.request_words(job)), fmt.request_words(job)),
+            "waited": (fmt.esc(waited), waited),
+            "ran": (fmt.esc(ran), ran),
+            "progress": (self._progress_html(job, progress), progress),
         }
-        for name, value in values.items():
+        self.texts = {name: tooltip for name, (_, tooltip) in values.items()}
+        for name, (html, tooltip) in values.items():
+            value = (
+                '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis"'
+                f' title="{fmt.esc(tooltip)}">{html}</div>'
+            )
             if self.cells[name].value != value:
                 self.cells[name].value = value
         active = job.state in ACTIVE
@@ -152,9 +172,20 @@ class QueueRow:
         self.up_button.disabled = self.down_button.disabled = not active
 
     @staticmethod
-    def _why(job: JobInfo) -> str:
-        words = fmt.state_words(job).removeprefix("queued").lstrip(" ·")
-        return f'<span style="{MUTED}">{fmt.esc(words)}</span>'
+    def _progress_html(job: JobInfo, words: str) -> str:
+        if job.state in ("queued", "preempted"):
+            return f'<span style="{MUTED}">{fmt.esc(words)}</span>'
+        share = fmt.fraction(job)
+        if share is None:
+            return fmt.esc(words)
+        colour = fmt.COLOURS.get(job.state, fmt.COLOURS["running"])
+        bar = (
+            '<span style="display:inline-block;width:56px;height:8px;margin-right:4px;'
+            'background:var(--jp-layout-color3, #ddd);border-radius:2px;overflow:hidden">'
+            f'<span style="display:block;height:100%;width:{share * 100:.0f}%;'
+            f'background:{colour}"></span></span>'
+        )
+        return bar + fmt.esc(words)
 
 
 class Dashboard(w.VBox):
@@ -185,10 +216,11 @@ class Dashboard(w.VBox):
         self.cards = w.HBox(layout=w.Layout(flex_flow="row wrap", grid_gap="6px"))
         self.gpu_cards: dict[int, w.HTML] = {}
         self.host_card = w.HTML()
-        header = w.GridBox(
-            [w.HTML(f"<b>{fmt.esc(c)}</b>") for c in COLUMNS],
-            layout=w.Layout(grid_template_columns=GRID),
-        )
+        # each table carries its own header row, so its columns line up with it
+        self.headers = {
+            "active": [w.HTML(HEADER.format(fmt.esc(c))) for c in COLUMNS],
+            "recent": [w.HTML(HEADER.format(fmt.esc(c))) for c in COLUMNS],
+        }
         self.active_table = w.GridBox(layout=w.Layout(grid_template_columns=GRID))
         self.recent_table = w.GridBox(layout=w.Layout(grid_template_columns=GRID))
         self.recent_box = w.Accordion(children=[self.recent_table], selected_index=None)
@@ -207,7 +239,6 @@ class Dashboard(w.VBox):
                     layout=w.Layout(justify_content="space-between"),
                 ),
                 self.cards,
-                header,
                 self.active_table,
                 self.empty,
                 self.recent_box,
@@ -241,7 +272,10 @@ class Dashboard(w.VBox):
             action()
             self.message.value = ""
         except Exception as error:
-            self.message.value = f'<span style="color:{fmt.COLOURS["failed"]}">{fmt.esc(what)}: {fmt.esc(error)}</span>'
+            colour = fmt.COLOURS["failed"]
+            self.message.value = (
+                f'<span style="color:{colour}">{fmt.esc(what)}: {fmt.esc(error)}</span>'
+            )
         self.refresh(force=True)
 
     def close(self) -> None:
@@ -284,8 +318,14 @@ class Dashboard(w.VBox):
             if row is None:
                 row = self.rows[job.id] = QueueRow(self, job.id)
             row.update(job, now)
-        self._set_children(self.active_table, [self.rows[j.id] for j in [*running, *waiting]])
-        self._set_children(self.recent_table, [self.rows[j.id] for j in finished])
+        self._set_children(
+            self.active_table,
+            self.headers["active"],
+            [self.rows[j.id] for j in [*running, *waiting]],
+        )
+        self._set_children(
+            self.recent_table, self.headers["recent"], [self.rows[j.id] for j in finished]
+        )
         self.recent_box.set_title(0, f"recent ({len(finished)})")
         self.empty.layout.display = "none" if active else ""
         counts = store.count_jobs()
@@ -299,8 +339,8 @@ class Dashboard(w.VBox):
         return {j.id: j for j in [*active, *finished]}
 
     @staticmethod
-    def _set_children(table: w.GridBox, rows: list[QueueRow]) -> None:
-        children = tuple(widget for row in rows for widget in row.widgets)
+    def _set_children(table: w.GridBox, header: list[w.HTML], rows: list[QueueRow]) -> None:
+        children = (*header, *(widget for row in rows for widget in row.widgets))
         if tuple(table.children) != children:
             table.children = children
 

@@ -157,10 +157,11 @@ def devices_words(job: JobInfo) -> str:
     return "GPUs " + ",".join(map(str, devices))
 
 
-def owner_words(job: JobInfo) -> str:
-    """``"anna · notebook sweep.ipynb"``."""
+def owner_words(job: JobInfo, short: bool = False) -> str:
+    """``"anna · notebook sweep.ipynb"`` (``"anna · sweep.ipynb"`` when ``short``)."""
     if job.origin.endswith(".ipynb"):
-        return f"{job.owner} · notebook {job.origin}"
+        notebook = job.origin.rsplit("/", 1)[-1]
+        return f"{job.owner} · {notebook}" if short else f"{job.owner} · notebook {notebook}"
     if job.origin and job.origin not in ("notebook", "python", "-"):
         return f"{job.owner} · {job.origin}"
     return job.owner
