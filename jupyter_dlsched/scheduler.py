@@ -27,9 +27,9 @@ from .handle import JobHandle, job_exception
 from .inline import InlineRunner
 from .policy import Decisions, Policy, get_policy
 from .pool import PoolInfo, idle_capacity, probe
+from .settings import Settings
 from .spec import build_spec, parse_priority, pickle_payload
 from .store import TERMINAL, WAITING, JobInfo, Store
-from .worker import Settings
 
 log = logging.getLogger("jupyter_dlsched")
 

@@ -30,28 +30,13 @@ import psutil
 
 from .errors import IllegalTransition, JobNotFound
 from .runtime import STOP_FILE
+from .settings import Settings
 from .store import JobInfo, Store
 from .units import format_size
 
 PR_SET_PDEATHSIG = 1
 POLL_SECONDS = 0.2
 MEMORY_CHECK_SECONDS = 0.5
-
-
-@dataclass
-class Settings:
-    """Ledger-wide settings every participant reads (``meta`` key ``settings``)."""
-
-    lease_ttl: float = 10.0
-    grace: float = 10.0
-    policy: str = "priority"
-    policy_params: dict[str, Any] | None = None
-
-    @classmethod
-    def load(cls, store: Store) -> Settings:
-        data = store.get_meta("settings", {}) or {}
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
 
 
 def supervise(home: str | os.PathLike[str], job_id: str) -> int:
@@ -324,7 +309,7 @@ def _monitor(
     next_renew = time.time() + settings.lease_ttl / 4
     next_memory = 0.0
     kill_at: float | None = None
-    version = store.data_version()
+    version = -1  # read the flags once at the start: a cancel may predate this supervisor
     processes = []
     for pid in pids:
         try:
@@ -344,7 +329,8 @@ def _monitor(
         outcome.stop_reason, outcome.detail = reason, detail
         (folder / STOP_FILE).touch()
         _signal_group(pgid, signal.SIGKILL if at_once else signal.SIGTERM)
-        kill_at = time.time() + (0.0 if at_once else settings.grace)
+        grace = settings.preempt_grace() if reason == "preempt" else settings.grace
+        kill_at = time.time() + (0.0 if at_once else grace)
 
     while len(statuses) < len(pids):
         for fd, _ in poller.poll(POLL_SECONDS * 1000):

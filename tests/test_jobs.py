@@ -371,3 +371,44 @@ def test_schedulers_share_one_ledger(home):
     with Scheduler(home) as a, Scheduler(home) as b:
         handle = a.submit(add, 1, 1, cpus=0.5)
         assert b.get(handle.id).result(timeout=30) == 2
+
+
+def checkpointing_loop(path, steps):
+    """Counts steps into a file; on a stop request saves and exits, resuming next time."""
+    import time
+    from pathlib import Path
+
+    import jupyter_dlsched as dls
+
+    file = Path(path)
+    step = int(file.read_text()) if file.exists() else 0
+    while step < steps:
+        if dls.checkpoint_requested():
+            file.write_text(str(step))
+            raise SystemExit(0)
+        step += 1
+        time.sleep(0.05)
+    file.write_text(str(step))
+    return step
+
+
+def test_a_higher_priority_job_preempts_a_preemptible_one_which_resumes(home, tmp_path):
+    policy = {"preempt": True, "preempt_grace": 5}
+    with Scheduler(home, policy="priority", policy_params=policy, lease_ttl=3) as s:
+        ckpt = tmp_path / "step"
+        low = s.submit(
+            checkpointing_loop, str(ckpt), 60, gpus=2, cpus=0.25, priority="low", preemptible=True
+        )
+        deadline = time.time() + 20
+        while not ckpt.exists() and low.state != "running" and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        urgent = s.submit(add, 1, 1, gpus=1, cpus=0.25, priority="urgent")
+        assert urgent.result(timeout=30) == 2
+        assert low.result(timeout=60) == 60
+        states = [e["to_state"] for e in s.store.events(low.id)]
+        assert states == ["queued", "running", "preempted", "running", "succeeded"]
+        assert low.info().preemptions == 1
+        assert urgent.info().started >= next(
+            e["time"] for e in s.store.events(low.id) if e["to_state"] == "preempted"
+        )
