@@ -382,6 +382,7 @@ class Checkpoint:
         self.step = 0
         self.resumed_from: int | None = None
         self._saved_step: int | None = None
+        self._restored = False
         self.extra: dict[str, Any] = {}
         runtime.checkpoint_requested()  # from now on SIGTERM sets a flag instead of killing
 
@@ -407,10 +408,15 @@ class Checkpoint:
         return self.path
 
     def restore(self) -> int:
-        """Load the checkpoint if there is one; returns the step to continue from (0 if none)."""
+        """Load the checkpoint if there is one; returns the step to continue from (0 if none).
+
+        Loads once: later calls (``steps()`` makes one) return the same step.
+        """
         torch = _torch()
-        if not self.path.exists():
+        if self._restored or not self.path.exists():
+            self._restored = True
             return self.step
+        self._restored = True
         dev = device()
         state = torch.load(self.path, map_location=dev, weights_only=True)
         for name, obj in self.objects.items():
