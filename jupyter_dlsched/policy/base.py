@@ -230,7 +230,10 @@ class Room:
 
     def give_back(self, placement: Placement) -> None:
         self.capacity = self.capacity.give_back(placement)
-        self.whole = self.capacity.free_whole_gpus
+        if placement.shared:
+            self.whole = self.capacity.free_whole_gpus
+        else:
+            self.whole += len(placement.gpus)
 
     def copy(self) -> Room:
         other = Room.__new__(Room)

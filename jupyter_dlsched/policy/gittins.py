@@ -35,10 +35,13 @@ def default_sizes(n: int = 400, median: float = 1800.0, sigma: float = 2.2) -> l
     return [math.exp(normal.inv_cdf((i + 0.5) / n)) for i in range(n)]
 
 
-def gittins_index(sizes: Sequence[float], attained: float) -> float:
+def gittins_index(sizes: Sequence[float], attained: float, at_least: float = 0.0) -> float:
     """The Gittins index of a job that has received ``attained`` of service.
 
-    ``sizes`` must be sorted. Jobs that outlived every size get index 0.
+    ``sizes`` must be sorted. Only quanta of ``at_least`` or more count: a job
+    is served at least until its next re-evaluation anyway, and shorter ones
+    would let single sizes just ahead of a job look like certain completions.
+    Jobs that outlived every size get index 0.
 
     >>> round(gittins_index([10.0, 20.0], 0.0), 4)  # certain to end within 20, at mean cost 15
     0.0667
@@ -51,7 +54,7 @@ def gittins_index(sizes: Sequence[float], attained: float) -> float:
     for j, delta in enumerate(left):
         # E[min(S - a, delta) | S > a] * n  =  work of those done by delta + delta for the rest
         expected = done_work + delta * (n - j)
-        if expected > 0:
+        if expected > 0 and delta >= at_least:
             best = max(best, (j + 1) / expected)
         done_work += delta
     return best
@@ -65,9 +68,12 @@ class GittinsPolicy(RankedPolicy):
 
     * ``sizes=None``: observed job sizes in GPU-seconds to build the index from;
       ``None`` uses ``default_sizes()``, a log-normal prior (median 30 GPU-minutes);
-    * ``quantum=600``: the index is re-evaluated as a job's service crosses a
+    * ``quantum=300``: the index is re-evaluated as a job's service crosses a
       grid that starts at ``quantum`` GPU-seconds and grows by ``growth``;
-    * ``growth=1.5``;
+    * ``growth=1.2``;
+    * ``promote_after=None``: seconds after submission when a job jumps ahead
+      of every younger one and can no longer be preempted (a starvation guard
+      for the longest jobs); ``None``: never;
     * ``preempt=True``: a waiting job stops running jobs with a lower index
       (only jobs submitted with ``preemptible=True``);
     * ``preempt_grace=30``: seconds a preempted job gets to checkpoint;
@@ -79,8 +85,9 @@ class GittinsPolicy(RankedPolicy):
     """
 
     sizes: Sequence[float] | None = None
-    quantum: float = 600.0
-    growth: float = 1.5
+    quantum: float = 300.0
+    growth: float = 1.2
+    promote_after: float | None = None
     preempt: bool = True
     preempt_grace: float = 30.0
     skip: bool = True
@@ -101,7 +108,8 @@ class GittinsPolicy(RankedPolicy):
             grid.append(point)
             point *= max(self.growth, 1.01)
         self._grid = grid
-        self._index = [gittins_index(sizes, a) for a in grid]
+        steps = [b - a for a, b in zip(grid, grid[1:], strict=False)] + [self.quantum]
+        self._index = [gittins_index(sizes, a, step) for a, step in zip(grid, steps, strict=True)]
 
     def index(self, attained: float) -> float:
         """The index of the grid cell that ``attained`` falls into."""
@@ -123,3 +131,23 @@ class GittinsPolicy(RankedPolicy):
             return None
         # a hair past the grid point, so that the job is in the next cell when asked again
         return now + (self._grid[i] - attained) / job.request.gpus + 1e-6
+
+    def rank_running(
+        self, running: Sequence[RunningJob], now: float
+    ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
+        # running_rank and next_change in one pass: this loop is the hot path
+        grid, index, cell_of, cells = self._grid, self._index, bisect.bisect_right, len(self._grid)
+        victims: list[tuple[float, int, RunningJob]] = []
+        wake = float("inf")
+        for r in running:
+            if not r.preemptible or r.stopping:
+                continue
+            gpus = r.request.gpus
+            attained = r.attained + gpus * max(0.0, now - r.started)
+            cell = cell_of(grid, attained)
+            victims.append((index[cell - 1], -r.seq, r))
+            if cell < cells and gpus > 0:
+                change = now + (grid[cell] - attained) / gpus + 1e-6
+                if change < wake:
+                    wake = change
+        return victims, (None if wake == float("inf") else wake)

@@ -11,6 +11,7 @@ share what is left.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .base import QueuedJob, RunningJob
@@ -61,3 +62,23 @@ class LasPolicy(RankedPolicy):
             return None
         # a hair past the boundary, so that the job is on the next level when asked again
         return now + (self.thresholds[i] - attained) / job.request.gpus + 1e-6
+
+    def rank_running(
+        self, running: Sequence[RunningJob], now: float
+    ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
+        # running_rank and next_change in one pass: this loop is the hot path
+        thresholds, level_of, top = self.thresholds, bisect.bisect_right, len(self.thresholds)
+        victims: list[tuple[float, int, RunningJob]] = []
+        wake = float("inf")
+        for r in running:
+            if not r.preemptible or r.stopping:
+                continue
+            gpus = r.request.gpus
+            attained = r.attained + gpus * max(0.0, now - r.started)
+            level = level_of(thresholds, attained)
+            victims.append((-level, -r.seq, r))
+            if level < top and gpus > 0:
+                change = now + (thresholds[level] - attained) / gpus + 1e-6
+                if change < wake:
+                    wake = change
+        return victims, (None if wake == float("inf") else wake)

@@ -43,6 +43,9 @@ class PriorityPolicy:
 
     * ``aging_step=10``, ``aging_interval=600``: +10 priority per 10 minutes waited;
     * ``backfill=True``: let later jobs use resources a blocked job cannot use yet;
+    * ``reserve_after=0``: seconds a blocked job must have waited before it
+      holds resources back (its reservation); until then jobs behind it that
+      fit simply start (first fit);
     * ``preempt=False``: a waiting job may stop running jobs that were submitted
       with ``preemptible=True`` and have a strictly lower base priority, when
       that lets it start (aging never triggers preemption, so equals never
@@ -58,6 +61,7 @@ class PriorityPolicy:
     aging_step: float = 10.0
     aging_interval: float = 600.0
     backfill: bool = True
+    reserve_after: float = 0.0
     preempt: bool = False
     preempt_grace: float = 30.0
     name: str = "priority"
@@ -97,7 +101,8 @@ class PriorityPolicy:
         head: QueuedJob | None = None
         shadow: float | None = None
         protected = room
-        for i, job in enumerate(ordered):
+        ahead: list[QueuedJob] = []  # started before the head
+        for job in ordered:
             if lean and room.whole == 0:
                 break
             if head is None:
@@ -105,16 +110,18 @@ class PriorityPolicy:
                 if placement is not None:
                     room.take(placement)
                     out.starts.append(Start(job.id, placement))
+                    ahead.append(job)
                     continue
-                head = job
                 out.waiting[job.id] = describe_shortfall(job.request, room.capacity)
+                if now - job.submitted < self.reserve_after:
+                    continue  # not waited long enough to hold resources back: first fit
+                head = job
                 if not self.backfill:
                     continue
                 holders = [(r.expected_end, r.placement) for r in running]
-                # every job ahead of the head has just started
                 holders.extend(
                     (_end(now, q.time_limit), s.placement)
-                    for q, s in zip(ordered[:i], out.starts, strict=True)
+                    for q, s in zip(ahead, out.starts, strict=True)
                 )
                 shadow, reserved = _reservation(job.request, room.capacity, holders)
                 protected = Room(_protect(room.capacity, job.request, reserved))
@@ -246,9 +253,17 @@ def _protect(capacity: Capacity, request: Request, reserved: Placement | None) -
 
 
 def _take_clamped(capacity: Capacity, placement: Placement) -> Capacity:
+    """``capacity.take(placement)`` with nothing below zero (withheld room may be re-granted)."""
     taken = capacity.take(placement)
-    return replace(
-        taken,
-        gpus=tuple(replace(g, mem_free=max(0, g.mem_free)) for g in taken.gpus),
-        mem_free=max(0, taken.mem_free),
-    )
+    granted = set(placement.gpus)
+    if any(g.mem_free < 0 for g in taken.gpus if g.index in granted):
+        taken = replace(
+            taken,
+            gpus=tuple(
+                replace(g, mem_free=0) if g.mem_free < 0 and g.index in granted else g
+                for g in taken.gpus
+            ),
+        )
+    if taken.mem_free < 0:
+        taken = replace(taken, mem_free=0)
+    return taken

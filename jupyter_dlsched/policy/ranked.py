@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from .base import (
     gpu_only,
     presorted,
     smallest_size,
+    submit_order,
 )
 
 
@@ -56,6 +58,24 @@ class RankedPolicy:
         """When ``job``'s running rank next changes, if it changes on its own."""
         return None
 
+    def rank_running(
+        self, running: Sequence[RunningJob], now: float
+    ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
+        """Possible victims as ``(-rank, -seq, job)`` and when the first rank changes.
+
+        Subclasses may replace this with one tight loop: it runs over every
+        running job on every call, which dominates the cost on large pools.
+        """
+        victims = []
+        wake: float | None = None
+        for r in running:
+            if r.preemptible and not r.stopping:
+                victims.append((-self.running_rank(r, now), -r.seq, r))
+                change = self.next_change(r, now)
+                if change is not None and (wake is None or change < wake):
+                    wake = change
+        return victims, wake
+
     def blocked_reason(self, head: QueuedJob) -> str:
         return f"behind {head.id} (first in line)"
 
@@ -68,8 +88,23 @@ class RankedPolicy:
     ) -> Decisions:
         out = Decisions()
         fast = presorted(queued, self.queue_key)
-        ordered = queued if fast else sorted(queued, key=self.queue_key)
+        ordered: Sequence[QueuedJob] = queued if fast else sorted(queued, key=self.queue_key)
         lean = fast and gpu_only(queued)
+        promote_after = getattr(self, "promote_after", None)
+        cutoff = -math.inf
+        promotion: float | None = None
+        if promote_after is not None and ordered:
+            # jobs in the system longer than promote_after go first, oldest first
+            cutoff = now - promote_after
+            old = [j for j in ordered if j.submitted <= cutoff]
+            if old:
+                old.sort(key=submit_order)
+                rest = [j for j in ordered if j.submitted > cutoff]
+                ordered = old + rest
+            else:
+                rest = list(ordered)
+            if rest:
+                promotion = min(j.submitted for j in rest) + promote_after
         room = Room(capacity)
         waiting: list[QueuedJob] = []
         blocked: QueuedJob | None = None
@@ -108,8 +143,10 @@ class RankedPolicy:
                 else:
                     out.waiting[job.id] = describe_shortfall(job.request, room.capacity)
         if self.preempt and (waiting or looked < len(ordered)):
-            rest = itertools.chain(waiting, itertools.islice(ordered, looked, None))
-            self._plan_preemptions(rest, running, room, now, out)
+            left = itertools.chain(waiting, itertools.islice(ordered, looked, None))
+            self._plan_preemptions(left, running, room, now, out, cutoff)
+        if promotion is not None and promotion > now:
+            out.wake_at = promotion if out.wake_at is None else min(out.wake_at, promotion)
         return out
 
     def _plan_preemptions(
@@ -119,31 +156,27 @@ class RankedPolicy:
         room: Room,
         now: float,
         out: Decisions,
+        cutoff: float = -math.inf,
     ) -> None:
         """Stop the worst-ranked running jobs for the most urgent waiting ones.
 
         Waiting jobs come in key order, which is also rank order, so the walk
         ends at the first waiting job that no running job ranks below.
         """
-        victims: list[tuple[float, int, RunningJob]] = []
         plan = room.copy()
-        wake: float | None = None
         for r in running:
             if r.stopping:
                 plan.give_back(r.placement)
-            elif r.preemptible:
-                victims.append((-self.running_rank(r, now), -r.seq, r))
-                change = self.next_change(r, now)
-                if change is not None and (wake is None or change < wake):
-                    wake = change
-        out.wake_at = wake
+        victims, out.wake_at = self.rank_running(running, now)
+        if cutoff > -math.inf:  # promoted jobs are nobody's victims
+            victims = [v for v in victims if v[2].submitted > cutoff]
         if not victims:
             return
         heapq.heapify(victims)  # worst rank first, then the latest submitted
         for job in waiting:
             if not victims:
                 return
-            rank = self.queued_rank(job)
+            rank = -math.inf if job.submitted <= cutoff else self.queued_rank(job)
             if rank >= -victims[0][0]:
                 return
             placement = plan.place(job.request)

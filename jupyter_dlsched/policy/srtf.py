@@ -9,6 +9,7 @@ policy has left, not to run a real queue.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .base import QueuedJob, RunningJob
@@ -48,3 +49,19 @@ class SrtfPolicy(RankedPolicy):
         if left is None:
             return math.inf
         return left * max(job.request.gpus, 1.0)
+
+    def rank_running(
+        self, running: Sequence[RunningJob], now: float
+    ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
+        # running_rank in one tight pass: this loop is the hot path
+        victims: list[tuple[float, int, RunningJob]] = []
+        for r in running:
+            if not r.preemptible or r.stopping:
+                continue
+            if r.remaining is None:
+                rank = math.inf
+            else:
+                left = max(0.0, r.remaining - max(0.0, now - r.started))
+                rank = left * max(r.request.gpus, 1.0)
+            victims.append((-rank, -r.seq, r))
+        return victims, None
