@@ -284,3 +284,23 @@ def test_policies_are_pure_same_snapshot_same_decisions():
         first = policy(jobs, [], pool(3), now=50.0)
         second = policy(list(reversed(jobs)), [], pool(3), now=50.0)
         assert started(first) == started(second), name
+
+
+def test_a_promoted_job_goes_first_and_is_no_longer_a_victim():
+    policy = LasPolicy(thresholds=(100.0,), promote_after=1000.0)
+    veteran, cap = running_on(pool(1), "veteran", 0, submitted=0.0, started=0.0, preemptible=True)
+    fresh = queued("fresh", 1, submitted=900.0)
+    assert preempted(policy([fresh], [veteran], cap, now=1001.0)) == []
+    waiting = [queued("young", 2, submitted=990.0), queued("old", 3, submitted=0.0, attained=1e6)]
+    d = policy(waiting, [], pool(1), now=1001.0)
+    assert started(d) == ["old"]
+    assert policy(waiting[:1], [], cap, now=995.0).wake_at == 1990.0  # when "young" is promoted
+
+
+def test_priority_reserve_after_lets_jobs_behind_a_fresh_blocked_job_fit_first():
+    r, cap = running_on(pool(2), "r", 0, time_limit=100.0)
+    jobs = [queued("wide", 1, gpus=2, submitted=0.0), queued("small", 2, submitted=1.0)]
+    easy = PriorityPolicy()(jobs, [r], cap, now=10.0)
+    patient = PriorityPolicy(reserve_after=3600)(jobs, [r], cap, now=10.0)
+    assert started(easy) == []  # the free GPU is held for "wide"
+    assert started(patient) == ["small"]

@@ -25,6 +25,8 @@ class LasPolicy(RankedPolicy):
     Parameters (defaults shown):
 
     * ``thresholds=(3600, 36000)``: level boundaries in GPU-seconds (1 and 10 GPU-hours);
+    * ``promote_after=None``: seconds after submission when a job goes ahead of
+      every younger one and is no longer preempted (a starvation guard); ``None``: never;
     * ``preempt=True``: a waiting job stops running jobs of a lower level
       (more service); only jobs submitted with ``preemptible=True``;
     * ``preempt_grace=30``: seconds a preempted job gets to checkpoint;
@@ -35,6 +37,7 @@ class LasPolicy(RankedPolicy):
     """
 
     thresholds: tuple[float, ...] = (3600.0, 36000.0)
+    promote_after: float | None = None
     preempt: bool = True
     preempt_grace: float = 30.0
     skip: bool = True
