@@ -257,12 +257,16 @@ def main() -> None:
                 "&order=queue&limit=200",
             }
             rest: dict[str, dict[str, float]] = {}
+            # one paced client: the latency the machine gives when we do not compete with ourselves
+            rest[f"status · 1 client, {args.rate:g}/s"] = measure_rest(
+                process.pid, port, token, endpoints["status"], 1, args.requests, args.rate
+            )
             for name, path in endpoints.items():
-                rest[f"{name} · {args.rate:g}/s each"] = measure_rest(
+                rest[f"{name} · {args.clients} clients, {args.rate:g}/s each"] = measure_rest(
                     process.pid, port, token, path, args.clients, args.requests, args.rate
                 )
             for name, path in endpoints.items():
-                rest[f"{name} · back to back"] = measure_rest(
+                rest[f"{name} · {args.clients} clients back to back"] = measure_rest(
                     process.pid, port, token, path, args.clients, args.requests
                 )
         finally:
