@@ -21,6 +21,7 @@ import os
 import shlex
 import sys
 import threading
+from pathlib import Path
 from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
@@ -193,6 +194,7 @@ class _routed_output:
         self.file: Any = None
 
     def __enter__(self) -> None:
+        Path(self.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.file = open(self.log_path, "a", buffering=1, encoding="utf-8", errors="replace")
         with _router_lock:
             for name in ("stdout", "stderr"):

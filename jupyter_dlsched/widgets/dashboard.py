@@ -221,8 +221,12 @@ class Dashboard(w.VBox):
             "active": [w.HTML(HEADER.format(fmt.esc(c))) for c in COLUMNS],
             "recent": [w.HTML(HEADER.format(fmt.esc(c))) for c in COLUMNS],
         }
-        self.active_table = w.GridBox(layout=w.Layout(grid_template_columns=GRID))
-        self.recent_table = w.GridBox(layout=w.Layout(grid_template_columns=GRID))
+        self.active_table = w.GridBox(
+            layout=w.Layout(grid_template_columns=GRID, grid_gap="2px 8px")
+        )
+        self.recent_table = w.GridBox(
+            layout=w.Layout(grid_template_columns=GRID, grid_gap="2px 8px")
+        )
         self.recent_box = w.Accordion(children=[self.recent_table], selected_index=None)
         self.recent_box.set_title(0, "recent (0)")
         self.empty = w.HTML(f'<span style="{MUTED}">no queued or running jobs</span>')
