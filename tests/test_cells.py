@@ -140,9 +140,15 @@ def test_magics_in_a_job_process_fail_with_advice(sched):
 
 def test_tqdm_in_a_job_reports_progress(sched):
     pytest.importorskip("tqdm")
-    source = "from tqdm import tqdm\nfor i in tqdm(range(50), mininterval=0):\n    pass\n"
+    source = (
+        "from tqdm.auto import tqdm\n"
+        "bar = tqdm(range(50), mininterval=0)\n"
+        "for i in bar:\n"
+        "    bar.set_postfix(loss=1 / (i + 1))\n"
+    )
     payload = {"runner": run_cell, "source": source, "variables": cloudpickle.dumps({})}
     handle = sched.submit_payload("cell", payload)
     handle.result(timeout=60)
     progress = handle.info().progress
     assert progress is not None and progress["done"] == 50 and progress["total"] == 50
+    assert progress["metrics"] == {"loss": 0.02}
