@@ -97,6 +97,7 @@ class InlineRunner:
     ) -> None:
         store = self.scheduler.store
         folder = store.spool(info.id)
+        folder.mkdir(mode=0o700, exist_ok=True)
         if to == "succeeded":
             self.results[info.id] = value
             try:

@@ -262,8 +262,39 @@ class Scheduler:
     def map(
         self, fn: Callable[..., Any], items: Iterable[Any], **resources: Any
     ) -> list[JobHandle]:
-        """One job per item: ``s.map(train, [1e-3, 1e-4], gpus=1)``."""
-        return [self.submit(fn, item, **resources) for item in items]
+        """One job per item, stored in one transaction: ``s.map(train, [1e-3, 1e-4], gpus=1)``."""
+        if not callable(fn):
+            raise SpecError("fn", fn, "a function or other callable")
+        unknown = set(resources) - set(RESOURCE_ARGS)
+        if unknown:
+            key = sorted(unknown)[0]
+            raise SpecError(key, resources[key], "a known option")
+        spec = build_spec(
+            capacity=idle_capacity(self.inventory),
+            kind="function",
+            default_name=getattr(fn, "__name__", type(fn).__name__),
+            origin=origin(),
+            **resources,
+        )
+        fn_pickle = pickle_payload({"fn": fn})
+        context = json.dumps(submit_context()).encode()
+        batch = [
+            (
+                self.store.new_id(),
+                spec,
+                {
+                    "payload.pkl": pickle_payload({"fn_pickle": fn_pickle, "args": (item,)}),
+                    "context.json": context,
+                },
+            )
+            for item in items
+        ]
+        self.store.insert_jobs(batch, owner=self.owner, uid=self.uid, backend=self.backend.name)
+        handles = [JobHandle(self, job_id) for job_id, _, _ in batch]
+        for handle in handles:
+            self._watch(handle, check=False)
+        self._kick()
+        return handles
 
     # -- reading and steering --------------------------------------------------------------
 

@@ -54,15 +54,19 @@ def supervise(home: str | os.PathLike[str], job_id: str) -> int:
         return 0
     job = claimed
     folder = store.spool(job_id)
+    folder.mkdir(mode=0o700, exist_ok=True)
     for stale in ("result.pkl", "error.json", "error.pkl", STOP_FILE):
         (folder / stale).unlink(missing_ok=True)
     log_fd = os.open(folder / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     if job.attempts > 1:
         os.write(log_fd, f"[dlsched] attempt {job.attempts}\n".encode())
-    context = _read_context(folder)
+    context = json.loads(store.read_file(job_id, "context.json") or b"{}")
+    payload = store.read_file(job_id, "command.json" if job.kind == "command" else "payload.pkl")
+    if payload is None:
+        payload = b'{"argv": ["false"]}' if job.kind == "command" else b""
     env = job_environment(job, store, context)
     cores = _cores(job, store)
-    pids = _start_ranks(folder, job, env, context, cores, log_fd)
+    pids = _start_ranks(folder, job, env, context, payload, cores, log_fd)
     os.close(log_fd)
     store.update(job_id, job_pid=pids[0])
     outcome = _monitor(store, job, pids, settings, folder)
@@ -81,13 +85,6 @@ def _claim(store: Store, job: JobInfo, settings: Settings) -> JobInfo | None:
             (os.getpid(), socket.gethostname(), now + settings.lease_ttl, job.id, job.attempts),
         ).rowcount
     return store.get(job.id) if claimed else None
-
-
-def _read_context(folder: Path) -> dict[str, Any]:
-    path = folder / "context.json"
-    if path.exists():
-        return dict(json.loads(path.read_text()))
-    return {}
 
 
 def job_environment(job: JobInfo, store: Store, context: dict[str, Any]) -> dict[str, str]:
@@ -142,6 +139,7 @@ def _start_ranks(
     job: JobInfo,
     env: dict[str, str],
     context: dict[str, Any],
+    payload: bytes,
     cores: set[int],
     log_fd: int,
 ) -> list[int]:
@@ -164,7 +162,7 @@ def _start_ranks(
         pgid = pids[0] if pids else 0
         pid = os.fork()
         if pid == 0:
-            _run_job(folder, job, rank_env, context, cores, log_fd, supervisor, pgid, rank)
+            _run_job(folder, job, rank_env, context, payload, cores, log_fd, supervisor, pgid, rank)
         try:
             os.setpgid(pid, pgid or pid)  # also done by the child: whichever runs first wins
         except OSError:
@@ -178,6 +176,7 @@ def _run_job(
     job: JobInfo,
     env: dict[str, str],
     context: dict[str, Any],
+    payload: bytes,
     cores: set[int],
     log_fd: int,
     supervisor: int,
@@ -214,7 +213,7 @@ def _run_job(
         os.environ.clear()
         os.environ.update(env)
         if job.kind == "command":
-            argv = json.loads((folder / "command.json").read_text())["argv"]
+            argv = json.loads(payload)["argv"]
             try:
                 os.execvpe(argv[0], argv, env)
             except OSError as error:
@@ -223,7 +222,7 @@ def _run_job(
         for entry in reversed(context.get("sys_path") or []):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        code = _run_python(folder, rank)
+        code = _run_python(folder, payload, rank)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -234,16 +233,22 @@ def _run_job(
             os._exit(code)
 
 
-def _run_python(folder: Path, rank: int = 0) -> int:
+def _run_python(folder: Path, data: bytes, rank: int = 0) -> int:
     import cloudpickle
 
     try:
-        payload = cloudpickle.loads((folder / "payload.pkl").read_bytes())
+        payload = cloudpickle.loads(data)
         runner = payload.get("runner")
         if runner is not None:
             result = runner(payload)
         else:
-            result = payload["fn"](*payload.get("args", ()), **payload.get("kwargs", {}))
+            # ``map`` pickles the function once for all its jobs
+            fn = (
+                cloudpickle.loads(payload["fn_pickle"])["fn"]
+                if "fn_pickle" in payload
+                else payload["fn"]
+            )
+            result = fn(*payload.get("args", ()), **payload.get("kwargs", {}))
     except SystemExit as stop:
         if stop.code in (0, None):
             result = None

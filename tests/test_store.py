@@ -24,7 +24,8 @@ def test_a_new_job_is_queued_with_an_event_and_its_files(tmp_path):
     store = Store(tmp_path / "h")
     job = queued_job(store, gpus=1, name="resnet")
     assert job.state == "queued" and job.owner == "anna" and job.name == "resnet"
-    assert (store.spool(job.id) / "payload.pkl").read_bytes() == b"x"
+    assert store.read_file(job.id, "payload.pkl") == b"x"
+    assert store.read_file(job.id, "missing") is None
     assert [(e["from_state"], e["to_state"]) for e in store.events(job.id)] == [(None, "queued")]
 
 
@@ -62,8 +63,6 @@ def test_the_state_folder_is_private(tmp_path):
     store = Store(tmp_path / "h")
     assert stat.S_IMODE(store.home.stat().st_mode) == 0o700
     assert stat.S_IMODE(store.spool_root.stat().st_mode) == 0o700
-    job = queued_job(store)
-    assert stat.S_IMODE(store.spool(job.id).stat().st_mode) == 0o700
 
 
 @pytest.mark.parametrize("bad", ["../etc", "a/b", "", "UPPER", "x" * 40, None])
