@@ -230,3 +230,56 @@ def test_checkpoint_outside_a_job_asks_for_a_path(monkeypatch):
     monkeypatch.delenv("DLSCHED_JOB_ID", raising=False)
     with pytest.raises(DlschedError, match="needs a path"):
         dlt.Checkpoint()
+
+
+def ddp_train_with_checkpoint(total, stall_at, out_dir):
+    """Two ranks; rank 0 stalls once at ``stall_at`` until asked to stop."""
+    info = dlt.init_process_group()
+    torch.manual_seed(0)
+    model = dlt.ddp(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ckpt = dlt.Checkpoint(model=model, optimizer=opt)
+    with open(Path(out_dir, f"steps-rank{info.rank}.log"), "a") as log:
+        for step in ckpt.steps(total):
+            x = torch.full((8, 4), float(info.rank + 1))
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            log.write(f"{ckpt.resumed_from} {step}\n")
+            log.flush()
+            if step == stall_at and ckpt.resumed_from is None and info.rank == 0:
+                Path(out_dir, "stalled").touch()
+                while not dls.checkpoint_requested():
+                    time.sleep(0.02)
+    dlt.destroy_process_group()
+    return {"resumed_from": ckpt.resumed_from, "weight": model.module.weight.tolist()}
+
+
+def test_a_preempted_ddp_job_stops_all_ranks_at_one_step_and_resumes(sched, tmp_path):
+    total, stall_at = 12, 4
+    handle = sched.submit(
+        ddp_train_with_checkpoint,
+        total,
+        stall_at,
+        str(tmp_path),
+        gpus=0,
+        cpus=2,
+        distributed=True,
+        preemptible=True,
+    )
+    wait_for((tmp_path / "stalled").exists, what="rank 0 to reach its stall step")
+    sched.store.update(handle.id, preempt_requested=1)
+    result = handle.result(timeout=120)
+
+    assert handle.info().preemptions == 1
+    assert result["resumed_from"] == stall_at + 1
+    for rank in (0, 1):
+        runs = [
+            line.split() for line in (tmp_path / f"steps-rank{rank}.log").read_text().splitlines()
+        ]
+        assert [int(step) for _, step in runs] == list(range(total))
+    # every step averages gradients 8 and 16 per weight: 12, at lr 0.01
+    torch.manual_seed(0)
+    start = torch.nn.Linear(4, 1).weight.detach()
+    expected = start - total * 0.01 * 12.0
+    assert torch.allclose(torch.tensor(result["weight"]), expected, atol=1e-5)
