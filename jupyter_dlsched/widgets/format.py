@@ -173,3 +173,11 @@ def request_words(job: JobInfo) -> str:
 
 def size(value: Any) -> str:
     return format_size(value)
+
+
+def log_html(text: str) -> str:
+    """Escaped output in a box that scrolls, anchored at its newest line."""
+    return (
+        '<div style="display:flex;flex-direction:column-reverse;max-height:16em;overflow:auto">'
+        f'<pre style="margin:0;white-space:pre-wrap">{esc(text)}</pre></div>'
+    )

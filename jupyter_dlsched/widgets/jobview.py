@@ -166,10 +166,7 @@ class JobView(w.VBox):
         if tail:
             self.output.layout.display = ""
             self.output.set_title(0, f"output ({len(tail.splitlines())} last lines)")
-            self.log_html.value = (
-                '<pre style="max-height:16em;overflow:auto;margin:0;white-space:pre-wrap">'
-                f"{fmt.esc(tail)}</pre>"
-            )
+            self.log_html.value = fmt.log_html(tail)
         return info.state not in TERMINAL
 
     def _status_html(self, info: JobInfo, now: float) -> str:
