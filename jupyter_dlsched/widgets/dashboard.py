@@ -390,7 +390,7 @@ class Dashboard(w.VBox):
 
         handle = self.scheduler.get(self.log_job)
         self.log_title.value = f"<b>output of {fmt.esc(handle.id)}</b>"
-        self.log_view.value = fmt.log_html(read_log_tail(handle) or "(no output yet)")
+        self.log_view.value = fmt.log_html(read_log_tail(handle, 30) or "(no output yet)")
         self.log_box.layout.display = ""
 
 

@@ -176,8 +176,5 @@ def size(value: Any) -> str:
 
 
 def log_html(text: str) -> str:
-    """Escaped output in a box that scrolls, anchored at its newest line."""
-    return (
-        '<div style="display:flex;flex-direction:column-reverse;max-height:16em;overflow:auto">'
-        f'<pre style="margin:0;white-space:pre-wrap">{esc(text)}</pre></div>'
-    )
+    """Escaped output lines (callers pass only the last few, so no scrolling is needed)."""
+    return f'<pre style="margin:0;white-space:pre-wrap">{esc(text)}</pre>'

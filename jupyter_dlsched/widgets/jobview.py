@@ -26,7 +26,7 @@ from ..units import format_duration
 from . import format as fmt
 from .live import refresher
 
-LOG_TAIL_LINES = 40
+LOG_TAIL_LINES = 15
 LOG_TAIL_BYTES = 64 * 1024
 
 # what to do when the job has ended: returns the words after "done in 4m 40s · "
@@ -165,7 +165,7 @@ class JobView(w.VBox):
         tail = read_log_tail(self.handle)
         if tail:
             self.output.layout.display = ""
-            self.output.set_title(0, f"output ({len(tail.splitlines())} last lines)")
+            self.output.set_title(0, f"output (last {len(tail.splitlines())} lines)")
             self.log_html.value = fmt.log_html(tail)
         return info.state not in TERMINAL
 
