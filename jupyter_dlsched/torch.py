@@ -383,6 +383,7 @@ class Checkpoint:
         self.resumed_from: int | None = None
         self._saved_step: int | None = None
         self._restored = False
+        self._control_group: Any = None
         self.extra: dict[str, Any] = {}
         runtime.checkpoint_requested()  # from now on SIGTERM sets a flag instead of killing
 
@@ -436,12 +437,16 @@ class Checkpoint:
         torch = sys.modules.get("torch")
         if torch is None or not torch.distributed.is_initialized():
             return wanted
-        if torch.distributed.get_world_size() == 1:
+        dist = torch.distributed
+        if dist.get_world_size() == 1:
             return wanted
-        dev = device()
-        flag = torch.tensor([1.0 if wanted else 0.0], device=dev)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        if self._control_group is None:
+            # a CPU (gloo) group for the flag, so that agreeing costs no GPU sync per step
+            gloo = dist.get_backend() == "gloo"
+            self._control_group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
+        flag = torch.tensor([1 if wanted else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group)
+        return bool(flag.item())
 
     def check(self, step: int) -> None:
         """Call between steps with the number of steps done: saves when due, stops on request."""
