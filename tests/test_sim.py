@@ -242,3 +242,16 @@ def test_cli_reports_a_bad_policy_without_a_traceback(tmp_path, capsys):
     trace.write_text("0,1,10\n")
     assert _cli(["sim", str(trace), "--gpus", "1", "--policy", "lottery"]) == 2
     assert "policy='lottery'" in capsys.readouterr().err
+
+
+def test_the_replays_free_gpu_count_is_recounted_for_other_gpus():
+    from dataclasses import replace
+
+    from jupyter_dlsched.resources import GpuFree
+    from jupyter_dlsched.sim.engine import _PoolCapacity
+
+    gpus = (GpuFree(0, 1, 1), GpuFree(1, 1, 0, jobs=1))
+    capacity = _PoolCapacity(gpus, (), 0, 0, gpus, 1)
+    assert capacity.free_whole_gpus == 1
+    held = replace(capacity, gpus=(GpuFree(0, 1, 0, jobs=1), gpus[1]))
+    assert held.free_whole_gpus == 0

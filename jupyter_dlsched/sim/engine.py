@@ -30,6 +30,24 @@ from .trace import TraceJob
 _FINISH, _RELEASE, _WAKE = 0, 1, 2
 
 
+@dataclass(frozen=True)
+class _PoolCapacity(Capacity):
+    """A ``Capacity`` that already knows how many GPUs are free (the replay counts as it goes).
+
+    The count holds only for the ``gpus`` tuple it was made with: a copy with
+    other GPUs (``dataclasses.replace``) counts afresh.
+    """
+
+    counted: tuple[GpuFree, ...] = ()
+    free: int = 0
+
+    @property
+    def free_whole_gpus(self) -> int:
+        if self.gpus is self.counted:
+            return self.free
+        return super().free_whole_gpus
+
+
 class SimulationError(DlschedError, RuntimeError):
     """The replay cannot go on: a policy broke a rule or left jobs waiting forever."""
 
@@ -214,7 +232,8 @@ class _Replay:
     def _decide(self, t: float) -> None:
         for _ in range(16):  # released victims free room at once: ask again at the same moment
             if self._capacity is None:
-                self._capacity = Capacity(tuple(self.gpu_state), (), 0, 0)
+                gpus = tuple(self.gpu_state)
+                self._capacity = _PoolCapacity(gpus, (), 0, 0, gpus, self.n_gpus - self.busy)
             if self._running_list is None:
                 self._running_list = list(self.running.values())
             decisions = self.policy(self.queue, self._running_list, self._capacity, t)
