@@ -1,0 +1,354 @@
+"""The Ray backend against a real local Ray cluster (two CPUs, two pretend GPUs).
+
+The cluster is started once for the module, on loopback only, with its files in
+a short temporary folder and ``HOME`` pointed at an empty folder that must stay
+empty.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from jupyter_dlsched.backends.ray import (  # noqa: E402
+    RayBackend,
+    _check_fits_one_node,
+    _ray_fraction,
+    _Unrunnable,
+)
+from jupyter_dlsched.errors import JobLost, JobTimeout, RemoteTraceback  # noqa: E402
+from jupyter_dlsched.scheduler import Scheduler  # noqa: E402
+from jupyter_dlsched.store import TERMINAL  # noqa: E402
+
+
+def until(predicate: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    assert not ray.is_initialized(), "another test left Ray running"
+    home = tmp_path_factory.mktemp("home-for-ray")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HOME", str(home))
+    patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    patch.setenv("RAY_AUTH_MODE", "disabled")
+    # Ray swaps 127.0.0.1 for the machine's address unless clusters are off
+    patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    patch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
+    temp = tempfile.mkdtemp(prefix="dlsray", dir="/tmp")  # short: Ray's socket paths
+    options: dict[str, Any] = {
+        "num_cpus": 2,
+        "num_gpus": 2,
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "_temp_dir": temp,
+        "_node_ip_address": "127.0.0.1",
+    }
+    try:
+        for attempt in range(3):
+            try:
+                ray.init(**options)
+                break
+            except Exception:
+                # Ray's raylet waits 15 s for its agents; on a busy machine that can run out
+                ray.shutdown()
+                if attempt == 2:
+                    raise
+        yield SimpleNamespace(home=home, temp=temp)
+    finally:
+        ray.shutdown()
+        patch.undo()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+def sched(
+    cluster: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Scheduler]:
+    monkeypatch.setenv("DLSCHED_HOME", str(tmp_path / "dlsched"))
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
+    monkeypatch.setenv("DLSCHED_BACKEND", "ray")
+    with Scheduler(home=tmp_path / "dlsched") as s:
+        yield s
+        for job in s.jobs(state=["queued", "running", "preempted"]):
+            s.cancel(job.id)
+        until(lambda: all(j.state in TERMINAL for j in s.jobs()), timeout=30)
+
+
+# -- what runs inside the jobs (imported by the Ray workers through the job's sys.path) ----
+
+
+def double(x: int) -> int:
+    print(f"doubling {x}", flush=True)
+    return 2 * x
+
+
+def fail_loudly() -> None:
+    raise ValueError("the learning rate is negative")
+
+
+def wait_for(path: str, value: Any = None) -> Any:
+    deadline = time.time() + 60
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            raise TimeoutError(path)
+        time.sleep(0.02)
+    return value
+
+
+def gpu_grant(release: str) -> dict[str, Any]:
+    wait_for(release)
+    return {
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "ray_gpus": ray.get_gpu_ids(),
+        "gpu_share": ray.get_runtime_context().get_assigned_resources().get("GPU"),
+    }
+
+
+def crash_once(marker: str) -> str:
+    if not os.path.exists(marker):
+        Path(marker).touch()
+        time.sleep(60)
+    return "second attempt"
+
+
+# -- the tests -------------------------------------------------------------------------------
+
+
+def test_cluster_stays_on_loopback_and_out_of_the_home_folder(
+    cluster: SimpleNamespace, sched: Scheduler
+) -> None:
+    assert sched.submit(double, 1).result(timeout=60) == 2
+    nodes = ray.nodes()
+    assert [n["NodeManagerAddress"] for n in nodes] == ["127.0.0.1"]
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+    listening = [
+        conn.laddr.ip
+        for proc in psutil.Process().children(recursive=True)
+        for conn in proc.net_connections(kind="inet")
+        if conn.status == psutil.CONN_LISTEN
+    ]
+    assert listening, "found no Ray process listening"
+    assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip in listening), listening
+    assert list(Path(cluster.home).iterdir()) == []
+
+
+def test_scheduler_with_ray_backend_reuses_the_connection_and_lists_the_cluster(
+    sched: Scheduler,
+) -> None:
+    assert isinstance(sched.backend, RayBackend)
+    inventory = sched.inventory
+    assert inventory["cpus"] == 2
+    assert [(g["index"], g["group"]) for g in inventory["gpus"]] == [(0, 0), (1, 0)]
+    assert sched.status()["backend"] == "ray"
+    assert len(sched.pool().gpus) == 2
+
+
+def test_function_round_trip_returns_result_and_streams_output_to_the_log(
+    sched: Scheduler,
+) -> None:
+    h = sched.submit(double, 21, cpus=1)
+    assert h.result(timeout=60) == 42
+    info = h.info()
+    assert (info.state, info.backend, info.host, info.exit_code) == (
+        "succeeded",
+        "ray",
+        "127.0.0.1",
+        0,
+    )
+    assert "doubling 21" in h.logs()
+    # a fresh handle in another participant reads the same result from the ledger
+    assert sched.get(h.id).result(timeout=5) == 42
+
+
+def test_command_job_records_exit_code_and_output(sched: Scheduler) -> None:
+    ok = sched.submit_command(["sh", "-c", "echo from-the-command"])
+    bad = sched.submit_command(["sh", "-c", "exit 3"])
+    assert ok.result(timeout=60) == 0
+    assert "from-the-command" in ok.logs()
+    with pytest.raises(Exception, match="exit code 3"):
+        bad.result(timeout=60)
+    assert bad.info().exit_code == 3
+
+
+def test_remote_exception_is_raised_with_its_traceback(sched: Scheduler) -> None:
+    h = sched.submit(fail_loudly)
+    with pytest.raises(ValueError, match="learning rate is negative") as caught:
+        h.result(timeout=60)
+    assert isinstance(caught.value.__cause__, RemoteTraceback)
+    assert "fail_loudly" in caught.value.__cause__.tb
+    info = h.info()
+    assert info.state == "failed"
+    assert info.reason == "ValueError: the learning rate is negative"
+    assert "Traceback" in h.logs()
+
+
+def test_queue_order_follows_priority_not_submission(sched: Scheduler, tmp_path: Path) -> None:
+    release = str(tmp_path / "release")
+    blocker = sched.submit(wait_for, release, cpus=2, name="blocker")
+    until(lambda: blocker.info().job_pid)
+    low = sched.submit(double, 1, cpus=2, priority="low")
+    high = sched.submit(double, 2, cpus=2, priority="urgent")
+    until(lambda: high.info().position == 1 and low.info().position == 2)
+    assert (low.state, high.state) == ("queued", "queued")
+    Path(release).touch()
+    assert (high.result(timeout=60), low.result(timeout=60)) == (4, 2)
+    assert high.info().finished <= low.info().started
+
+
+def placement_group_table() -> dict[str, Any]:
+    from ray.util import placement_group_table as table
+
+    return dict(table())
+
+
+def test_gang_job_gets_both_gpus_through_a_placement_group(
+    sched: Scheduler, tmp_path: Path
+) -> None:
+    release = str(tmp_path / "release")
+    gang = sched.submit(gpu_grant, release, gpus=2)
+    until(lambda: gang.info().job_pid)
+    groups = [g for g in placement_group_table().values() if g["state"] == "CREATED"]
+    assert [(g["name"], g["strategy"], g["bundles"]) for g in groups] == [
+        (f"dlsched-{gang.id}", "STRICT_PACK", {0: {"GPU": 2.0, "CPU": 1.0}})
+    ]
+    single = sched.submit(double, 3, gpus=1)
+    time.sleep(0.5)
+    assert single.state == "queued"  # both GPUs are held by the gang
+    assert gang.devices == [0, 1]
+    Path(release).touch()
+    grant = gang.result(timeout=60)
+    assert sorted(grant["ray_gpus"]) == [0, 1]
+    assert sorted(grant["visible"].split(",")) == ["0", "1"]
+    assert single.result(timeout=60) == 6
+    # the reservation ends with the job
+    until(lambda: all(g["state"] == "REMOVED" for g in placement_group_table().values()))
+
+
+def test_fractional_gpus_share_one_card(sched: Scheduler, tmp_path: Path) -> None:
+    release = str(tmp_path / "release")
+    halves = [sched.submit(gpu_grant, release, gpus=0.5) for _ in range(2)]
+    until(lambda: all(h.info().job_pid for h in halves))  # both run at once
+    assert [h.devices for h in halves] == [[0], [0]]
+    Path(release).touch()
+    for h in halves:
+        grant = h.result(timeout=60)
+        assert grant["gpu_share"] == 0.5
+
+
+def test_cancel_stops_the_ray_task(sched: Scheduler) -> None:
+    h = sched.submit(time.sleep, 60)
+    pid = until(lambda: h.info().job_pid)
+    assert h.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        h.result(timeout=30)
+    assert h.info().state == "cancelled"
+    until(lambda: not psutil.pid_exists(pid), timeout=30)
+
+
+def test_killed_worker_is_lost_then_retried(sched: Scheduler, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    h = sched.submit(crash_once, str(marker), retries=1)
+    until(marker.exists)  # the first attempt is inside the job's code
+    os.kill(h.info().job_pid, signal.SIGKILL)
+    assert h.wait(timeout=60).state == "succeeded", (sched.store.events(h.id), h.logs())
+    assert h.result() == "second attempt"
+    assert h.info().attempts == 2
+    reasons = [e["reason"] for e in sched.store.events(h.id)]
+    assert any(r.startswith("retry 1/1 after: lost") for r in reasons), reasons
+    assert "[dlsched] attempt 2" in h.logs()
+
+
+def test_killed_worker_without_retries_is_lost(sched: Scheduler, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    h = sched.submit(crash_once, str(marker))
+    until(marker.exists)
+    os.kill(h.info().job_pid, signal.SIGKILL)
+    with pytest.raises(JobLost):
+        h.result(timeout=60)
+    assert h.info().state == "lost"
+
+
+HAND_BACK_SCRIPT = """
+import sys, time
+from jupyter_dlsched.scheduler import Scheduler
+
+s = Scheduler(home=sys.argv[1], backend="ray")
+h = s.submit(time.sleep, 2, name="outlives-its-kernel")
+while h.info().job_pid is None:
+    time.sleep(0.02)
+print(h.id, flush=True)
+"""
+
+
+def test_job_of_an_exiting_process_is_requeued_for_the_next_participant(
+    cluster: SimpleNamespace, tmp_path: Path
+) -> None:
+    home = tmp_path / "shared-ledger"
+    env = {**os.environ, "DLSCHED_RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    done = subprocess.run(
+        [sys.executable, "-c", HAND_BACK_SCRIPT, str(home)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    with Scheduler(home=home, backend="ray") as s:
+        h = s.get(job_id)
+        reasons = [e["reason"] for e in s.store.events(job_id)]
+        assert "requeued: the process that ran it on Ray exited" in reasons
+        assert h.result(timeout=60) is None
+        assert h.info().attempts == 1  # the interrupted run is not counted
+
+
+def test_time_limit_ends_the_task(sched: Scheduler) -> None:
+    h = sched.submit(time.sleep, 60, time_limit="1s")
+    with pytest.raises(JobTimeout):
+        h.result(timeout=60)
+    assert h.info().reason == "time limit 1s reached"
+
+
+def test_gpu_shares_round_down_so_what_fits_the_ledger_fits_ray() -> None:
+    thirds = [_ray_fraction(1 / 3, 0.3) for _ in range(3)]
+    assert sum(thirds) <= 1.0
+    assert _ray_fraction(0.5, 0.5) == 0.5
+    assert _ray_fraction(1e-9, 0.5) == 0.0001
+
+
+def test_job_bigger_than_every_node_is_refused_with_the_reason(sched: Scheduler) -> None:
+    info = sched.info(sched.submit(double, 1).id)
+    nodes = [{"gpus": 2, "cpus": 8.0, "mem_total": 2**36}] * 2
+    with pytest.raises(
+        _Unrunnable, match="requests 4 GPUs on one Ray node; the largest node has 2"
+    ):
+        _check_fits_one_node(replace(info, gpus=4.0), nodes)
+    with pytest.raises(
+        _Unrunnable, match="requests 12 CPUs on one Ray node; the largest node has 8"
+    ):
+        _check_fits_one_node(replace(info, cpus=12.0), nodes)
+    _check_fits_one_node(replace(info, gpus=2.0, cpus=8.0), nodes)
