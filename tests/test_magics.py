@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-import cloudpickle
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -51,6 +50,7 @@ def last_view(shell):
 
 
 def test_a_cell_runs_as_a_job_and_its_out_names_come_back(ip):
+    # `unused` cannot be pickled: the job runs only because just what the cell reads is sent
     ip.user_ns.update(x=21, unused=threading.Lock())
     assert schedule(ip, "--out y,z", "y = x * 2\nz = 'zed'\nprint('in job')\ny + 1") is None
     handle = ip.user_ns["_job"]
@@ -61,10 +61,6 @@ def test_a_cell_runs_as_a_job_and_its_out_names_come_back(ip):
     wait_for(lambda: ip.user_ns.get("y") == 42, what="y back in the namespace")
     assert ip.user_ns["z"] == "zed" and ip.user_ns["_"] == 43
     assert "in job" in handle.logs()
-    payload = cloudpickle.loads(
-        (handle._scheduler.store.spool(handle.id) / "payload.pkl").read_bytes()
-    )
-    assert payload["names"] == ["x"]  # not `unused`, which could not even travel
 
 
 @pytest.mark.parametrize(
