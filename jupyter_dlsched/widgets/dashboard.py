@@ -6,6 +6,7 @@ The panel refreshes itself from a background thread and stops when closed
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -205,6 +206,7 @@ class Dashboard(w.VBox):
         self.history_seconds = parse_duration(history, "history")
         self.recent = int(recent)
         self.rows: dict[str, QueueRow] = {}
+        self._refresh_lock = threading.RLock()
         self.history = History()
         self.closed = False
         self._last = {"queue": 0.0, "pool": 0.0, "plot": 0.0}
@@ -291,6 +293,11 @@ class Dashboard(w.VBox):
     # -- refreshing ---------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> bool:
         """Bring every part up to date (each at its own pace); False once closed."""
+        # the refresh thread and button clicks (the kernel's main thread) both get here
+        with self._refresh_lock:
+            return self._refresh(force)
+
+    def _refresh(self, force: bool) -> bool:
         if self.closed:
             return False
         now = time.time()
@@ -349,7 +356,11 @@ class Dashboard(w.VBox):
             table.children = children
 
     def _refresh_pool(self, jobs: dict[str, JobInfo], now: float) -> None:
-        pool = self.scheduler.pool()
+        try:
+            pool = self.scheduler.pool()
+        except Exception as error:  # a cluster that does not answer must not stop the queue view
+            self.message.value = fmt.esc(f"pool unavailable: {error}")
+            return
         self.history.record(pool, now)
         missing = {g.jobs[i] for g in pool.gpus for i in range(len(g.jobs))} - set(jobs)
         if missing:

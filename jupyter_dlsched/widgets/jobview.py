@@ -94,6 +94,7 @@ class JobView(w.VBox):
         self.summary = ""
         self.finished = False
         self._finish_lock = threading.Lock()
+        self._refresh_lock = threading.RLock()
         self.status = w.HTML()
         self.bar = w.FloatProgress(
             value=0.0, min=0.0, max=1.0, layout=w.Layout(width="140px", display="none")
@@ -147,6 +148,11 @@ class JobView(w.VBox):
     # -- refreshing ---------------------------------------------------------------------------
     def refresh(self) -> bool:
         """Read the ledger and update the widgets; False once the job has ended."""
+        # the refresh thread and the Cancel button (the kernel's main thread) both get here
+        with self._refresh_lock:
+            return self._refresh()
+
+    def _refresh(self) -> bool:
         info = self.handle.info()
         self.info = info
         now = time.time()
