@@ -93,7 +93,8 @@ def test_time_limit_stops_a_cell_that_runs_too_long(ip):
 def test_after_waits_for_the_named_jobs(ip):
     schedule(ip, "--name first", "import time\ntime.sleep(1.5)")
     first = ip.user_ns["_job"]
-    schedule(ip, f"--after {first.id} --name second", "'second'")
+    ip.user_ns["first"] = first
+    ip.run_cell("%%schedule --after {first.id} --name second\n'second'\n")  # flags expand
     second = ip.user_ns["_job"]
     assert second.info().after == (first.id,)
     wait_for(lambda: second.info().waiting is not None or second.done(), what="a reason")
