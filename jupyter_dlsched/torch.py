@@ -349,7 +349,7 @@ class Checkpoint:
     ``path`` defaults to ``checkpoint.pt`` in the job's spool folder, which
     survives preemption; outside a job give one. In a distributed job only
     rank 0 writes, every rank restores, and all ranks stop at the same step.
-    Random number generators (Python, NumPy, PyTorch) are saved too, so a
+    Random number generators (Python, NumPy, PyTorch, CUDA) are saved too, so a
     resumed run continues the same random stream.
 
     ``extra`` values (numbers, strings, lists, dicts, tensors) are saved as
@@ -456,7 +456,8 @@ class Checkpoint:
             torch = sys.modules.get("torch")
             if torch is not None and torch.distributed.is_initialized():
                 torch.distributed.barrier()  # no rank leaves before rank 0 has written
-            print(f"[dlsched] checkpoint saved at step {step}; stopping as asked", flush=True)
+            if rank() == 0:
+                print(f"[dlsched] checkpoint saved at step {step}; stopping as asked", flush=True)
             raise Stopped(step)
         if self.every and step % self.every == 0 and step != self._saved_step and step:
             self.save(step)
