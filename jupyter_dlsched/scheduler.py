@@ -9,6 +9,7 @@ woken at once by its own submissions and by ledger changes
 
 from __future__ import annotations
 
+import copy
 import getpass
 import json
 import logging
@@ -362,7 +363,7 @@ class Scheduler:
         """The machine now, with each GPU's jobs and the memory the scheduler granted."""
         if self.backend.name != "local":
             return self.backend.pool()
-        info = probe(usage=True)
+        info = copy.deepcopy(probe(usage=True))  # the probe is cached and shared: never mutate it
         running = self.store.jobs(states=["running"])
         by_pid = {j.job_pid: j.id for j in running if j.job_pid}
         for gpu in info.gpus:

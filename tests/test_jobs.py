@@ -412,3 +412,13 @@ def test_a_higher_priority_job_preempts_a_preemptible_one_which_resumes(home, tm
         assert urgent.info().started >= next(
             e["time"] for e in s.store.events(low.id) if e["to_state"] == "preempted"
         )
+
+
+def test_reading_the_pool_twice_does_not_count_grants_twice(sched):
+    handle = sched.submit(visible_devices, 2.0, gpus=1, cpus=0.25)
+    deadline = time.time() + 20
+    while handle.state != "running" and time.time() < deadline:
+        time.sleep(0.05)
+    used = [sched.pool().gpus[handle.devices[0]].mem_used for _ in range(3)]
+    assert used == [16 * 2**30] * 3
+    handle.result(timeout=30)
