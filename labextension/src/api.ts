@@ -42,6 +42,8 @@ export interface IJob {
     text: string;
   };
   devices: number[];
+  /** Memory granted on each device, in the order of `devices`. */
+  gpu_mem_granted?: number[];
   submitted: number;
   started: number | null;
   finished: number | null;

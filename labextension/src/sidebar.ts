@@ -197,17 +197,27 @@ export class SchedulerSidebar extends Widget {
       const used = gpu.processes
         .filter(p => p.job_id === id)
         .reduce((sum, p) => sum + p.used_mem, 0);
+      // "1 GPU · 40 GiB": what the job holds here (granted memory; in use when NVML says)
+      const slot = job ? job.devices.indexOf(gpu.index) : -1;
+      const granted = job && slot >= 0 ? job.gpu_mem_granted?.[slot] : undefined;
+      const holds = [
+        job ? `${job.request.gpus} GPU` : '',
+        granted ? formatBytes(granted) : '',
+        used ? `${formatBytes(used)} in use` : ''
+      ].filter(Boolean);
       list.appendChild(
         h(
           'li',
           {
             className: 'jp-dlsched-link',
-            title: 'Open the log',
+            title: [job ? `${job.name} (${ownerText(job)})` : id, ...holds, 'click for the log'].join(
+              ' · '
+            ),
             onClick: () => this._openLog(id)
           },
           h('span', {}, job ? job.name : id),
           job ? h('span', { className: 'jp-dlsched-muted' }, ` (${ownerText(job)})`) : null,
-          h('span', { className: 'jp-dlsched-muted' }, used ? ` · ${formatBytes(used)}` : '')
+          h('span', { className: 'jp-dlsched-muted' }, holds.length ? ` · ${holds.join(' · ')}` : '')
         )
       );
     }
