@@ -45,10 +45,15 @@ def run_one(task: tuple[str, str | None, int, str, str]) -> dict[str, Any]:
         policy = GittinsPolicy(sizes=sizes, promote_after=4 * 86400, name=GUARDED)
     else:
         policy = get_policy(policy_name)
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     result = simulate(jobs, policy, gpus)
     row = summarize(result)
-    row.update(scenario=scenario, gpus=gpus, seconds=time.perf_counter() - began)
+    row.update(
+        scenario=scenario,
+        gpus=gpus,
+        seconds=time.perf_counter() - began,
+        cpu_seconds=time.process_time() - began_cpu,
+    )
     return row
 
 
@@ -67,7 +72,7 @@ def speed(trace: str) -> tuple[dict[str, float], dict[str, float]]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| policy | avg JCT h | p50 JCT h | p99 JCT h | avg queue h | makespan d "
-        "| util | preempt/job | fairness | replay s |"
+        "| util | preempt/job | fairness | replay CPU s |"
     )
     lines = [head, "|" + "---|" * 10]
     for r in rows:
@@ -76,7 +81,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['policy']} | {r['avg_jct'] / 3600:.2f} | {r['p50_jct'] / 3600:.2f} "
             f"| {r['p99_jct'] / 3600:.1f} | {r['avg_queue'] / 3600:.2f} "
             f"| {r['makespan'] / 86400:.1f} | {r['utilisation']:.1%} "
-            f"| {r['preemptions_per_job']:.2f} | {fairness} | {r['seconds']:.1f} |"
+            f"| {r['preemptions_per_job']:.2f} | {fairness} | {r['cpu_seconds']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -108,36 +113,60 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=str(DEFAULT_TRACE))
     parser.add_argument("--workers", type=int, default=2, help="processes for the replays")
-    parser.add_argument("--json", help="also write all figures to this file")
+    parser.add_argument("--json", help="also write all figures to this file, row by row")
+    parser.add_argument("--skip-speed", action="store_true", help="do not measure the speed")
     parser.add_argument("--speed-only", action="store_true", help="only measure the speed")
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=[name for name, _, _ in SCENARIOS],
+        help="only this scenario (repeatable)",
+    )
     args = parser.parse_args()
 
     print(
-        f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+        f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        flush=True,
     )
-    load = os.getloadavg()[0]  # other work on the machine slows the wall clock, not CPU time
-    took, cpu = speed(args.trace)
-    print(
-        "speed: whole trace (82,247 jobs, 512 GPUs), wall (CPU) seconds: "
-        + ", ".join(f"{name} {took[name]:.1f} ({cpu[name]:.1f})" for name in took)
-        + f"; total {sum(took.values()):.1f} ({sum(cpu.values()):.1f}); "
-        + f"1-minute load average before: {load:.1f}"
-    )
+    report: dict[str, Any] = {"scenarios": {}}
+    if not args.skip_speed:
+        load = os.getloadavg()[0]  # other work on the machine slows the wall clock, not CPU time
+        took, cpu = speed(args.trace)
+        report.update(speed_seconds=took, speed_cpu_seconds=cpu)
+        print(
+            "speed: whole trace (82,247 jobs, 512 GPUs), wall (CPU) seconds: "
+            + ", ".join(f"{name} {took[name]:.1f} ({cpu[name]:.1f})" for name in took)
+            + f"; total {sum(took.values()):.1f} ({sum(cpu.values()):.1f}); "
+            + f"1-minute load average before: {load:.1f}",
+            flush=True,
+        )
     if args.speed_only:
         return
+    scenarios = [s for s in SCENARIOS if not args.scenario or s[0] in args.scenario]
     tasks = [
         (scenario, cluster, gpus, policy, args.trace)
-        for scenario, cluster, gpus in SCENARIOS
+        for scenario, cluster, gpus in scenarios
         for policy in POLICIES + ([GUARDED] if cluster else [])
     ]
-    # longest first, so the two workers finish together
-    tasks.sort(key=lambda t: (t[1] is not None, t[3] in SPEED_POLICIES))
+    # small scenarios first, then the quick whole-trace replays: a cut-short run still says much
+    tasks.sort(key=lambda t: (t[1] is None, t[3] not in SPEED_POLICIES))
+    rows: list[dict[str, Any]] = []
     with multiprocessing.Pool(args.workers) as pool:
-        rows = pool.map(run_one, tasks, chunksize=1)
-    report: dict[str, Any] = {"speed_seconds": took, "speed_cpu_seconds": cpu, "scenarios": {}}
-    for scenario, _, gpus in SCENARIOS:
-        mine = [r for r in rows if r["scenario"] == scenario]
-        mine.sort(key=lambda r: (POLICIES + [GUARDED]).index(r["policy"]))
+        for row in pool.imap_unordered(run_one, tasks, chunksize=1):
+            rows.append(row)
+            print(
+                f"done: {row['scenario']} {row['policy']}: avg JCT {row['avg_jct'] / 3600:.2f} h "
+                f"in {row['seconds']:.0f} s ({row['cpu_seconds']:.0f} s CPU)",
+                flush=True,
+            )
+            if args.json:
+                report["rows"] = rows
+                Path(args.json).write_text(json.dumps(report, indent=2))
+    order = POLICIES + [GUARDED]
+    for scenario, _, gpus in scenarios:
+        mine = sorted(
+            (r for r in rows if r["scenario"] == scenario), key=lambda r: order.index(r["policy"])
+        )
         report["scenarios"][scenario] = mine
         print(f"\n### {scenario} on {gpus} GPUs ({mine[0]['jobs']} jobs)\n")
         print(markdown(mine))
