@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from jupyter_dlsched.pool import GpuInfo, GpuProcess, PoolInfo
+from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.server.logs import read_log
 from jupyter_dlsched.server.sampler import Sampler, pool_rows
+from jupyter_dlsched.server.state import ServerState
 from jupyter_dlsched.store import Store
 
 
@@ -113,3 +115,20 @@ def test_the_sampler_keeps_only_the_retention_window(tmp_path: Path) -> None:
     # samples at 1000, 1061, ..., 1549; the last prune dropped everything before 1549 - 120
     assert sorted({row["time"] for row in store.samples()}) == [1488.0, 1549.0]
     assert sampler.samples_taken == 10
+
+
+def test_long_history_is_thinned_per_source_so_every_source_stays(home: Path) -> None:
+    state = ServerState(Scheduler(home, loop=False), sample_interval=1, history_retention=86400)
+    readings = [pool_rows(a_pool(), now=1000.0 + t) for t in range(1000)]
+    state.store.add_samples([row for reading in readings for row in reading])
+
+    everything = state.samples(0, 5000, None, max_rows=300)
+    gpus = state.samples(0, 5000, "gpu", max_rows=300)
+    window = state.samples(1100, 1199, "cpu", max_rows=300)
+
+    assert 250 <= len(everything) <= 300
+    assert {r["source"] for r in everything} == {"gpu:0", "cpu", "ram"}
+    assert {r["source"] for r in gpus} == {"gpu:0"} and len(gpus) == 250
+    assert gpus[0]["data"] == {"jobs": {"abcd": 4 << 30}, "allocated": ["abcd"]}
+    assert [r["time"] for r in window] == [1000.0 + t for t in range(100, 200)]
+    state.scheduler.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import getpass
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -176,15 +177,37 @@ class ServerState:
     def samples(
         self, since: float, until: float, source: str | None, max_rows: int
     ) -> list[dict[str, Any]]:
-        rows = self.store.samples(since, until)
+        """Utilisation rows in ``[since, until]``, each source thinned evenly to fit ``max_rows``.
+
+        Filtering and thinning happen in SQLite, so a day of 1 s history is never
+        loaded into the server to answer for a sparkline.
+        """
+        where = "time >= ? AND time <= ?"
+        args: list[Any] = [since, until]
         if source:
-            rows = [
-                r for r in rows if r["source"] == source or r["source"].startswith(source + ":")
-            ]
-        if len(rows) > max_rows:
-            stride = -(-len(rows) // max_rows)
-            rows = rows[::stride]
-        return rows
+            where += " AND (source = ? OR source LIKE ?)"
+            args += [source, source.replace("%", "").replace("_", "") + ":%"]
+        db = self.store.db
+        count = int(db.execute(f"SELECT COUNT(*) FROM samples WHERE {where}", args).fetchone()[0])
+        stride = max(1, -(-count // max_rows))
+        rows = db.execute(
+            f"""SELECT time, source, util, mem_used, mem_total, data FROM (
+                    SELECT *, ROW_NUMBER() OVER (PARTITION BY source ORDER BY time) - 1 AS n
+                    FROM samples WHERE {where}
+                ) WHERE n % ? = 0 ORDER BY time""",
+            [*args, stride],
+        )
+        return [
+            {
+                "time": r[0],
+                "source": r[1],
+                "util": r[2],
+                "mem_used": r[3],
+                "mem_total": r[4],
+                "data": json.loads(r[5]) if r[5] else None,
+            }
+            for r in rows
+        ]
 
     # -- steering --------------------------------------------------------------------------
 
