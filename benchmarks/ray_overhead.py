@@ -49,13 +49,21 @@ def timed(call: Callable[[], Any], n: int, warmup: int) -> list[float]:
 def start_local_ray(temp: str) -> None:
     import ray
 
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _temp_dir=temp,
-        _node_ip_address="127.0.0.1",
-    )
+    for attempt in range(3):
+        try:
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                log_to_driver=False,
+                _temp_dir=temp,
+                _node_ip_address="127.0.0.1",
+            )
+            return
+        except Exception:
+            # Ray's raylet waits 15 s for its agents; on a busy machine that can run out
+            ray.shutdown()
+            if attempt == 2:
+                raise
 
 
 def main() -> None:

@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,7 +136,8 @@ class RayBackend(Backend):
         self._wake = threading.Event()
         self._closed = False
         self._monitor_thread: threading.Thread | None = None
-        atexit.register(self._hand_back)
+        _live_backends.add(self)
+        _register_hand_back()
 
     def connect(self) -> Any:
         """The ``ray`` module, connected: on first use, so reading the queue needs no cluster."""
@@ -391,6 +393,7 @@ class RayBackend(Backend):
             return
         store = self.scheduler.store
         for run in runs:
+            run.stop_reason = "lease"  # the monitor must not record this end: we do, below
             self._force(run)
             with contextlib.suppress(Exception), store.transaction() as db:
                 row = db.execute(
@@ -408,7 +411,7 @@ class RayBackend(Backend):
                         lease_expires=None,
                         attempts=run.job.attempts - 1,
                     )
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError):  # ValueError: the monitor closed it
                 run.log.write(b"[dlsched] requeued: the process that ran it on Ray exited\n")
                 run.log.close()
             if run.group is not None:
@@ -658,6 +661,24 @@ class RayBackend(Backend):
                 store.transition_in(db, job.id, to, why, expect=["running"], now=now, **common)
         except (IllegalTransition, JobNotFound):
             pass
+
+
+_live_backends: weakref.WeakSet[RayBackend] = weakref.WeakSet()
+_hand_back_registered = False
+
+
+def _register_hand_back() -> None:
+    """Once, after ``import ray``: exit handlers run last-in first-out, so ours runs
+    while Ray is still connected and can cancel what we hand back."""
+    global _hand_back_registered
+    if not _hand_back_registered:
+        _hand_back_registered = True
+        atexit.register(_hand_back_all)
+
+
+def _hand_back_all() -> None:
+    for backend in list(_live_backends):
+        backend._hand_back()
 
 
 def _check_fits_one_node(job: JobInfo, nodes: list[dict[str, Any]]) -> None:
