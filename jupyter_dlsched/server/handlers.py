@@ -26,6 +26,18 @@ MAX_SAMPLES = 20_000
 MAX_PAGE = 1000
 
 
+class ApiError(tornado.web.HTTPError):
+    """An error answer whose ``message`` (JSON body) says what was wrong.
+
+    The message often quotes the request, so it goes in the body only; the status
+    line keeps the standard reason phrase.
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status)
+        self.message = message
+
+
 class DlschedHandler(APIHandler):
     """Common parts: the server state, argument parsing, JSON answers."""
 
@@ -52,12 +64,10 @@ class DlschedHandler(APIHandler):
         try:
             value = int(raw)
         except ValueError:
-            raise tornado.web.HTTPError(
-                400, reason=f"{name}={raw!r}: expected a whole number"
-            ) from None
+            raise ApiError(400, f"{name}={raw!r}: expected a whole number") from None
         if value < low or (high is not None and value > high):
             limit = f"between {low} and {high}" if high is not None else f">= {low}"
-            raise tornado.web.HTTPError(400, reason=f"{name}={value}: expected a number {limit}")
+            raise ApiError(400, f"{name}={value}: expected a number {limit}")
         return value
 
     def float_arg(self, name: str, default: float) -> float:
@@ -67,15 +77,15 @@ class DlschedHandler(APIHandler):
         try:
             value = float(raw)
         except ValueError:
-            raise tornado.web.HTTPError(400, reason=f"{name}={raw!r}: expected a number") from None
+            raise ApiError(400, f"{name}={raw!r}: expected a number") from None
         if value != value or value in (float("inf"), float("-inf")):
-            raise tornado.web.HTTPError(400, reason=f"{name}={raw!r}: expected a finite number")
+            raise ApiError(400, f"{name}={raw!r}: expected a finite number")
         return value
 
     def job_id(self, raw: str) -> str:
         if not JOB_ID.match(raw):
-            raise tornado.web.HTTPError(
-                400, reason=f"{raw[:40]!r} is not a job id (short lower-case letters and digits)"
+            raise ApiError(
+                400, f"{raw[:40]!r} is not a job id (short lower-case letters and digits)"
             )
         return raw
 
@@ -83,15 +93,17 @@ class DlschedHandler(APIHandler):
         try:
             return self.dlsched.job_json(job_id)
         except JobNotFound as exc:
-            raise tornado.web.HTTPError(404, reason=str(exc)) from None
+            raise ApiError(404, str(exc)) from None
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        # APIHandler already answers JSON; make the message the reason we gave, not a
-        # traceback, and keep it on one line for the sidebar.
-        exc_info = kwargs.get("exc_info")
-        message = self._reason
-        if exc_info and isinstance(exc_info[1], tornado.web.HTTPError):
-            message = exc_info[1].reason or exc_info[1].log_message or self._reason
+        # One JSON shape for every error: {"message", "status"}, never a traceback.
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, ApiError):
+            message = exc.message
+        elif isinstance(exc, tornado.web.HTTPError) and exc.log_message and status_code < 500:
+            message = exc.log_message
+        else:
+            message = self._reason
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"message": message, "status": status_code}))
 
@@ -118,17 +130,15 @@ class JobsHandler(DlschedHandler):
             unknown = [s for s in states if s not in self.dlsched.states]
             if unknown:
                 allowed = ", ".join(self.dlsched.states)
-                raise tornado.web.HTTPError(
-                    400, reason=f"state={unknown[0]!r} is not a state; expected one of {allowed}"
+                raise ApiError(
+                    400, f"state={unknown[0]!r} is not a state; expected one of {allowed}"
                 )
         owner = self.get_query_argument("owner", None) or None
         limit = self.int_arg("limit", 50, low=1, high=MAX_PAGE)
         offset = self.int_arg("offset", 0, low=0)
         order = self.get_query_argument("order", "newest")
         if order not in ("newest", "oldest", "queue"):
-            raise tornado.web.HTTPError(
-                400, reason=f"order={order!r}: expected newest, oldest or queue"
-            )
+            raise ApiError(400, f"order={order!r}: expected newest, oldest or queue")
         assert limit is not None and offset is not None
         jobs = self.dlsched.jobs_json(states, owner, limit, offset, order)
         self.send(
@@ -152,26 +162,26 @@ class JobHandler(DlschedHandler):
         try:
             body = json.loads(self.request.body or b"null")
         except ValueError:
-            raise tornado.web.HTTPError(400, reason="the body is not JSON") from None
+            raise ApiError(400, "the body is not JSON") from None
         if not isinstance(body, dict) or set(body) != {"priority"}:
-            raise tornado.web.HTTPError(
+            raise ApiError(
                 400,
-                reason='expected a JSON object {"priority": <number or low/normal/high/urgent>}',
+                'expected a JSON object {"priority": <number or low/normal/high/urgent>}',
             )
         priority = body["priority"]
         if isinstance(priority, bool) or not isinstance(priority, int | str):
-            raise tornado.web.HTTPError(
+            raise ApiError(
                 400,
-                reason=f"priority={priority!r}: expected a whole number or low, normal, high, urgent",
+                f"priority={priority!r}: expected a whole number or low, normal, high, urgent",
             )
         try:
             self.dlsched.set_priority(job_id, priority)
         except JobNotFound as exc:
-            raise tornado.web.HTTPError(404, reason=str(exc)) from None
+            raise ApiError(404, str(exc)) from None
         except SpecError as exc:
-            raise tornado.web.HTTPError(400, reason=str(exc)) from None
+            raise ApiError(400, str(exc)) from None
         except IllegalTransition as exc:
-            raise tornado.web.HTTPError(409, reason=str(exc)) from None
+            raise ApiError(409, str(exc)) from None
         self.send(self.job_json(job_id))
 
 
@@ -182,9 +192,9 @@ class CancelHandler(DlschedHandler):
         try:
             self.dlsched.cancel(job_id)
         except JobNotFound as exc:
-            raise tornado.web.HTTPError(404, reason=str(exc)) from None
+            raise ApiError(404, str(exc)) from None
         except IllegalTransition as exc:
-            raise tornado.web.HTTPError(409, reason=str(exc)) from None
+            raise ApiError(409, str(exc)) from None
         self.send(self.job_json(job_id))
 
 
@@ -197,7 +207,7 @@ class LogHandler(DlschedHandler):
         tail = self.int_arg("tail", None, low=0, high=100_000)
         max_bytes = self.int_arg("max_bytes", MAX_CHUNK, low=1, high=MAX_CHUNK)
         if offset is not None and tail is not None:
-            raise tornado.web.HTTPError(400, reason="give offset or tail, not both")
+            raise ApiError(400, "give offset or tail, not both")
         assert max_bytes is not None
         chunk = read_log(self.dlsched.log_path(job_id), offset, tail, max_bytes)
         self.send({"id": job_id, **chunk})
@@ -210,7 +220,7 @@ class MetricsHandler(DlschedHandler):
         until = self.float_arg("until", now)
         since = self.float_arg("since", until - 3600.0)
         if since > until:
-            raise tornado.web.HTTPError(400, reason=f"since={since} is after until={until}")
+            raise ApiError(400, f"since={since} is after until={until}")
         source = self.get_query_argument("source", None) or None
         samples = self.dlsched.samples(since, until, source, MAX_SAMPLES)
         self.send(
