@@ -255,3 +255,10 @@ def test_the_replays_free_gpu_count_is_recounted_for_other_gpus():
     assert capacity.free_whole_gpus == 1
     held = replace(capacity, gpus=(GpuFree(0, 1, 0, jobs=1), gpus[1]))
     assert held.free_whole_gpus == 0
+
+
+def test_the_utilisation_plot_averages_busy_gpus_over_equal_spans():
+    from jupyter_dlsched.sim.report import _binned
+
+    # 2 GPUs busy from 1 to 3 s, in four 1-second spans
+    assert _binned([(0.0, 0), (1.0, 2), (3.0, 0)], 4.0, 4) == [0.0, 2.0, 2.0, 0.0]

@@ -118,19 +118,21 @@ def plot_jct_cdf(results: Sequence[SimResult], ax: Any = None) -> Any:
     return ax
 
 
-def plot_utilisation(results: Sequence[SimResult], ax: Any = None, points: int = 2000) -> Any:
-    """Busy GPUs over time per policy, as a fraction of the pool."""
+def plot_utilisation(results: Sequence[SimResult], ax: Any = None, bins: int = 500) -> Any:
+    """Busy GPUs over time per policy, as a fraction of the pool, averaged over ``bins`` spans."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3))
     for result in results:
-        line = result.timeline
-        step = max(1, len(line) // points)  # thin the line: a plot has only so many pixels
-        shown = line[::step] + ([line[-1]] if (len(line) - 1) % step else [])
+        end = max((j.finish for j in result.jobs), default=0.0)
+        if end <= 0:
+            continue
+        width = end / bins
+        busy = _binned(result.timeline, end, bins)
         ax.step(
-            [t / 86400 for t, _ in shown],
-            [b / result.gpus for _, b in shown],
+            [i * width / 86400 for i in range(bins)],
+            [b / (width * result.gpus) for b in busy],
             where="post",
             label=result.policy,
         )
@@ -140,3 +142,16 @@ def plot_utilisation(results: Sequence[SimResult], ax: Any = None, points: int =
     ax.grid(True, alpha=0.3)
     ax.legend()
     return ax
+
+
+def _binned(timeline: Sequence[tuple[float, int]], end: float, bins: int) -> list[float]:
+    """Busy GPU-seconds in each of ``bins`` equal spans of ``[0, end)``."""
+    width = end / bins
+    out = [0.0] * bins
+    for (t0, busy), (t1, _) in zip(timeline, [*timeline[1:], (end, 0)], strict=True):
+        i = min(int(t0 / width), bins - 1)
+        while busy and t0 < t1:
+            upto = t1 if i >= bins - 1 else min(t1, (i + 1) * width)
+            out[i] += busy * max(0.0, upto - t0)
+            t0, i = upto, i + 1
+    return out
