@@ -46,6 +46,25 @@ def timed(call: Callable[[], Any], n: int, warmup: int) -> list[float]:
     return samples
 
 
+def through_queue(sched: Any, n: int, warmup: int) -> tuple[list[float], dict[str, list[float]]]:
+    """Round trips through the queue, with where each one's time went (ledger timestamps)."""
+    for _ in range(warmup):
+        sched.submit(noop, cpus=1).result(timeout=120)
+    samples: list[float] = []
+    parts: dict[str, list[float]] = {"to_running": [], "running": [], "to_handle": []}
+    for _ in range(n):
+        wall, start = time.time(), time.perf_counter()
+        handle = sched.submit(noop, cpus=1)
+        handle.result(timeout=120)
+        samples.append(time.perf_counter() - start)
+        resolved = time.time()
+        info = handle.info()
+        parts["to_running"].append(info.started - wall)
+        parts["running"].append(info.finished - info.started)
+        parts["to_handle"].append(resolved - info.finished)
+    return samples, parts
+
+
 def start_local_ray(temp: str) -> None:
     import ray
 
@@ -91,9 +110,7 @@ def main() -> None:
         remote_noop = ray.remote(num_cpus=1)(noop)
         plain = timed(lambda: ray.get(remote_noop.remote()), args.jobs, args.warmup)
         with Scheduler(home=home, backend="ray") as sched:
-            queued = timed(
-                lambda: sched.submit(noop, cpus=1).result(timeout=120), args.jobs, args.warmup
-            )
+            queued, parts = through_queue(sched, args.jobs, args.warmup)
         rows = {
             "plain Ray task": percentiles(plain),
             "through the dlsched queue": percentiles(queued),
@@ -115,9 +132,24 @@ def main() -> None:
             f"| overhead of the queue | {overhead['p50_ms']:+.1f} ms "
             f"| {overhead['p99_ms']:+.1f} ms | {overhead['mean_ms']:+.1f} ms |"
         )
+        labels = {
+            "to_running": "submit → `running` in the ledger (spec, insert, tick, claim)",
+            "running": "`running` → `succeeded` (Ray task, monitor, result recorded)",
+            "to_handle": "`succeeded` → `result()` returns",
+        }
+        print("\nwhere the queue's round trip went\n")
+        print("| part | p50 | p99 |")
+        print("|---|---:|---:|")
+        breakdown = {}
+        for key, label in labels.items():
+            breakdown[key] = percentiles(parts[key])
+            print(
+                f"| {label} | {breakdown[key]['p50_ms']:.1f} ms | {breakdown[key]['p99_ms']:.1f} ms |"
+            )
         if args.json:
             with open(args.json, "w") as out:
-                json.dump({"machine": machine, "jobs": args.jobs, **rows}, out, indent=2)
+                report = {"machine": machine, "jobs": args.jobs, **rows, "breakdown": breakdown}
+                json.dump(report, out, indent=2)
     finally:
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
