@@ -28,18 +28,27 @@ PRELOAD_ENV = "DLSCHED_PRELOAD"
 DEFAULT_PRELOAD = "numpy"
 
 
+_stamp: tuple[float, str] = (0.0, "")
+
+
 def _code_stamp() -> str:
-    package = Path(__file__).parent
-    newest = max((p.stat().st_mtime_ns for p in package.rglob("*.py")), default=0)
-    return f"{sys.executable}:{newest}"
+    """Interpreter and newest source file: a launcher never serves code older than its caller.
 
-
-_STAMP = _code_stamp()
+    Re-read at most every two seconds, so an upgraded or edited package gets a
+    fresh launcher instead of silently falling back to slow starts.
+    """
+    global _stamp
+    now = time.monotonic()
+    if now - _stamp[0] > 2.0:
+        package = Path(__file__).parent
+        newest = max((p.stat().st_mtime_ns for p in package.rglob("*.py")), default=0)
+        _stamp = (now, f"{sys.executable}:{newest}")
+    return _stamp[1]
 
 
 def socket_name(home: str | os.PathLike[str]) -> bytes:
     """The abstract socket address for this user, state folder, interpreter and code."""
-    key = f"{os.getuid()}:{Path(home).resolve()}:{_STAMP}"
+    key = f"{os.getuid()}:{Path(home).resolve()}:{_code_stamp()}"
     return b"\0dlsched-" + hashlib.sha1(key.encode()).hexdigest()[:20].encode()
 
 
@@ -95,8 +104,9 @@ def spawn_supervisor(home: str | os.PathLike[str], job_id: str) -> None:
 
 def serve(home: str, idle_exit: float = IDLE_EXIT) -> int:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address = socket_name(home)
     try:
-        server.bind(socket_name(home))
+        server.bind(address)
     except OSError:
         return 0  # another launcher for this folder is already serving
     server.listen(64)

@@ -52,6 +52,7 @@ RESOURCE_ARGS = (
 # variables that describe the submitting kernel, not the job
 _ENV_DROP = ("DLSCHED_JOB_ID", "DLSCHED_DEVICES", "DLSCHED_GPU_MEM", "CUDA_VISIBLE_DEVICES")
 UNLAUNCHED_GRACE = 2.0
+REDECIDE_EVERY = 10.0  # seconds between decisions when nothing changed
 
 
 def origin() -> str:
@@ -114,6 +115,8 @@ class Scheduler:
         self.uid = os.getuid()
         self._watched: dict[str, list[JobHandle]] = {}
         self._orphan_tries: dict[str, float] = {}
+        self._decided_on: tuple[int, str | None] = (-1, None)
+        self._decide_again = 0.0
         self._inline = InlineRunner(self)
         self._watch_lock = threading.Lock()
         self._event_seq = self._last_event_seq()
@@ -420,14 +423,25 @@ class Scheduler:
         now = time.time() if now is None else now
         db = self.store.db
         backend = self.backend.name
-        pending = db.execute(
-            "SELECT EXISTS(SELECT 1 FROM jobs WHERE backend=? AND (state IN ('queued','preempted')"
-            " OR (state='running' AND (lease_expires < ? OR preempt_requested=1))))",
-            (backend, now),
-        ).fetchone()[0]
+        waiting, expired, last_event, settings_json = db.execute(
+            "SELECT EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state IN ('queued','preempted')),"
+            " EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running' AND lease_expires < ?),"
+            " (SELECT COALESCE(MAX(seq), 0) FROM events),"
+            " (SELECT value FROM meta WHERE key='settings')",
+            (backend, backend, now),
+        ).fetchall()[0]
+        # Deciding again is only worth it when a job changed state (every change is an
+        # event), the settings changed, the policy asked for a wake-up, or a while passed
+        # (aging, GPU memory used outside the scheduler).
+        due = (
+            fixed_now is not None
+            or expired
+            or (last_event, settings_json) != self._decided_on
+            or now >= self._decide_again
+        )
         decisions: Decisions | None = None
         reaped: list[JobInfo] = []
-        if pending:
+        if (waiting or expired) and due:
             settings = self.settings
             with self.store.transaction() as wdb:
                 now = time.time() if fixed_now is None else fixed_now
@@ -442,6 +456,10 @@ class Scheduler:
                     lease_ttl=settings.lease_ttl,
                     now=now,
                 )
+                last_event = wdb.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchall()
+            self._decided_on = (last_event[0][0], settings_json)
+            wake = decisions.wake_at if decisions.wake_at is not None else float("inf")
+            self._decide_again = min(wake, now + REDECIDE_EVERY)
         for job in reaped:
             self.backend.reap(job)
         self._launch_mine(now, [s.job_id for s in decisions.starts] if decisions else [])

@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import sqlite3
 import threading
 import time
@@ -314,6 +313,8 @@ class Store:
         return int(self.db.execute("PRAGMA data_version").fetchone()[0])
 
     def _migrate(self) -> None:
+        if self._schema_version() == len(MIGRATIONS):
+            return  # the common case: a read, no write lock
         with self.transaction() as db:
             has_meta = db.execute(
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
@@ -336,6 +337,13 @@ class Store:
                     (str(target + 1),),
                 )
 
+    def _schema_version(self) -> int:
+        try:
+            rows = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchall()
+        except sqlite3.OperationalError:
+            return 0
+        return int(rows[0][0]) if rows else 0
+
     # -- meta -------------------------------------------------------------------------
 
     def get_meta(self, key: str, default: Any = None) -> Any:
@@ -357,7 +365,8 @@ class Store:
         return self.spool_root / job_id
 
     def new_id(self) -> str:
-        return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+        """Eight characters from a 32-letter alphabet without look-alikes (40 random bits)."""
+        return "".join(_ID_ALPHABET[b % 32] for b in os.urandom(8))
 
     def insert_job(
         self,

@@ -505,6 +505,8 @@ def _record(store: Store, job: JobInfo, outcome: Outcome, folder: Path) -> None:
 
 def _tick_after(home: str | os.PathLike[str]) -> None:
     """Start whatever can start now that this job's resources are free."""
+    if not (Path(home) / "ledger.sqlite").exists():
+        return  # the state folder was removed while the job ran: nothing to schedule
     try:
         from .scheduler import Scheduler
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from typing import Any
 
 import psutil
@@ -27,7 +28,7 @@ class LocalBackend(Backend):
     def __init__(self, scheduler: Any = None, fast_start: bool = True) -> None:
         super().__init__(scheduler)
         self.fast_start = fast_start and os.environ.get("DLSCHED_FAST_START", "1") != "0"
-        self._launcher_spawned = False
+        self._launcher_spawned_at = -1e9
 
     def inventory(self) -> dict[str, Any]:
         info = probe(usage=False, max_age=0)
@@ -40,8 +41,10 @@ class LocalBackend(Backend):
         home = self.scheduler.home
         if self.fast_start and launcher.request_start(home, job.id):
             return
-        if self.fast_start and not self._launcher_spawned:
-            self._launcher_spawned = True
+        # no launcher answers (none yet, it idled out, or the code changed): start one for
+        # the next jobs, at most every few seconds, and start this one the slow way
+        if self.fast_start and time.monotonic() - self._launcher_spawned_at > 5.0:
+            self._launcher_spawned_at = time.monotonic()
             launcher.spawn_launcher(home)
         launcher.spawn_supervisor(home, job.id)
 
