@@ -121,6 +121,16 @@ def _cores(job: JobInfo, store: Store) -> set[int]:
     return mapped & usable
 
 
+_LIBC: list[ctypes.CDLL] = []
+
+
+def _libc() -> ctypes.CDLL:
+    """The C library, loaded once (in the launcher, before it forks)."""
+    if not _LIBC:
+        _LIBC.append(ctypes.CDLL(None))
+    return _LIBC[0]
+
+
 def world_size(job: JobInfo) -> int:
     """Processes a job runs: one per granted GPU (or whole CPU) when distributed, else one."""
     if not job.distributed:
@@ -191,7 +201,7 @@ def _run_job(
         except OSError:
             pass
         try:
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):
             pass
         if os.getppid() != supervisor:
