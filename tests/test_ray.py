@@ -184,6 +184,12 @@ def test_function_round_trip_returns_result_and_streams_output_to_the_log(
     assert sched.get(h.id).result(timeout=5) == 42
 
 
+def test_map_runs_one_ray_job_per_item(sched: Scheduler) -> None:
+    handles = sched.map(double, [1, 2, 3], cpus=0.5)
+    assert [h.result(timeout=60) for h in handles] == [2, 4, 6]
+    assert {h.info().backend for h in handles} == {"ray"}
+
+
 def test_command_job_records_exit_code_and_output(sched: Scheduler) -> None:
     ok = sched.submit_command(["sh", "-c", "echo from-the-command"])
     bad = sched.submit_command(["sh", "-c", "exit 3"])
@@ -352,3 +358,11 @@ def test_job_bigger_than_every_node_is_refused_with_the_reason(sched: Scheduler)
     ):
         _check_fits_one_node(replace(info, cpus=12.0), nodes)
     _check_fits_one_node(replace(info, gpus=2.0, cpus=8.0), nodes)
+
+
+def test_distributed_job_fails_at_once_with_the_reason(sched: Scheduler) -> None:
+    h = sched.submit(double, 1, gpus=2, distributed=True)
+    h.wait(timeout=60)
+    info = h.info()
+    assert (info.state, info.attempts) == ("failed", 1)
+    assert "not supported on the Ray backend" in info.reason

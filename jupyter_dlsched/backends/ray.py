@@ -273,6 +273,11 @@ class RayBackend(Backend):
         )
 
         assert self.scheduler is not None
+        if job.distributed:
+            raise _Unrunnable(
+                "distributed=True (one process per GPU) is not supported on the Ray backend "
+                "yet; submit one process that uses all its GPUs"
+            )
         inventory = self.scheduler.inventory
         _check_fits_one_node(job, inventory.get("nodes", []))
         placement = job.placement or Placement()
@@ -324,9 +329,13 @@ class RayBackend(Backend):
         argv = None
         payload = None
         if job.kind == "command":
-            argv = json.loads(store.read_file(job.id, "command.json") or b"{}")["argv"]
+            argv = json.loads(store.read_file(job.id, "command.json") or b"{}").get("argv")
+            if not argv:
+                raise _Unrunnable("its command is missing from the ledger")
         else:
             payload = store.read_file(job.id, "payload.pkl")
+            if payload is None:
+                raise _Unrunnable("its payload is missing from the ledger")
         threads = str(max(1, int(job.cpus)))
         env = {
             **job.env,
@@ -335,7 +344,6 @@ class RayBackend(Backend):
             "MKL_NUM_THREADS": threads,
             "OPENBLAS_NUM_THREADS": threads,
         }
-        assert self.scheduler is not None
         return {
             "job_id": job.id,
             "argv": argv,
@@ -839,7 +847,13 @@ class _PythonJob:
             if runner is not None:
                 result = runner(payload)
             else:
-                result = payload["fn"](*payload.get("args", ()), **payload.get("kwargs", {}))
+                # ``map`` pickles the function once for all its jobs
+                fn = (
+                    cloudpickle.loads(payload["fn_pickle"])["fn"]
+                    if "fn_pickle" in payload
+                    else payload["fn"]
+                )
+                result = fn(*payload.get("args", ()), **payload.get("kwargs", {}))
         except SystemExit as stop:
             if stop.code not in (0, None):
                 code = stop.code if isinstance(stop.code, int) else 1
