@@ -315,21 +315,19 @@ def check_memory(report: Report, sched: Any, gpus: list[Any]) -> None:
         from jupyter_dlsched.pool import probe
 
         ready, release = scratch / "ready-acct", scratch / "release-acct"
+        before = [g.mem_used for g in probe(usage=True, max_age=0).gpus]
         handle = sched.submit(hold_memory, 2, True, str(ready), str(release), gpu_mem="8GiB")
-        while handle.info().state == "queued":
-            time.sleep(0.05)
-        index = handle.info().devices[0]
-        before = probe(usage=True, max_age=0).gpus[index].mem_used
-        while handle.info().state == "running" and not ready.exists():
+        while handle.info().state in ("queued", "running") and not ready.exists():
             time.sleep(0.05)
         time.sleep(1.0)  # let NVML's numbers settle
+        index = handle.info().devices[0]
         during = probe(usage=True, max_age=0).gpus[index].mem_used
         attributed = sum(
             p.used_mem for p in sched.pool().gpus[index].processes if p.job_id == handle.id
         )
         release.touch()
         handle.wait(timeout=60)
-        delta = during - before
+        delta = during - before[index]
         close = delta > 0 and abs(attributed - delta) <= max(0.01 * delta, 64 * 2**20)
         report.data["accounting"] = {"attributed": attributed, "nvml_delta": delta}
         report.add(
