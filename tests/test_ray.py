@@ -128,6 +128,20 @@ def gpu_grant(release: str) -> dict[str, Any]:
     }
 
 
+def train_until_preempted(marker: str) -> str:
+    import jupyter_dlsched as dls
+
+    if os.path.exists(marker):
+        return "resumed from checkpoint"
+    deadline = time.time() + 60
+    while not dls.checkpoint_requested():
+        if time.time() > deadline:
+            raise TimeoutError("never asked to checkpoint")
+        time.sleep(0.02)
+    Path(marker).touch()  # the checkpoint
+    return "stopped to checkpoint"
+
+
 def crash_once(marker: str) -> str:
     if not os.path.exists(marker):
         Path(marker).touch()
@@ -263,6 +277,26 @@ def test_fractional_gpus_share_one_card(sched: Scheduler, tmp_path: Path) -> Non
     for h in halves:
         grant = h.result(timeout=60)
         assert grant["gpu_share"] == 0.5
+
+
+def test_preempted_job_checkpoints_then_resumes_after_the_urgent_one(
+    sched: Scheduler, tmp_path: Path
+) -> None:
+    sched.close()
+    with Scheduler(
+        home=sched.home, policy="priority", policy_params={"preempt": True, "preempt_grace": 30}
+    ) as s:
+        low = s.submit(
+            train_until_preempted, str(tmp_path / "ckpt"), cpus=2, priority="low", preemptible=True
+        )
+        until(lambda: low.info().job_pid)
+        urgent = s.submit(double, 5, cpus=2, priority="urgent")
+        assert urgent.result(timeout=60) == 10
+        assert low.result(timeout=60) == "resumed from checkpoint"
+        states = [e["to_state"] for e in s.store.events(low.id)]
+        assert states == ["queued", "running", "preempted", "running", "succeeded"], states
+        assert low.info().preemptions == 1
+        assert urgent.info().finished <= low.info().started
 
 
 def test_cancel_stops_the_ray_task(sched: Scheduler) -> None:

@@ -54,9 +54,9 @@ from ..errors import IllegalTransition, JobNotFound
 from ..pool import GpuInfo, PoolInfo
 from ..resources import Placement
 from ..runtime import STOP_FILE
+from ..settings import Settings
 from ..store import JobInfo
 from ..units import format_duration, format_size, parse_size
-from ..worker import Settings
 from .base import Backend
 
 log = logging.getLogger("jupyter_dlsched")
@@ -575,7 +575,7 @@ class RayBackend(Backend):
         with contextlib.suppress(OSError):
             (run.folder / STOP_FILE).touch()
         if reason == "preempt" and not at_once and self.scheduler is not None:
-            run.kill_at = time.time() + Settings.load(self.scheduler.store).grace
+            run.kill_at = time.time() + Settings.load(self.scheduler.store).preempt_grace()
         else:
             self._force(run)
 
