@@ -128,6 +128,14 @@ def gpu_grant(release: str) -> dict[str, Any]:
     }
 
 
+def report_and_wait(release: str) -> str:
+    import jupyter_dlsched as dls
+
+    print("epoch 1 done", flush=True)
+    dls.progress(3, 10, loss=0.5)
+    return str(wait_for(release, "released"))
+
+
 def train_until_preempted(marker: str) -> str:
     import jupyter_dlsched as dls
 
@@ -202,6 +210,19 @@ def test_map_runs_one_ray_job_per_item(sched: Scheduler) -> None:
     handles = sched.map(double, [1, 2, 3], cpus=0.5)
     assert [h.result(timeout=60) for h in handles] == [2, 4, 6]
     assert {h.info().backend for h in handles} == {"ray"}
+
+
+def test_output_and_progress_reach_the_ledger_while_the_job_runs(
+    sched: Scheduler, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    h = sched.submit(report_and_wait, str(release))
+    until(lambda: "epoch 1 done" in h.logs())
+    progress = until(lambda: h.info().progress)
+    assert (progress["done"], progress["total"], progress["metrics"]) == (3.0, 10, {"loss": 0.5})
+    assert h.state == "running"
+    release.touch()
+    assert h.result(timeout=60) == "released"
 
 
 def test_command_job_records_exit_code_and_output(sched: Scheduler) -> None:
