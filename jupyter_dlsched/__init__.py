@@ -137,6 +137,10 @@ def __getattr__(name: str) -> Any:
         from .widgets import JobView
 
         return JobView
+    if name == "torch":  # dls.torch.Checkpoint, dls.torch.device(); torch loads on first use
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
     raise AttributeError(f"module 'jupyter_dlsched' has no attribute {name!r}")
 
 

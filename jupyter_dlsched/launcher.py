@@ -78,9 +78,21 @@ def stop(home: str | os.PathLike[str]) -> bool:
 
 
 def spawn_launcher(home: str | os.PathLike[str]) -> None:
-    """Start a launcher in the background (its own session, so it outlives the caller)."""
+    """Start a launcher in the background (its own session, so it outlives the caller).
+
+    ``DLSCHED_LAUNCHER_IDLE`` sets how many idle seconds it waits before exiting.
+    """
+    idle = os.environ.get("DLSCHED_LAUNCHER_IDLE", str(IDLE_EXIT))
     subprocess.Popen(
-        [sys.executable, "-m", "jupyter_dlsched.launcher", "--home", str(home)],
+        [
+            sys.executable,
+            "-m",
+            "jupyter_dlsched.launcher",
+            "--home",
+            str(home),
+            "--idle-exit",
+            idle,
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

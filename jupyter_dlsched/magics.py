@@ -35,8 +35,8 @@ from .store import JobInfo
 
 SCHEDULE_USAGE = (
     "%%schedule [--gpus N|0.5] [--gpu-mem SIZE] [--cpus N] [--mem SIZE] [--priority P] "
-    "[--name NAME] [--time-limit DURATION] [--after ID,...] [--preemptible] [--out a,b] "
-    "[--wait] [--inline]"
+    "[--name NAME] [--time-limit DURATION] [--after ID,...] [--preemptible] [--distributed] "
+    "[--out a,b] [--wait] [--inline]"
 )
 DLSCHED_USAGE = (
     "%dlsched queue [--all] | pool | dashboard | cancel ID | logs ID [--tail N] | "
@@ -77,6 +77,7 @@ def schedule_parser() -> _Parser:
     p.add_argument("--time-limit", dest="time_limit")
     p.add_argument("--after")
     p.add_argument("--preemptible", action="store_true")
+    p.add_argument("--distributed", action="store_true")
     p.add_argument("--out")
     p.add_argument("--wait", action="store_true")
     p.add_argument("--inline", action="store_true")
@@ -237,6 +238,7 @@ class SchedulerMagics(Magics):
 
         Flags: --gpus N|0.5, --gpu-mem SIZE, --cpus N, --mem SIZE, --priority P,
         --name NAME, --time-limit DURATION, --after ID,..., --preemptible,
+        --distributed (one process per granted GPU, as torchrun; rank 0's names come back),
         --out a,b (names that come back into the notebook when the job succeeds),
         --wait (block until it ends), --inline (run in a kernel thread with the
         notebook's namespace). The handle of the job is kept in ``_job``.
@@ -255,6 +257,12 @@ class SchedulerMagics(Magics):
             resources["after"] = after
         if args.preemptible:
             resources["preemptible"] = True
+        if args.distributed:
+            if args.inline:
+                raise UsageError(
+                    "%%schedule: --distributed starts processes; it cannot be --inline"
+                )
+            resources["distributed"] = True
         shell = self.shell
         if shell is None:
             raise UsageError("%%schedule runs inside IPython")

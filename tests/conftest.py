@@ -34,3 +34,5 @@ def sched(home: Path) -> Iterator[Scheduler]:
 def pytest_configure(config: pytest.Config) -> None:
     # jobs inherit the test's environment; keep Python quiet and unbuffered there
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # a launcher a test could not stop (a supervisor started one after the test) exits soon
+    os.environ.setdefault("DLSCHED_LAUNCHER_IDLE", "20")

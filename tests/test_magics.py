@@ -75,6 +75,7 @@ def test_a_cell_runs_as_a_job_and_its_out_names_come_back(ip):
         ("--name 'exp 1'", "name", "exp 1"),
         ("--time-limit 30m", "time_limit", 1800.0),
         ("--preemptible", "preemptible", True),
+        ("--gpus 2 --cpus 0.5 --distributed", "distributed", True),
     ],
 )
 def test_each_resource_flag_reaches_the_job(ip, line, field, expected):
@@ -82,6 +83,20 @@ def test_each_resource_flag_reaches_the_job(ip, line, field, expected):
     handle = ip.user_ns["_job"]
     assert getattr(handle.info(), field) == expected
     assert handle.result(timeout=60).value == 1
+
+
+def test_a_distributed_cell_runs_once_per_gpu_and_rank_0_answers(ip):
+    schedule(
+        ip, "--gpus 2 --cpus 0.5 --distributed --out rank", "import os\nrank = os.environ['RANK']"
+    )
+    handle = ip.user_ns["_job"]
+    handle.result(timeout=60)
+    wait_for(lambda: ip.user_ns.get("rank") == "0", what="rank 0's name back")
+
+
+def test_distributed_and_inline_do_not_mix(ip):
+    result = ip.run_cell("%%schedule --distributed --inline\n1\n")
+    assert "cannot be --inline" in str(result.error_in_exec)
 
 
 def test_time_limit_stops_a_cell_that_runs_too_long(ip):
