@@ -150,6 +150,18 @@ def train_until_preempted(marker: str) -> str:
     return "stopped to checkpoint"
 
 
+def rank_info() -> dict[str, Any]:
+    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}", flush=True)
+    visible = ",".join(sorted(os.environ["CUDA_VISIBLE_DEVICES"].split(",")))
+    return {"rank": os.environ["RANK"], "world": os.environ["WORLD_SIZE"], "visible": visible}
+
+
+def fail_on_rank_one() -> None:
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 broke")
+    time.sleep(30)
+
+
 def crash_once(marker: str) -> str:
     if not os.path.exists(marker):
         Path(marker).touch()
@@ -415,9 +427,16 @@ def test_job_bigger_than_every_node_is_refused_with_the_reason(sched: Scheduler)
     _check_fits_one_node(replace(info, gpus=2.0, cpus=8.0), nodes)
 
 
-def test_distributed_job_fails_at_once_with_the_reason(sched: Scheduler) -> None:
-    h = sched.submit(double, 1, gpus=2, distributed=True)
-    h.wait(timeout=60)
-    info = h.info()
-    assert (info.state, info.attempts) == ("failed", 1)
-    assert "not supported on the Ray backend" in info.reason
+def test_distributed_job_runs_one_process_per_gpu(sched: Scheduler) -> None:
+    h = sched.submit(rank_info, gpus=2, distributed=True)
+    assert h.result(timeout=120) == {"rank": "0", "world": "2", "visible": "0,1"}
+    assert h.info().devices == [0, 1]
+    assert "rank 0 of 2" in h.logs() and "rank 1 of 2" in h.logs()
+
+
+def test_failing_rank_fails_the_distributed_job_with_its_traceback(sched: Scheduler) -> None:
+    h = sched.submit(fail_on_rank_one, gpus=2, distributed=True)
+    with pytest.raises(ValueError, match="rank 1 broke") as caught:
+        h.result(timeout=120)
+    assert isinstance(caught.value.__cause__, RemoteTraceback)
+    assert h.info().state == "failed"

@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -57,6 +58,7 @@ from ..runtime import STOP_FILE
 from ..settings import Settings
 from ..store import JobInfo
 from ..units import format_duration, format_size, parse_size
+from ..worker import world_size
 from .base import Backend
 
 log = logging.getLogger("jupyter_dlsched")
@@ -273,11 +275,6 @@ class RayBackend(Backend):
         )
 
         assert self.scheduler is not None
-        if job.distributed:
-            raise _Unrunnable(
-                "distributed=True (one process per GPU) is not supported on the Ray backend "
-                "yet; submit one process that uses all its GPUs"
-            )
         inventory = self.scheduler.inventory
         _check_fits_one_node(job, inventory.get("nodes", []))
         placement = job.placement or Placement()
@@ -346,6 +343,7 @@ class RayBackend(Backend):
         }
         return {
             "job_id": job.id,
+            "world": world_size(job) if job.distributed else 0,
             "argv": argv,
             "payload": payload,
             "env": env,
@@ -764,8 +762,13 @@ def _run_task(task: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
     yield ("started", {"pid": os.getpid(), "node": ray.util.get_node_ip_address(), "gpus": gpus})
     with tempfile.TemporaryFile() as capture:
         with _job_context(task, gpus, capture.fileno()):
-            job: _PythonJob | _CommandJob
-            job = _CommandJob(task, capture.fileno()) if task["argv"] else _PythonJob(task)
+            job: _PythonJob | _CommandJob | _RanksJob
+            if task["argv"]:
+                job = _CommandJob(task, capture.fileno())
+            elif task.get("world"):
+                job = _RanksJob(task, capture.fileno())
+            else:
+                job = _PythonJob(task)
             offset = 0
             while True:
                 finished = job.wait(TASK_FLUSH_SECONDS)
@@ -828,11 +831,12 @@ def _job_context(task: dict[str, Any], gpus: list[str], fd: int) -> Iterator[Non
 class _PythonJob:
     """A function or cell payload, run in a thread so its output can stream meanwhile."""
 
-    def __init__(self, task: dict[str, Any]) -> None:
+    def __init__(self, task: dict[str, Any], start: bool = True) -> None:
         self.outcome: tuple[Any, ...] = ("failed", "the job did not finish")
         self._payload = task["payload"]
         self._thread = threading.Thread(target=self._run, name="dlsched-job", daemon=True)
-        self._thread.start()
+        if start:
+            self._thread.start()
 
     def wait(self, timeout: float) -> bool:
         self._thread.join(timeout)
@@ -914,6 +918,107 @@ class _CommandJob:
         return True
 
 
+class _RanksJob:
+    """A distributed job: one process per rank on this node (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``/``MASTER_PORT`` as torchrun sets them); rank 0's result is the job's.
+
+    The ranks are fresh interpreters (``python -m jupyter_dlsched.backends.ray``):
+    forking a Ray worker is not safe. If one rank fails, the others are ended.
+    """
+
+    def __init__(self, task: dict[str, Any], fd: int) -> None:
+        self.outcome: tuple[Any, ...] = ("exit", 1)
+        self._folder = tempfile.mkdtemp(prefix="dlsched-ranks-")
+        _write_atomic(Path(self._folder) / "payload.pkl", task["payload"])
+        world = int(task["world"])
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = str(probe.getsockname()[1])
+        path = [p for p in sys.path if p]
+        self._processes: list[subprocess.Popen[bytes]] = []
+        for rank in range(world):
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(path),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "GROUP_RANK": "0",
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+            }
+            self._processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", __name__, self._folder, str(rank)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=fd,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    preexec_fn=_die_with_parent,
+                )
+            )
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            codes = [p.poll() for p in self._processes]
+            if any(code not in (None, 0) for code in codes):
+                for p in self._processes:
+                    if p.poll() is None:
+                        p.kill()
+                for p in self._processes:
+                    p.wait()
+                break
+            if all(code == 0 for code in codes):
+                break
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        self.outcome = self._collect()
+        shutil.rmtree(self._folder, ignore_errors=True)
+        return True
+
+    def _collect(self) -> tuple[Any, ...]:
+        folder = Path(self._folder)
+        for rank, process in enumerate(self._processes):
+            error = folder / f"error-{rank}.json"
+            if error.exists():
+                pickled = folder / f"error-{rank}.pkl"
+                data = pickled.read_bytes() if pickled.exists() else None
+                return ("error", json.loads(error.read_text()), data, process.returncode or 1)
+        failed = [p.returncode for p in self._processes if p.returncode != 0]
+        if failed:
+            return ("exit", failed[0])
+        result = folder / "result.pkl"
+        if result.exists():
+            return ("result", result.read_bytes())
+        return ("failed", "rank 0 ended without a result")
+
+
+def _rank_main(argv: list[str]) -> int:
+    """One rank of a distributed job: ``python -m jupyter_dlsched.backends.ray FOLDER RANK``."""
+    folder, rank = Path(argv[0]), int(argv[1])
+    job = _PythonJob({"payload": (folder / "payload.pkl").read_bytes()}, start=False)
+    job._run()
+    kind = job.outcome[0]
+    if kind == "result":
+        if rank == 0:
+            _write_atomic(folder / "result.pkl", job.outcome[1])
+        return 0
+    if kind == "error":
+        details, pickled, code = job.outcome[1], job.outcome[2], job.outcome[3]
+        (folder / f"error-{rank}.json").write_text(json.dumps(details))
+        if pickled is not None:
+            _write_atomic(folder / f"error-{rank}.pkl", pickled)
+        return int(code)
+    return 1
+
+
 def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(sys.argv[1:]))
