@@ -129,7 +129,7 @@ class InlineRunner:
         with self._lock:
             self.threads.pop(info.id, None)
             self.stopping.pop(info.id, None)
-        self.scheduler._kick()
+        self.scheduler.wake()
 
     def maintain(self) -> None:
         """Renew leases of running inline jobs; deliver cancels and time limits."""

@@ -260,7 +260,7 @@ class Scheduler:
         )
         handle = JobHandle(self, info.id)
         self._watch(handle, check=False)
-        self._kick()
+        self.wake()
         return handle
 
     def map(
@@ -297,7 +297,7 @@ class Scheduler:
         handles = [JobHandle(self, job_id) for job_id, _, _ in batch]
         for handle in handles:
             self._watch(handle, check=False)
-        self._kick()
+        self.wake()
         return handles
 
     # -- reading and steering --------------------------------------------------------------
@@ -347,7 +347,7 @@ class Scheduler:
         info = self.store.get(job_id)
         if info.state == "running":
             self.backend.cancel(info)
-        self._kick()
+        self.wake()
         return info
 
     def set_priority(self, job_id: str, priority: int | str) -> JobInfo:
@@ -359,7 +359,7 @@ class Scheduler:
                 raise JobNotFound(job_id)
             db.execute("UPDATE jobs SET priority=? WHERE id=?", (value, job_id))
             self.store._event(db, job_id, row[0], row[0], f"priority {row[1]} -> {value}")
-        self._kick()
+        self.wake()
         return self.store.get(job_id)
 
     def pool(self) -> PoolInfo:
@@ -515,7 +515,8 @@ class Scheduler:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _kick(self) -> None:
+    def wake(self) -> None:
+        """Tick soon: at once in the background loop, or right here without one."""
         if self.looping:
             self._wake.set()
         else:

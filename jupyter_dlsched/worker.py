@@ -520,7 +520,7 @@ def _tick_after(home: str | os.PathLike[str]) -> None:
     try:
         from .scheduler import Scheduler
 
-        with Scheduler(home, loop=False, probe_pool=False) as sched:
+        with Scheduler(home, backend="local", loop=False, probe_pool=False) as sched:
             sched.tick()
     except Exception:
         traceback.print_exc()

@@ -468,7 +468,7 @@ class RayBackend(Backend):
                 for run in ended:
                     self._finish(run)
                 if ended and not self._closed:
-                    self.scheduler._kick()  # free resources: start what waits
+                    self.scheduler.wake()  # free resources: start what waits
             except Exception:
                 log.exception("dlsched ray monitor")
                 time.sleep(0.5)
