@@ -28,9 +28,8 @@ from .sampler import Sampler
 STATUS_MAX_AGE = 2.0
 #: Seconds a job list may be reused while no job changed (progress moves without events).
 JOBS_MAX_AGE = 1.0
-#: Seconds one pool reading serves every open tab and the sampler. Longer than the core's
-#: probe cache (1 s), so each reading starts from a fresh probe: ``Scheduler.pool()``
-#: adds granted memory to simulated GPUs in the probe's cached object.
+#: Seconds one pool reading serves every open tab and the sampler (NVML and psutil are
+#: asked at most about once a second, however many clients poll).
 POOL_MAX_AGE = 1.1
 
 T = TypeVar("T")
