@@ -16,6 +16,8 @@ from .policy import Decisions, Policy, QueuedJob, RunningJob
 from .resources import Capacity, GpuFree, Placement, Request
 from .store import TERMINAL, JobInfo, Store
 
+CLAIM_GRACE = 30.0  # seconds an allocated job may wait for its supervisor to claim it
+
 _COLUMNS = (
     "id, seq, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
     "attained, preemptions, gpus, gpu_mem, cpus, mem, after, attempts, position, waiting, "
@@ -111,7 +113,8 @@ def decide(
             placement=start.placement,
             started=now,
             attempts=attempts.get(start.job_id, 0) + 1,
-            lease_expires=now + lease_ttl,
+            # time to claim: a supervisor's interpreter start can be slow on a busy machine
+            lease_expires=now + max(lease_ttl, CLAIM_GRACE),
             supervisor_pid=None,
             job_pid=None,
             host=None,

@@ -90,8 +90,9 @@ def test_a_distributed_cell_runs_once_per_gpu_and_rank_0_answers(ip):
         ip, "--gpus 2 --cpus 0.5 --distributed --out rank", "import os\nrank = os.environ['RANK']"
     )
     handle = ip.user_ns["_job"]
-    handle.result(timeout=60)
-    wait_for(lambda: ip.user_ns.get("rank") == "0", what="rank 0's name back")
+    ip.run_cell(f"%dlsched wait {handle.id}")  # brings the --out names back before it returns
+    assert handle.info().state == "succeeded"
+    assert ip.user_ns.get("rank") == "0"
 
 
 def test_distributed_and_inline_do_not_mix(ip):
