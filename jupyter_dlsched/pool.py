@@ -207,11 +207,19 @@ def _topology_groups(nv: Any, handles: list[Any], gpus: list[GpuInfo]) -> None:
             except Exception:
                 continue
             known = True
-            if level <= close:
+            if level <= close or _nvlinked(nv, handles[a], handles[b]):
                 parent[find(a)] = find(b)
     if known:
         for i, g in enumerate(gpus):
             g.group = find(i)
+
+
+def _nvlinked(nv: Any, a: Any, b: Any) -> bool:
+    try:
+        status = nv.nvmlDeviceGetP2PStatus(a, b, nv.NVML_P2P_CAPS_INDEX_NVLINK)
+    except Exception:  # older drivers and bindings: no NVLink query
+        return False
+    return bool(status == nv.NVML_P2P_STATUS_OK)
 
 
 _cache_lock = threading.Lock()
