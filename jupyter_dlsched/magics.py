@@ -57,13 +57,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _names(text: str | None, flag: str) -> list[str]:
-    if not text:
-        return []
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    """Comma-separated variable names (``--out``)."""
+    names = _items(text)
     bad = [n for n in names if not n.isidentifier()]
     if bad:
         raise UsageError(f"%%schedule: {flag} {bad[0]!r} is not a variable name")
     return names
+
+
+def _items(text: str | None) -> list[str]:
+    """Comma-separated words (``--after`` job ids, which may start with a digit)."""
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
 
 
 def schedule_parser() -> _Parser:
@@ -245,7 +249,7 @@ class SchedulerMagics(Magics):
         """
         args = schedule_parser().parse_args(_split(line, "%%schedule", SCHEDULE_USAGE))
         out = _names(args.out, "--out")
-        after = _names(args.after, "--after") if args.after else None
+        after = _items(args.after) if args.after else None
         if args.after and not after:
             raise UsageError("%%schedule: --after needs job ids, e.g. --after k3x9m2ab,q8r2m4za")
         resources: dict[str, Any] = {

@@ -110,7 +110,8 @@ def test_after_waits_for_the_named_jobs(ip):
     schedule(ip, "--name first", "import time\ntime.sleep(1.5)")
     first = ip.user_ns["_job"]
     ip.user_ns["first"] = first
-    ip.run_cell("%%schedule --after {first.id} --name second\n'second'\n")  # flags expand
+    result = ip.run_cell("%%schedule --after {first.id} --name second\n'second'\n")  # expands
+    assert result.success, result.error_before_exec or result.error_in_exec
     second = ip.user_ns["_job"]
     assert second.info().after == (first.id,)
     wait_for(lambda: second.info().waiting is not None or second.done(), what="a reason")
@@ -296,3 +297,13 @@ def test_dlsched_wait_brings_a_scheduled_cells_names_back_before_returning(ip, c
     ip.run_line_magic("dlsched", f"wait {ip.user_ns['_job'].id}")
     assert ip.user_ns["grown"] == 300  # no waiting for the background refresh
     assert "done" in capsys.readouterr().out
+
+
+def test_after_accepts_ids_that_start_with_a_digit(ip):
+    schedule(ip, "--name first", "1")
+    first = ip.user_ns["_job"]
+    first.result(timeout=60)
+    # ids are drawn from letters and digits 2-9; force one that starts with a digit
+    ip.user_ns["dep"] = "9" + first.id[1:]
+    result = ip.run_cell("%%schedule --after {dep}\n2\n")
+    assert "is not a variable name" not in str(result.error_in_exec)
