@@ -21,7 +21,7 @@ CLAIM_GRACE = 30.0  # seconds an allocated job may wait for its supervisor to cl
 _COLUMNS = (
     "id, seq, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
     "attained, preemptions, gpus, gpu_mem, cpus, mem, after, attempts, position, waiting, "
-    "placement, job_pid"
+    "placement, job_pid, preempt_requested, cancel_requested"
 )
 
 
@@ -215,4 +215,6 @@ def _running(row: sqlite3.Row, now: float) -> RunningJob:
         time_limit=row["time_limit"],
         preemptible=bool(row["preemptible"]),
         attained=row["attained"],
+        # already asked to stop: its devices are about to be free, pick no new victim for it
+        stopping=bool(row["preempt_requested"] or row["cancel_requested"]),
     )

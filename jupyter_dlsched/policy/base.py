@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Protocol
 
 from ..placement import place
 from ..resources import Capacity, Placement, Request
+from ..units import format_size
 
 
 @dataclass(frozen=True)
@@ -129,19 +131,26 @@ class Policy(Protocol):
 
 
 def describe_shortfall(request: Request, capacity: Capacity) -> str:
-    """Words for why a request does not fit now: ``"waiting for 2 GPUs"``."""
-    from ..units import format_size
+    """Words for why a request does not fit now: ``"waiting for 2 GPUs"``.
 
-    if request.whole_gpus and capacity.free_whole_gpus < request.whole_gpus:
+    Called for every waiting job of a live tick, so the words are cached per
+    request shape and the three numbers they depend on.
+    """
+    return _shortfall(request, capacity.free_whole_gpus, capacity.cpus_free, capacity.mem_free)
+
+
+@lru_cache(maxsize=4096)
+def _shortfall(request: Request, free_gpus: int, cpus_free: float, mem_free: int) -> str:
+    if request.whole_gpus and free_gpus < request.whole_gpus:
         n = request.whole_gpus
         return f"waiting for {n} GPU{'s' if n > 1 else ''}"
     if request.shared:
         return "waiting for GPU memory" + (
             f" ({format_size(request.gpu_mem)})" if request.gpu_mem else ""
         )
-    if request.cpus > capacity.cpus_free:
+    if request.cpus > cpus_free:
         return f"waiting for {request.cpus:g} CPU{'s' if request.cpus != 1 else ''}"
-    if request.mem > capacity.mem_free:
+    if request.mem > mem_free:
         return f"waiting for {format_size(request.mem)} of memory"
     return "waiting for resources"
 
