@@ -29,26 +29,34 @@ DEFAULT_PRELOAD = "numpy"
 
 
 _stamp: tuple[float, str] = (0.0, "")
+_CODE_FOLDERS = ("", "policy", "backends")  # what a supervisor and its job run
 
 
 def _code_stamp() -> str:
     """Interpreter and newest source file: a launcher never serves code older than its caller.
 
     Re-read at most every two seconds, so an upgraded or edited package gets a
-    fresh launcher instead of silently falling back to slow starts.
+    fresh launcher instead of silently falling back to slow starts. Only the
+    package's own source folders are read (a few dozen ``stat`` calls), never
+    the prebuilt JupyterLab files beside them.
     """
     global _stamp
     now = time.monotonic()
     if now - _stamp[0] > 2.0:
-        package = Path(__file__).parent
-        newest = max((p.stat().st_mtime_ns for p in package.rglob("*.py")), default=0)
+        package = os.path.dirname(os.path.abspath(__file__))
+        newest = 0
+        for folder in _CODE_FOLDERS:
+            with os.scandir(os.path.join(package, folder)) as entries:
+                for entry in entries:
+                    if entry.name.endswith(".py"):
+                        newest = max(newest, entry.stat().st_mtime_ns)
         _stamp = (now, f"{sys.executable}:{newest}")
     return _stamp[1]
 
 
 def socket_name(home: str | os.PathLike[str]) -> bytes:
     """The abstract socket address for this user, state folder, interpreter and code."""
-    key = f"{os.getuid()}:{Path(home).resolve()}:{_code_stamp()}"
+    key = f"{os.getuid()}:{os.path.abspath(home)}:{_code_stamp()}"
     return b"\0dlsched-" + hashlib.sha1(key.encode()).hexdigest()[:20].encode()
 
 

@@ -443,6 +443,16 @@ class Scheduler:
         reaped: list[JobInfo] = []
         if (waiting or expired) and due:
             settings = self.settings
+            policy = self.policy()
+            inventory = self.inventory
+            # NVML is read before taking the write lock, never while holding it
+            job_pids = [
+                r[0]
+                for r in db.execute(
+                    "SELECT job_pid FROM jobs WHERE state='running' AND backend=?", (backend,)
+                ).fetchall()
+            ]
+            external = self.backend.external_gpu_mem(job_pids)
             with self.store.transaction() as wdb:
                 now = time.time() if fixed_now is None else fixed_now
                 reaped = tick_steps.reap(self.store, wdb, backend, now)
@@ -450,9 +460,9 @@ class Scheduler:
                     self.store,
                     wdb,
                     backend=backend,
-                    policy=self.policy(),
-                    inventory=self.inventory,
-                    external_gpu_mem=self.backend.external_gpu_mem,
+                    policy=policy,
+                    inventory=inventory,
+                    external_gpu_mem=external,
                     lease_ttl=settings.lease_ttl,
                     now=now,
                 )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +66,7 @@ def decide(
     backend: str,
     policy: Policy,
     inventory: dict[str, Any],
-    external_gpu_mem: Callable[[list[int | None]], dict[int, int]],
+    external_gpu_mem: dict[int, int],
     lease_ttl: float,
     now: float,
 ) -> Decisions:
@@ -98,9 +97,7 @@ def decide(
         attempts[row["id"]] = row["attempts"]
         queued.append(_queued(row))
     active = [_running(r, now) for r in running if r["placement"]]
-    capacity = idle_capacity_minus(
-        inventory, [a.placement for a in active], external_gpu_mem([r["job_pid"] for r in running])
-    )
+    capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
     decisions = policy(queued, active, capacity, now)
     for start in decisions.starts:
         store.transition_in(

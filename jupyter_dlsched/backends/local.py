@@ -61,6 +61,9 @@ class LocalBackend(Backend):
                 pass
 
     def external_gpu_mem(self, job_pids: list[int | None]) -> dict[int, int]:
+        assert self.scheduler is not None
+        if not any(not g.get("simulated") for g in self.scheduler.inventory.get("gpus", [])):
+            return {}  # simulated GPUs only: nothing to ask NVML
         info = probe(usage=True, max_age=2.0)
         if not any(g.processes for g in info.gpus):
             return {}
