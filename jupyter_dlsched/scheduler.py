@@ -533,7 +533,10 @@ class Scheduler:
             self.tick()
 
     def _run(self) -> None:
+        """Poll fast just after a job changed state (results come back in milliseconds),
+        slowly when quiet; lease renewals and progress writes do not count as changes."""
         version = self.store.data_version()
+        seen_event = self._last_event_seq()
         last_change = last_tick = time.monotonic()
         while not self._closed.is_set():
             quiet = time.monotonic() - last_change
@@ -544,16 +547,19 @@ class Scheduler:
                 break
             try:
                 current = self.store.data_version()
-                changed = current != version
-                version = current
+                moved = False
+                if current != version:
+                    version = current
+                    event = self._last_event_seq()
+                    moved, seen_event = event != seen_event, event
                 now = time.monotonic()
-                if woke or changed:
+                if woke or moved:
                     last_change = now
-                if woke or changed or now - last_tick >= 1.0:
+                if woke or moved or now - last_tick >= 1.0:
                     self.tick()
                     self._inline.maintain()
                     last_tick = now
-                if woke or changed:
+                if woke or moved:
                     self._resolve_watched()
             except Exception:
                 log.exception("dlsched scheduler loop")
@@ -561,8 +567,8 @@ class Scheduler:
         self.store.close()
 
     def _last_event_seq(self) -> int:
-        row = self.store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
-        return int(row[0])
+        rows = self.store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchall()
+        return int(rows[0][0])
 
     def _watch(self, handle: JobHandle, check: bool = True) -> None:
         """Have the loop resolve ``handle`` when its job ends (futures' wait/as_completed)."""
