@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import sqlite3
 import threading
 import time
@@ -579,6 +580,20 @@ class Store:
         self._update(db, job_id, columns)
         self._event(db, job_id, current, to_state, reason, now=now, data=event_data)
         return current
+
+    def claim(self, job: JobInfo, lease_ttl: float) -> JobInfo | None:
+        """Take an allocated job for this process: the one claim every runner makes.
+
+        Only one claimant wins (the job must still be ``running``, unclaimed and
+        on the same attempt); the winner holds a lease of ``lease_ttl`` seconds.
+        """
+        with self.transaction() as db:
+            claimed = db.execute(
+                "UPDATE jobs SET supervisor_pid=?, host=?, lease_expires=? "
+                "WHERE id=? AND state='running' AND supervisor_pid IS NULL AND attempts=?",
+                (os.getpid(), socket.gethostname(), time.time() + lease_ttl, job.id, job.attempts),
+            ).rowcount
+        return self.get(job.id) if claimed else None
 
     def update(self, job_id: str, **columns: Any) -> None:
         """Change columns that are not the state (lease, progress, pids)."""

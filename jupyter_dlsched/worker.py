@@ -49,7 +49,7 @@ def supervise(home: str | os.PathLike[str], job_id: str) -> int:
     if job.uid != os.getuid():
         return 2  # payloads run only as the user who submitted them
     settings = Settings.load(store)
-    claimed = _claim(store, job, settings)
+    claimed = store.claim(job, settings.lease_ttl)
     if claimed is None:
         return 0
     job = claimed
@@ -74,17 +74,6 @@ def supervise(home: str | os.PathLike[str], job_id: str) -> int:
     store.close()
     _tick_after(home)
     return 0
-
-
-def _claim(store: Store, job: JobInfo, settings: Settings) -> JobInfo | None:
-    now = time.time()
-    with store.transaction() as db:
-        claimed = db.execute(
-            "UPDATE jobs SET supervisor_pid=?, host=?, lease_expires=? "
-            "WHERE id=? AND state='running' AND supervisor_pid IS NULL AND attempts=?",
-            (os.getpid(), socket.gethostname(), now + settings.lease_ttl, job.id, job.attempts),
-        ).rowcount
-    return store.get(job.id) if claimed else None
 
 
 def job_environment(job: JobInfo, store: Store, context: dict[str, Any]) -> dict[str, str]:

@@ -34,7 +34,6 @@ import atexit
 import json
 import math
 import os
-import socket
 import threading
 import time
 import weakref
@@ -186,7 +185,7 @@ class RayBackend(Backend):
             return  # at exit or after close: a participant that lives on launches it
         self.connect()
         store = self.scheduler.store
-        claimed = self._claim(job, Settings.load(store))
+        claimed = store.claim(job, Settings.load(store).lease_ttl)
         if claimed is None:
             return  # another participant launched it, or it is no longer running
         job = claimed
@@ -205,19 +204,6 @@ class RayBackend(Backend):
         except Exception as error:  # Ray refused the task (bad option, lost connection)
             run.outcome = ("failed", f"Ray did not accept the task: {error}")
         self._monitor.add(run)
-
-    def _claim(self, job: JobInfo, settings: Settings) -> JobInfo | None:
-        """Take the job for this process (the same claim a local supervisor makes)."""
-        assert self.scheduler is not None
-        store = self.scheduler.store
-        now = time.time()
-        with store.transaction() as db:
-            claimed = db.execute(
-                "UPDATE jobs SET supervisor_pid=?, host=?, lease_expires=? "
-                "WHERE id=? AND state='running' AND supervisor_pid IS NULL AND attempts=?",
-                (os.getpid(), socket.gethostname(), now + settings.lease_ttl, job.id, job.attempts),
-            ).rowcount
-        return store.get(job.id) if claimed else None
 
     def _task_options(self, job: JobInfo, run: Run) -> dict[str, Any]:
         """Ray resources and scheduling for the grant the policy made."""
