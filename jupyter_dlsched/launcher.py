@@ -137,9 +137,9 @@ def serve(home: str, idle_exit: float = IDLE_EXIT) -> int:
                 importlib.import_module(name.strip())
             except Exception:
                 pass
-    from . import worker  # preload the supervisor and job runner
+    from . import jobproc, worker  # noqa: F401  (preload the supervisor and job runner)
 
-    worker._libc()
+    jobproc.libc()
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped automatically
     last = time.monotonic()

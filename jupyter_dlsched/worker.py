@@ -1,8 +1,8 @@
-"""The supervisor of one job, and the job process it starts.
+"""The supervisor of one job.
 
 A supervisor runs in its own session (so it outlives the kernel), claims the
-job in the ledger, forks the job process with its devices, cores and
-environment set, streams output to ``spool/<id>/log``, renews the lease,
+job in the ledger, forks the job process(es) (``jobproc.py``) with their
+devices, cores and environment set, streams output to ``spool/<id>/log``, renews the lease,
 enforces time limit, memory limit, cancellation and preemption, records how
 the job ended, and then ticks the scheduler once so the queue keeps draining
 with no kernel or server alive.
@@ -13,12 +13,10 @@ with no kernel or server alive.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import select
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -29,12 +27,12 @@ from typing import Any
 import psutil
 
 from .errors import IllegalTransition, JobNotFound
+from .jobproc import cores_for, job_environment, start_ranks
 from .runtime import STOP_FILE
 from .settings import Settings
 from .store import JobInfo, Store
 from .units import format_size
 
-PR_SET_PDEATHSIG = 1
 POLL_SECONDS = 0.2
 MEMORY_CHECK_SECONDS = 0.5
 
@@ -65,8 +63,8 @@ def supervise(home: str | os.PathLike[str], job_id: str) -> int:
     if payload is None:
         payload = b'{"argv": ["false"]}' if job.kind == "command" else b""
     env = job_environment(job, store, context)
-    cores = _cores(job, store)
-    pids = _start_ranks(folder, job, env, context, payload, cores, log_fd)
+    cores = cores_for(job, store)
+    pids = start_ranks(folder, job, env, context, payload, cores, log_fd)
     os.close(log_fd)
     store.update(job_id, job_pid=pids[0])
     outcome = _monitor(store, job, pids, settings, folder)
@@ -74,221 +72,6 @@ def supervise(home: str | os.PathLike[str], job_id: str) -> int:
     store.close()
     _tick_after(home)
     return 0
-
-
-def job_environment(job: JobInfo, store: Store, context: dict[str, Any]) -> dict[str, str]:
-    """The environment a job process sees: the submitter's, plus its grant."""
-    env = dict(context.get("env") or os.environ)
-    env.update(job.env)
-    placement = job.placement
-    devices = list(placement.gpus) if placement else []
-    env["DLSCHED_JOB_ID"] = job.id
-    env["DLSCHED_HOME"] = str(store.home)
-    env["DLSCHED_DEVICES"] = ",".join(map(str, devices))
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # NVML's order, the one devices are numbered in
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
-    if placement and placement.shared:
-        env["DLSCHED_GPU_MEM"] = ",".join(map(str, placement.gpu_mem))
-    else:
-        env.pop("DLSCHED_GPU_MEM", None)
-    threads = str(max(1, int(job.cpus)))
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        env[name] = threads
-    return env
-
-
-def _cores(job: JobInfo, store: Store) -> set[int]:
-    if not job.placement or not job.placement.cpus:
-        return set()
-    inventory = store.get_meta("inventory", {}) or {}
-    cores = inventory.get("cores") or []
-    mapped = {cores[i] if i < len(cores) else i for i in job.placement.cpus}
-    try:
-        usable = os.sched_getaffinity(0)
-    except AttributeError:
-        return set()
-    return mapped & usable
-
-
-_LIBC: list[ctypes.CDLL] = []
-
-
-def _libc() -> ctypes.CDLL:
-    """The C library, loaded once (in the launcher, before it forks)."""
-    if not _LIBC:
-        _LIBC.append(ctypes.CDLL(None))
-    return _LIBC[0]
-
-
-def world_size(job: JobInfo) -> int:
-    """Processes a job runs: one per granted GPU (or whole CPU) when distributed, else one."""
-    if not job.distributed:
-        return 1
-    return len(job.devices) or max(1, int(job.cpus))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _start_ranks(
-    folder: Path,
-    job: JobInfo,
-    env: dict[str, str],
-    context: dict[str, Any],
-    payload: bytes,
-    cores: set[int],
-    log_fd: int,
-) -> list[int]:
-    """Fork the job's process(es), all in one process group led by rank 0."""
-    world = world_size(job)
-    if job.distributed:
-        env = {
-            **env,
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
-        }
-    supervisor = os.getpid()
-    pids: list[int] = []
-    for rank in range(world):
-        rank_env = env
-        if job.distributed:
-            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0"}
-        pgid = pids[0] if pids else 0
-        pid = os.fork()
-        if pid == 0:
-            _run_job(folder, job, rank_env, context, payload, cores, log_fd, supervisor, pgid, rank)
-        try:
-            os.setpgid(pid, pgid or pid)  # also done by the child: whichever runs first wins
-        except OSError:
-            pass
-        pids.append(pid)
-    return pids
-
-
-def _run_job(
-    folder: Path,
-    job: JobInfo,
-    env: dict[str, str],
-    context: dict[str, Any],
-    payload: bytes,
-    cores: set[int],
-    log_fd: int,
-    supervisor: int,
-    pgid: int = 0,
-    rank: int = 0,
-) -> None:
-    """A job process (rank ``rank`` of a distributed job): never returns."""
-    code = 1
-    try:
-        try:
-            os.setpgid(0, pgid)
-        except OSError:
-            pass
-        try:
-            _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() != supervisor:
-            os._exit(1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.close(log_fd)
-        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
-        cwd = context.get("cwd")
-        if cwd and os.path.isdir(cwd):
-            os.chdir(cwd)
-        if cores:
-            os.sched_setaffinity(0, cores)
-        os.environ.clear()
-        os.environ.update(env)
-        if job.kind == "command":
-            argv = json.loads(payload)["argv"]
-            try:
-                os.execvpe(argv[0], argv, env)
-            except OSError as error:
-                print(f"[dlsched] cannot run {argv[0]!r}: {error}", file=sys.stderr)
-                os._exit(127)
-        for entry in reversed(context.get("sys_path") or []):
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
-        code = _run_python(folder, payload, rank)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-
-
-def _run_python(folder: Path, data: bytes, rank: int = 0) -> int:
-    import cloudpickle
-
-    try:
-        payload = cloudpickle.loads(data)
-        runner = payload.get("runner")
-        if runner is not None:
-            result = runner(payload)
-        else:
-            # ``map`` pickles the function once for all its jobs
-            fn = (
-                cloudpickle.loads(payload["fn_pickle"])["fn"]
-                if "fn_pickle" in payload
-                else payload["fn"]
-            )
-            result = fn(*payload.get("args", ()), **payload.get("kwargs", {}))
-    except SystemExit as stop:
-        if stop.code in (0, None):
-            result = None
-        else:
-            _write_error(folder, stop, rank)
-            return stop.code if isinstance(stop.code, int) else 1
-    except BaseException as error:
-        _write_error(folder, error, rank)
-        return 1
-    if rank != 0:
-        return 0  # a distributed job's result is rank 0's
-    try:
-        data = cloudpickle.dumps(result)
-    except Exception as error:
-        wrapped = TypeError(f"the job's result could not be pickled: {error}")
-        _write_error(folder, wrapped, rank)
-        return 1
-    tmp = folder / "result.pkl.tmp"
-    tmp.write_bytes(data)
-    tmp.rename(folder / "result.pkl")
-    return 0
-
-
-def _write_error(folder: Path, error: BaseException, rank: int = 0) -> None:
-    """Record the job's exception; with several ranks the first failing rank's is kept."""
-    import cloudpickle
-
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    sys.stderr.write(text)
-    message = str(error) if rank == 0 else f"rank {rank}: {error}"
-    info = {"type": type(error).__name__, "message": message, "traceback": text, "rank": rank}
-    try:
-        fd = os.open(folder / "error.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(info))
-    try:
-        (folder / "error.pkl").write_bytes(cloudpickle.dumps(error))
-    except Exception:
-        pass
 
 
 @dataclass

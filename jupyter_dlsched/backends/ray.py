@@ -40,13 +40,13 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from ..jobproc import world_size
 from ..pool import GpuInfo, PoolInfo
 from ..resources import Placement
 from ..runtime import STOP_FILE
 from ..settings import Settings
 from ..store import JobInfo
 from ..units import format_size, parse_size
-from ..worker import world_size
 from .base import Backend
 from .ray_monitor import RayMonitor, Run, ray_module
 from .ray_task import run_task

@@ -1,0 +1,232 @@
+"""The ledger's schema: job states and their state machine, the tables, and ``JobInfo``.
+
+Pure definitions; ``store.py`` does the reading and writing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .resources import Placement, Request
+
+SCHEMA_VERSION = 1
+ACTIVE = ("queued", "running", "preempted")
+WAITING = ("queued", "preempted")
+TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
+STATES = ACTIVE + TERMINAL
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "queued": frozenset({"running", "cancelled", "failed"}),
+    # running -> queued is a retry after a failure or a lost lease
+    "running": frozenset(
+        {"succeeded", "failed", "cancelled", "timeout", "lost", "preempted", "queued"}
+    ),
+    "preempted": frozenset({"running", "cancelled", "failed"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+    "timeout": frozenset(),
+    "lost": frozenset(),
+}
+_ID = re.compile(r"^[a-z0-9]{4,16}$")
+_ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
+
+MIGRATIONS: list[str] = [
+    # version 1
+    """
+    CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE jobs(
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        uid INTEGER NOT NULL,
+        origin TEXT NOT NULL DEFAULT '',
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        priority INTEGER NOT NULL,
+        gpus REAL NOT NULL,
+        gpu_mem INTEGER,
+        cpus REAL NOT NULL,
+        mem INTEGER NOT NULL,
+        deadline REAL,
+        time_limit REAL,
+        retries INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        preemptible INTEGER NOT NULL DEFAULT 0,
+        preemptions INTEGER NOT NULL DEFAULT 0,
+        distributed INTEGER NOT NULL DEFAULT 0,
+        after TEXT NOT NULL DEFAULT '[]',
+        backend TEXT NOT NULL DEFAULT 'local',
+        submitted REAL NOT NULL,
+        started REAL,
+        finished REAL,
+        placement TEXT,
+        host TEXT,
+        supervisor_pid INTEGER,
+        job_pid INTEGER,
+        lease_expires REAL,
+        exit_code INTEGER,
+        term_signal INTEGER,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        preempt_requested INTEGER NOT NULL DEFAULT 0,
+        progress TEXT,
+        attained REAL NOT NULL DEFAULT 0,
+        waiting TEXT,
+        position INTEGER,
+        env TEXT NOT NULL DEFAULT '{}',
+        inline INTEGER NOT NULL DEFAULT 0,
+        files TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE blobs(hash TEXT PRIMARY KEY, data BLOB NOT NULL);
+    CREATE INDEX jobs_state ON jobs(state);
+    CREATE INDEX jobs_owner ON jobs(owner);
+    CREATE TABLE events(
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id TEXT NOT NULL,
+        time REAL NOT NULL,
+        from_state TEXT,
+        to_state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        data TEXT
+    );
+    CREATE INDEX events_job ON events(job_id);
+    CREATE TABLE samples(
+        time REAL NOT NULL,
+        source TEXT NOT NULL,
+        util REAL,
+        mem_used INTEGER,
+        mem_total INTEGER,
+        data TEXT
+    );
+    CREATE INDEX samples_time ON samples(time);
+    """,
+]
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One row of the ledger: what a job asked for, where it is, what happened.
+
+    >>> info = dls.jobs()[0]  # doctest: +SKIP
+    >>> info.state, info.devices  # doctest: +SKIP
+    ('running', [0])
+    """
+
+    seq: int
+    id: str
+    name: str
+    kind: str
+    owner: str
+    uid: int
+    origin: str
+    state: str
+    reason: str
+    priority: int
+    gpus: float
+    gpu_mem: int | None
+    cpus: float
+    mem: int
+    deadline: float | None
+    time_limit: float | None
+    retries: int
+    attempts: int
+    preemptible: bool
+    preemptions: int
+    distributed: bool
+    after: tuple[str, ...]
+    backend: str
+    submitted: float
+    started: float | None
+    finished: float | None
+    placement: Placement | None
+    host: str | None
+    supervisor_pid: int | None
+    job_pid: int | None
+    lease_expires: float | None
+    exit_code: int | None
+    term_signal: int | None
+    cancel_requested: bool
+    preempt_requested: bool
+    progress: dict[str, Any] | None
+    attained: float
+    waiting: str | None
+    position: int | None
+    env: dict[str, str]
+    inline: bool
+
+    @property
+    def request(self) -> Request:
+        return Request(self.gpus, self.gpu_mem, self.cpus, self.mem)
+
+    @property
+    def devices(self) -> list[int]:
+        return list(self.placement.gpus) if self.placement else []
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form used by the REST API, the CLI's ``--json`` and the widgets."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "owner": self.owner,
+            "origin": self.origin,
+            "kind": self.kind,
+            "state": self.state,
+            "reason": self.reason,
+            "priority": self.priority,
+            "request": {
+                "gpus": self.gpus,
+                "gpu_mem": self.gpu_mem,
+                "cpus": self.cpus,
+                "mem": self.mem,
+                "text": self.request.describe(),
+            },
+            "devices": self.devices,
+            "gpu_mem_granted": list(self.placement.gpu_mem) if self.placement else [],
+            "submitted": self.submitted,
+            "started": self.started,
+            "finished": self.finished,
+            "deadline": self.deadline,
+            "time_limit": self.time_limit,
+            "attempts": self.attempts,
+            "retries": self.retries,
+            "preemptible": self.preemptible,
+            "preemptions": self.preemptions,
+            "after": list(self.after),
+            "progress": self.progress,
+            "exit_code": self.exit_code,
+            "position": self.position,
+            "waiting": self.waiting,
+            "backend": self.backend,
+            "inline": self.inline,
+        }
+
+
+_JOB_COLUMNS = [f.name for f in fields(JobInfo)]
+_BOOL_COLUMNS = {"preemptible", "distributed", "cancel_requested", "preempt_requested", "inline"}
+
+
+def _row_to_info(row: sqlite3.Row) -> JobInfo:
+    values: dict[str, Any] = {}
+    for name in _JOB_COLUMNS:
+        value = row[name]
+        if name in _BOOL_COLUMNS:
+            value = bool(value)
+        elif name == "after":
+            value = tuple(json.loads(value))
+        elif name == "placement":
+            value = Placement.from_json(json.loads(value)) if value else None
+        elif name == "progress":
+            value = json.loads(value) if value else None
+        elif name == "env":
+            value = json.loads(value) if value else {}
+        values[name] = value
+    return JobInfo(**values)
