@@ -91,6 +91,8 @@ class JobHandle(concurrent.futures.Future):
     def wait(self, timeout: float | None = None) -> JobInfo:
         """Block until the job has finished (or ``timeout`` seconds); returns its row."""
         self._scheduler._watch(self)
+        if not super().done():
+            self._check()  # the ledger may already say it ended before the loop noticed
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._condition:
             while not super().done():

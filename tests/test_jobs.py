@@ -422,3 +422,13 @@ def test_reading_the_pool_twice_does_not_count_grants_twice(sched):
     used = [sched.pool().gpus[handle.devices[0]].mem_used for _ in range(3)]
     assert used == [16 * 2**30] * 3
     handle.result(timeout=30)
+
+
+def test_result_without_waiting_reads_a_finished_job_from_the_ledger(home):
+    with Scheduler(home, loop=False) as s:
+        handle = s.submit(add, 2, 3, cpus=0.5)
+        # nobody resolves this future in the background: only the ledger knows it ended
+        deadline = time.time() + 30
+        while s.info(handle.id).state != "succeeded" and time.time() < deadline:
+            time.sleep(0.05)
+        assert handle.result(timeout=0) == 5
