@@ -21,36 +21,8 @@ from typing import Any
 
 from .errors import DlschedError
 from .scheduler import Scheduler
-from .store import ACTIVE, JobInfo
-from .units import format_duration
-
-STATE_WORDS = {
-    "queued": "queued",
-    "running": "running",
-    "succeeded": "done",
-    "failed": "failed",
-    "lost": "failed",
-    "timeout": "failed",
-    "cancelled": "cancelled",
-    "preempted": "preempted",
-}
-
-
-def describe_state(job: JobInfo, now: float | None = None) -> str:
-    """The words UI.md uses for a job's state: ``"running · 12m 04s"``."""
-    now = time.time() if now is None else now
-    if job.state == "queued":
-        where = f" · #{job.position} in line" if job.position else ""
-        return f"queued{where}" + (f" · {job.waiting}" if job.waiting else "")
-    if job.state == "running":
-        return f"running · {format_duration(now - (job.started or now))}"
-    if job.state == "succeeded":
-        return f"done · {format_duration((job.finished or now) - (job.started or now))}"
-    if job.state in ("failed", "lost", "timeout"):
-        return f"failed: {job.reason or job.state}"
-    if job.state == "preempted":
-        return "preempted · requeued"
-    return job.state
+from .store import ACTIVE
+from .words import state_words
 
 
 def _scheduler(args: argparse.Namespace) -> Scheduler:
@@ -108,7 +80,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 str(j.priority),
                 j.request.describe(),
                 devices,
-                describe_state(j),
+                state_words(j),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -151,7 +123,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(info.to_json())
     else:
-        print(info.id if not args.wait else f"{info.id} {describe_state(info)}")
+        print(info.id if not args.wait else f"{info.id} {state_words(info)}")
     return 0 if not args.wait or info.state == "succeeded" else 1
 
 
