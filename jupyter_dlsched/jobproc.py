@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from .runtime import run_payload
 from .store import JobInfo, Store
 
 PR_SET_PDEATHSIG = 1
@@ -182,18 +183,7 @@ def _run_python(folder: Path, data: bytes, rank: int = 0) -> int:
     import cloudpickle
 
     try:
-        payload = cloudpickle.loads(data)
-        runner = payload.get("runner")
-        if runner is not None:
-            result = runner(payload)
-        else:
-            # ``map`` pickles the function once for all its jobs
-            fn = (
-                cloudpickle.loads(payload["fn_pickle"])["fn"]
-                if "fn_pickle" in payload
-                else payload["fn"]
-            )
-            result = fn(*payload.get("args", ()), **payload.get("kwargs", {}))
+        result = run_payload(data)
     except SystemExit as stop:
         if stop.code in (0, None):
             result = None

@@ -60,6 +60,23 @@ def _store(home: str) -> Any:
         return store
 
 
+def run_payload(data: bytes) -> Any:
+    """Unpickle what a job runs and run it: ``runner(payload)`` or ``fn(*args, **kwargs)``.
+
+    Used by every backend's job process; exceptions propagate to the caller.
+    """
+    import cloudpickle
+
+    payload = cloudpickle.loads(data)
+    runner = payload.get("runner")
+    if runner is not None:
+        return runner(payload)
+    # ``map`` pickles the function once for all its jobs
+    packed = payload.get("fn_pickle")
+    fn = cloudpickle.loads(packed)["fn"] if packed is not None else payload["fn"]
+    return fn(*payload.get("args", ()), **payload.get("kwargs", {}))
+
+
 def progress(done: float, total: float | None = None, **metrics: float) -> None:
     """Report progress from inside a job; shown in the queue, widgets and sidebar.
 

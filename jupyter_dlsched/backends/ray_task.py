@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..runtime import run_payload
+
 TASK_FLUSH_SECONDS = 0.2
 PR_SET_PDEATHSIG = 1
 
@@ -136,18 +138,7 @@ class _PythonJob:
         import cloudpickle
 
         try:
-            payload = cloudpickle.loads(self._payload)
-            runner = payload.get("runner")
-            if runner is not None:
-                result = runner(payload)
-            else:
-                # ``map`` pickles the function once for all its jobs
-                fn = (
-                    cloudpickle.loads(payload["fn_pickle"])["fn"]
-                    if "fn_pickle" in payload
-                    else payload["fn"]
-                )
-                result = fn(*payload.get("args", ()), **payload.get("kwargs", {}))
+            result = run_payload(self._payload)
         except SystemExit as stop:
             if stop.code not in (0, None):
                 code = stop.code if isinstance(stop.code, int) else 1
