@@ -20,7 +20,17 @@ class SpecError(DlschedError, ValueError):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field}={value!r} is invalid: expected {allowed}")
+        shown = _short_repr(value)
+        super().__init__(f"{field}={shown} is invalid: expected {allowed}")
+
+
+def _short_repr(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a huge bad input makes a short message."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class JobNotFound(DlschedError, KeyError):

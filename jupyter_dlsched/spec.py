@@ -6,7 +6,9 @@ Every bad input raises ``SpecError`` naming the field, the value and what is all
 from __future__ import annotations
 
 import math
+import re
 import time
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,27 +22,66 @@ from .resources import Capacity, Request
 from .units import parse_duration, parse_size
 
 PRIORITY_NAMES = {"low": 0, "normal": 50, "high": 100, "urgent": 1000}
-PRIORITY_HELP = "an integer or one of low=0, normal=50, high=100, urgent=1000"
+#: Priorities, retries, shares and times are bounded so that every accepted request means
+#: something and fits the ledger's 64-bit integers; each bound is stated in its error.
+MAX_PRIORITY = 10**9
+PRIORITY_HELP = (
+    f"an integer from {-MAX_PRIORITY:,} to {MAX_PRIORITY:,} "
+    "or one of low=0, normal=50, high=100, urgent=1000"
+)
+MAX_RETRIES = 100
+MAX_GPUS = 4096
+MAX_CPUS = 65536
+#: The smallest share of a GPU (``gpus``) or of a core (``cpus``) one job may ask for.
+MIN_SHARE = 1 / 64
+MIN_GPU_MEM = 64 * 2**20
+MAX_TIME_LIMIT = 365 * 86400.0
+#: A deadline more than this far from now (either way) is a mistake, not a plan.
+DEADLINE_RANGE = 10 * 365 * 86400.0
+MAX_NAME = 200
 KINDS = ("function", "cell", "command")
+#: What a job id looks like (the ledger's ids are 8 letters and digits; 32 leaves room).
+_JOB_ID = re.compile(r"^[A-Za-z0-9]{1,32}$")
 
 
 def parse_priority(value: object) -> int:
     """``parse_priority("high") == 100``; integers pass through."""
     if isinstance(value, bool):
         raise SpecError("priority", value, PRIORITY_HELP)
+    number: int | None = None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str):
         key = value.strip().lower()
         if key in PRIORITY_NAMES:
             return PRIORITY_NAMES[key]
-        try:
-            return int(key)
-        except ValueError:
-            pass
-    raise SpecError("priority", value, PRIORITY_HELP)
+        if len(key) <= 20:  # int() of a long digit string is slow, and out of range anyway
+            try:
+                number = int(key)
+            except ValueError:
+                pass
+    if number is None or not -MAX_PRIORITY <= number <= MAX_PRIORITY:
+        raise SpecError("priority", value, PRIORITY_HELP)
+    return number
+
+
+def check_text(value: object, field: str, *, max_len: int = MAX_NAME) -> str:
+    """A name or label the ledger and every view can show: printable, UTF-8, bounded.
+
+    >>> check_text("resnet-lr3", "name")
+    'resnet-lr3'
+    """
+    allowed = (
+        f"a non-empty string of at most {max_len} characters "
+        "without control characters (newlines, NUL, ...)"
+    )
+    if not isinstance(value, str) or not value.strip() or len(value) > max_len:
+        raise SpecError(field, value, allowed)
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+        raise SpecError(field, value, allowed)
+    return value.strip()
 
 
 @dataclass(frozen=True)
@@ -93,19 +134,16 @@ def build_spec(
             field_name = "gpu_mem" if gpu_mem is not None else "gpus"
         value = {"gpus": gpus, "gpu_mem": gpu_mem, "cpus": cpus, "mem": mem}[field_name]
         raise SpecError(field_name, value, f"a request this pool can satisfy ({never})")
-    if name is None:
-        name = default_name
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise SpecError("name", name, "a non-empty string of at most 200 characters")
-    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        raise SpecError("retries", retries, "a whole number >= 0")
+    name = check_text(default_name if name is None else name, "name")
+    if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= MAX_RETRIES:
+        raise SpecError("retries", retries, f"a whole number from 0 to {MAX_RETRIES}")
     for flag_name, flag in (("preemptible", preemptible), ("distributed", distributed)):
         if not isinstance(flag, bool):
             raise SpecError(flag_name, flag, "True or False")
     if distributed and request.shared:
         raise SpecError("distributed", distributed, "whole GPUs (gpus >= 1) or a CPU job")
     return JobSpec(
-        name=name.strip(),
+        name=name,
         kind=kind,
         request=request,
         priority=parse_priority(priority),
@@ -115,19 +153,20 @@ def build_spec(
         preemptible=bool(preemptible),
         after=_after(after),
         distributed=bool(distributed),
-        origin=origin,
-        env=dict(env or {}),
+        origin=_printable(origin),
+        env=_env(env),
     )
 
 
 def _request(gpus: object, gpu_mem: object, cpus: object, mem: object, cap: Capacity) -> Request:
     mem_bytes = 0 if mem is None else parse_size(mem, "mem")
     gpu_mem_bytes = None if gpu_mem is None else parse_size(gpu_mem, "gpu_mem")
-    if gpu_mem_bytes is not None and gpu_mem_bytes <= 0:
-        raise SpecError("gpu_mem", gpu_mem, "a size above zero")
-    cpu_count = _number(cpus, "cpus", "a number of CPU cores > 0 (fractions share a core)")
-    if cpu_count <= 0:
-        raise SpecError("cpus", cpus, "a number of CPU cores > 0 (fractions share a core)")
+    if gpu_mem_bytes is not None and gpu_mem_bytes < MIN_GPU_MEM:
+        raise SpecError("gpu_mem", gpu_mem, "a size of at least 64 MiB")
+    cpus_allowed = f"a number of CPU cores from 1/64 to {MAX_CPUS} (fractions share a core)"
+    cpu_count = _number(cpus, "cpus", cpus_allowed)
+    if not MIN_SHARE <= cpu_count <= MAX_CPUS:
+        raise SpecError("cpus", cpus, cpus_allowed)
     if gpus is None:
         if gpu_mem_bytes is None:
             return Request(0.0, None, cpu_count, mem_bytes)
@@ -135,9 +174,14 @@ def _request(gpus: object, gpu_mem: object, cpus: object, mem: object, cap: Capa
         share = min(1.0, gpu_mem_bytes / biggest) if biggest else 0.5
         # a request for a whole card's memory is a whole GPU
         return Request(share if share < 1.0 else 1.0, gpu_mem_bytes, cpu_count, mem_bytes)
-    allowed = "a whole number of GPUs >= 0 or a fraction of one GPU in (0, 1)"
+    allowed = f"a whole number of GPUs from 0 to {MAX_GPUS} or a fraction of one GPU from 1/64 up to 1"
     count = _number(gpus, "gpus", allowed)
-    if count < 0 or (count > 1 and not float(count).is_integer()):
+    if (
+        count < 0
+        or count > MAX_GPUS
+        or (count > 1 and not count.is_integer())
+        or 0 < count < MIN_SHARE
+    ):
         raise SpecError("gpus", gpus, allowed)
     if count == 0 and gpu_mem_bytes is not None:
         raise SpecError("gpu_mem", gpu_mem, "no gpu_mem for a CPU-only job (gpus=0)")
@@ -149,7 +193,7 @@ def _number(value: object, name: str, allowed: str) -> float:
         raise SpecError(name, value, allowed)
     try:
         number = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise SpecError(name, value, allowed) from None
     if not math.isfinite(number):
         raise SpecError(name, value, allowed)
@@ -159,30 +203,39 @@ def _number(value: object, name: str, allowed: str) -> float:
 def _time_limit(value: object) -> float | None:
     if value is None:
         return None
-    seconds = parse_duration(value, "time_limit")
-    if seconds <= 0:
-        raise SpecError("time_limit", value, "a duration above zero such as '90s' or '2h'")
+    allowed = "a duration above zero and at most 365 days, such as '90s' or '2h'"
+    try:
+        seconds = parse_duration(value, "time_limit")
+    except SpecError:
+        raise SpecError("time_limit", value, allowed) from None
+    if not 0 < seconds <= MAX_TIME_LIMIT:
+        raise SpecError("time_limit", value, allowed)
     return seconds
 
 
 def _deadline(value: object, now: float) -> float | None:
-    allowed = "a datetime, an ISO date-time string, a duration from now ('2h') or epoch seconds"
+    allowed = (
+        "a datetime, an ISO date-time string, a duration from now ('2h') or epoch seconds, "
+        "within ten years of now"
+    )
     if value is None:
         return None
-    if isinstance(value, datetime):
-        return value.timestamp()
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value).timestamp()
-        except ValueError:
-            pass
-        try:
-            return now + parse_duration(value, "deadline")
-        except SpecError:
-            raise SpecError("deadline", value, allowed) from None
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    raise SpecError("deadline", value, allowed)
+    when: float | None = None
+    try:
+        if isinstance(value, datetime):
+            when = value.timestamp()
+        elif isinstance(value, str):
+            try:
+                when = datetime.fromisoformat(value).timestamp()
+            except ValueError:
+                when = now + parse_duration(value, "deadline")
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            when = float(value)
+    except (SpecError, ValueError, OverflowError, OSError):
+        when = None
+    if when is None or not math.isfinite(when) or abs(when - now) > DEADLINE_RANGE:
+        raise SpecError("deadline", value, allowed)
+    return when
 
 
 def _after(value: object) -> tuple[str, ...]:
@@ -198,10 +251,31 @@ def _after(value: object) -> tuple[str, ...]:
     ids = []
     for item in items:
         job_id = getattr(item, "id", item)
-        if not isinstance(job_id, str):
+        if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
             raise SpecError("after", item, "a job id, a JobHandle, or a list of them")
         ids.append(job_id)
     return tuple(dict.fromkeys(ids))
+
+
+def _printable(text: str) -> str:
+    """``text`` with what SQLite's UTF-8 cannot hold (lone surrogates) replaced."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _env(env: object) -> dict[str, str]:
+    """Extra environment variables for the job: names and values without NUL."""
+    if env is None:
+        return {}
+    allowed = "a dict of environment variable names to string values, without NUL"
+    if not isinstance(env, dict):
+        raise SpecError("env", env, allowed)
+    for key, value in env.items():
+        if not (isinstance(key, str) and isinstance(value, str)):
+            raise SpecError("env", env, allowed)
+        text = key + value
+        if not key or "=" in key or "\0" in text or any("\ud800" <= c <= "\udfff" for c in text):
+            raise SpecError("env", {key: value}, allowed)
+    return dict(env)
 
 
 def pickle_payload(payload: dict[str, Any]) -> bytes:

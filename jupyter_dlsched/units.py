@@ -7,7 +7,7 @@ import re
 
 from .errors import SpecError
 
-_SIZE_UNITS = {
+_SIZE_UNITS: dict[str, float] = {
     "": 1,
     "b": 1,
     "k": 1000,
@@ -27,7 +27,7 @@ _SIZE_UNITS = {
     "ti": 1024**4,
     "tib": 1024**4,
 }
-_DURATION_UNITS = {
+_DURATION_UNITS: dict[str, float] = {
     "": 1.0,
     "s": 1.0,
     "sec": 1.0,
@@ -38,8 +38,13 @@ _DURATION_UNITS = {
 }
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
-SIZE_HELP = 'a size such as "512MiB", "8GiB", "8G" or a number of bytes'
-DURATION_HELP = 'a duration such as "90s", "30m", "2h" or a number of seconds'
+#: The largest size and duration anything accepts: far beyond any machine or job, and
+#: well inside what the ledger (64-bit integers) and a float's exact integers hold.
+MAX_SIZE = 2**60  # 1 EiB
+MAX_DURATION = 100 * 365 * 86400.0  # a century
+
+SIZE_HELP = 'a size such as "512MiB", "8GiB", "8G" or a number of bytes (at most 1 EiB)'
+DURATION_HELP = 'a duration such as "90s", "30m", "2h" or a number of seconds (at most 100 years)'
 
 
 def parse_size(value: object, field: str = "size") -> int:
@@ -48,19 +53,10 @@ def parse_size(value: object, field: str = "size") -> int:
     >>> parse_size("8GiB"), parse_size("512MiB"), parse_size("8G"), parse_size(1024)
     (8589934592, 536870912, 8000000000, 1024)
     """
-    if isinstance(value, bool):
+    number = _number_with_unit(value, _SIZE_UNITS)
+    if number is None or not 0 <= number <= MAX_SIZE:
         raise SpecError(field, value, SIZE_HELP)
-    if isinstance(value, int | float):
-        if not math.isfinite(value) or value < 0:
-            raise SpecError(field, value, SIZE_HELP)
-        return int(value)
-    if isinstance(value, str):
-        match = _NUMBER_UNIT.match(value)
-        if match:
-            unit = match.group(2).lower()
-            if unit in _SIZE_UNITS:
-                return int(float(match.group(1)) * _SIZE_UNITS[unit])
-    raise SpecError(field, value, SIZE_HELP)
+    return int(number)
 
 
 def parse_duration(value: object, field: str = "duration") -> float:
@@ -69,19 +65,29 @@ def parse_duration(value: object, field: str = "duration") -> float:
     >>> parse_duration("90s"), parse_duration("30m"), parse_duration("2h"), parse_duration(5)
     (90.0, 1800.0, 7200.0, 5.0)
     """
-    if isinstance(value, bool):
+    number = _number_with_unit(value, _DURATION_UNITS)
+    if number is None or not 0 <= number <= MAX_DURATION:
         raise SpecError(field, value, DURATION_HELP)
-    if isinstance(value, int | float):
-        if not math.isfinite(value) or value < 0:
-            raise SpecError(field, value, DURATION_HELP)
-        return float(value)
+    return float(number)
+
+
+def _number_with_unit(value: object, units: dict[str, float]) -> float | None:
+    """``value`` times its unit as a finite float, or None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        # compare as an integer: float() of a huge int raises OverflowError
+        return float(value) if abs(value) <= 2**1000 else math.inf
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
     if isinstance(value, str):
         match = _NUMBER_UNIT.match(value)
         if match:
             unit = match.group(2).lower()
-            if unit in _DURATION_UNITS:
-                return float(match.group(1)) * _DURATION_UNITS[unit]
-    raise SpecError(field, value, DURATION_HELP)
+            if unit in units:
+                number = float(match.group(1)) * units[unit]
+                return number if math.isfinite(number) else None
+    return None
 
 
 def format_size(n: float | None) -> str:

@@ -88,21 +88,46 @@ def test_deadline_accepts_datetime_and_duration():
         ({"gpu_mem": "32GiB"}, "gpu_mem", "largest GPU here has 16 GiB"),
         ({"gpus": 2, "gpu_mem": "20GiB"}, "gpu_mem", "largest GPU here has 16 GiB"),
         ({"gpus": 0, "gpu_mem": "1GiB"}, "gpu_mem", "CPU-only"),
-        ({"cpus": 0}, "cpus", "CPU cores > 0"),
+        ({"cpus": 0}, "cpus", "CPU cores from 1/64"),
         ({"cpus": 64}, "cpus", "this pool has 4"),
         ({"mem": "1TiB"}, "mem", "this pool has 64 GiB"),
         ({"mem": "lots"}, "mem", "a size such as"),
         ({"priority": "asap"}, "priority", "low=0, normal=50"),
         ({"priority": True}, "priority", "an integer"),
-        ({"time_limit": "soon"}, "time_limit", "a duration such as"),
+        ({"time_limit": "soon"}, "time_limit", "a duration above zero"),
         ({"time_limit": 0}, "time_limit", "above zero"),
         ({"deadline": "whenever"}, "deadline", "a datetime"),
-        ({"retries": -2}, "retries", "whole number >= 0"),
+        ({"retries": -2}, "retries", "whole number from 0 to 100"),
         ({"preemptible": "yes"}, "preemptible", "True or False"),
         ({"name": ""}, "name", "non-empty"),
         ({"after": 42}, "after", "a job id"),
         ({"gpus": 0.5, "distributed": True}, "distributed", "whole GPUs"),
         ({"kind": "lambda"}, "kind", "function, cell, command"),
+        # bounded to what the ledger and the machine can hold
+        ({"priority": 10**30}, "priority", "from -1,000,000,000 to 1,000,000,000"),
+        ({"priority": "99999999999999999999"}, "priority", "to 1,000,000,000"),
+        ({"retries": 2**63}, "retries", "from 0 to 100"),
+        ({"mem": 10**30}, "mem", "at most 1 EiB"),
+        ({"mem": "1e400GiB"}, "mem", "at most 1 EiB"),
+        ({"gpus": 10**30}, "gpus", "from 0 to 4096"),
+        ({"gpus": 10**400}, "gpus", "from 0 to 4096"),
+        ({"gpus": 1e-7}, "gpus", "from 1/64 up to 1"),
+        ({"cpus": 1e-300}, "cpus", "from 1/64"),
+        ({"gpu_mem": 1}, "gpu_mem", "at least 64 MiB"),
+        ({"time_limit": 10**30}, "time_limit", "at most 365 days"),
+        ({"time_limit": "1e400"}, "time_limit", "at most 365 days"),
+        ({"deadline": float("inf")}, "deadline", "within ten years"),
+        ({"deadline": 9.2e18}, "deadline", "within ten years"),
+        ({"deadline": -9.2e18}, "deadline", "within ten years"),
+        ({"deadline": "9999-12-31"}, "deadline", "within ten years"),
+        ({"name": "\ud800"}, "name", "without control characters"),
+        ({"name": "a\x00b"}, "name", "without control characters"),
+        ({"name": "two\nlines"}, "name", "without control characters"),
+        ({"name": "x" * 201}, "name", "at most 200 characters"),
+        ({"after": ["\ud800"]}, "after", "a job id"),
+        ({"after": ["../../etc"]}, "after", "a job id"),
+        ({"env": {"A": "x\x00y"}}, "env", "without NUL"),
+        ({"env": {"A=B": "x"}}, "env", "environment variable names"),
     ],
 )
 def test_each_bad_input_names_field_value_and_what_is_allowed(kwargs, field, words):
@@ -112,6 +137,7 @@ def test_each_bad_input_names_field_value_and_what_is_allowed(kwargs, field, wor
     message = str(caught.value)
     assert message.startswith(f"{field}=")
     assert words in message
+    assert len(message) < 400, "a huge bad value is shown cut short"
 
 
 def test_an_unpicklable_argument_is_named():
