@@ -44,6 +44,29 @@ class JobNotFound(DlschedError, KeyError):
         return f"no job with id {self.job_id!r}; `dls.jobs()` or `dlsched queue` lists the jobs"
 
 
+class UnsafeStateFolder(DlschedError, PermissionError):
+    """A state folder, ledger or spool file that another user could write or swap.
+
+    Raised instead of using it: a result is a pickle, and unpickling runs code.
+    """
+
+    def __init__(self, path: object, why: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(
+            f"refusing to use {path}: {why}. The state folder and everything in it must "
+            "belong to you and be writable only by you (chmod 700 for folders, 600 for "
+            "files); set DLSCHED_HOME to a folder of your own"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class LedgerUnavailable(DlschedError):
+    """The ledger could not be read or written (disk full, read-only file system, ...)."""
+
+
 class IllegalTransition(DlschedError):
     """A state change the job state machine does not allow (for example succeeded -> running)."""
 

@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import runtime
+from . import private, runtime
 from .errors import IllegalTransition, JobNotFound
 from .store import JobInfo
 
@@ -96,14 +96,13 @@ class InlineRunner:
         self, info: JobInfo, to: str, why: str, value: Any, error: BaseException | None
     ) -> None:
         store = self.scheduler.store
-        folder = store.spool(info.id)
-        folder.mkdir(mode=0o700, exist_ok=True)
+        folder = store.make_spool(info.id)
         if to == "succeeded":
             self.results[info.id] = value
             try:
                 import cloudpickle
 
-                (folder / "result.pkl").write_bytes(cloudpickle.dumps(value))
+                private.write_file(folder / "result.pkl", cloudpickle.dumps(value))
             except Exception:
                 pass  # the value stays available in this process only
         elif error is not None:

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from . import private
 from .runtime import run_payload
 from .store import JobInfo, Store
 
@@ -201,9 +202,7 @@ def _run_python(folder: Path, data: bytes, rank: int = 0) -> int:
         wrapped = TypeError(f"the job's result could not be pickled: {error}")
         _write_error(folder, wrapped, rank)
         return 1
-    tmp = folder / "result.pkl.tmp"
-    tmp.write_bytes(data)
-    tmp.rename(folder / "result.pkl")
+    private.write_file(folder / "result.pkl", data)
     return 0
 
 
@@ -222,6 +221,6 @@ def _write_error(folder: Path, error: BaseException, rank: int = 0) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(info))
     try:
-        (folder / "error.pkl").write_bytes(cloudpickle.dumps(error))
+        private.write_file(folder / "error.pkl", cloudpickle.dumps(error))
     except Exception:
         pass

@@ -614,17 +614,17 @@ class Scheduler:
         info = self.store.get(job_id)
         if info.kind == "command":
             return info.exit_code
-        path = self.store.spool(job_id) / "result.pkl"
-        return cloudpickle.loads(path.read_bytes())
+        data = self.store.read_spool_file(job_id, "result.pkl")
+        if data is None:
+            raise FileNotFoundError(self.store.spool(job_id) / "result.pkl")
+        return cloudpickle.loads(data)
 
     def _job_exception(self, info: JobInfo) -> BaseException:
         if info.id in self._inline.errors:
             return self._inline.errors[info.id]
-        folder = self.store.spool(info.id)
-        error_json = folder / "error.json"
-        error_pickle = folder / "error.pkl"
+        error_json = self.store.read_spool_file(info.id, "error.json")
         return job_exception(
             info,
-            error_json.read_text() if error_json.exists() else None,
-            error_pickle.read_bytes() if error_pickle.exists() else None,
+            error_json.decode("utf-8", "replace") if error_json is not None else None,
+            self.store.read_spool_file(info.id, "error.pkl"),
         )

@@ -174,7 +174,9 @@ def _request(gpus: object, gpu_mem: object, cpus: object, mem: object, cap: Capa
         share = min(1.0, gpu_mem_bytes / biggest) if biggest else 0.5
         # a request for a whole card's memory is a whole GPU
         return Request(share if share < 1.0 else 1.0, gpu_mem_bytes, cpu_count, mem_bytes)
-    allowed = f"a whole number of GPUs from 0 to {MAX_GPUS} or a fraction of one GPU from 1/64 up to 1"
+    allowed = (
+        f"a whole number of GPUs from 0 to {MAX_GPUS} or a fraction of one GPU from 1/64 up to 1"
+    )
     count = _number(gpus, "gpus", allowed)
     if (
         count < 0

@@ -3,8 +3,8 @@
 Every state change is one short ``BEGIN IMMEDIATE`` transaction through the
 state machine in ``schema.TRANSITIONS``; each is recorded in ``events``. What
 a job runs is stored with its row (content-addressed ``blobs``); logs and
-results live in ``spool/<job-id>/``. The folder is private to the user (mode
-0700).
+results live in ``spool/<job-id>/``. The folder is private to the user: see
+``private`` for what is checked before anything in it is trusted.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from . import private
 from .errors import IllegalTransition, JobNotFound
 from .resources import Placement
 from .schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
@@ -62,11 +63,14 @@ class Store:
 
     def __init__(self, home: str | os.PathLike[str] | None = None) -> None:
         self.home = Path(home).expanduser() if home is not None else default_home()
-        self.home.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.home, 0o700)
-        self.spool_root = self.home / "spool"
-        self.spool_root.mkdir(mode=0o700, exist_ok=True)
+        private.secure_folder(self.home)
+        self.spool_root = private.private_subfolder(self.home / "spool")
         self.path = self.home / "ledger.sqlite"
+        for suffix in ("", "-wal", "-shm"):
+            # SQLite gives its -wal and -shm files the ledger's own mode (0600)
+            path = self.path.with_name(self.path.name + suffix)
+            if suffix == "" or os.path.lexists(path):
+                private.create_private(path)
         self._local = threading.local()
         self._migrate()
 
@@ -159,6 +163,15 @@ class Store:
         if not isinstance(job_id, str) or not _ID.match(job_id):
             raise JobNotFound(job_id)
         return self.spool_root / job_id
+
+    def make_spool(self, job_id: str) -> Path:
+        """Create the job's folder (0700, ours, not a link) before a run writes into it."""
+        return private.private_subfolder(self.spool(job_id))
+
+    def read_spool_file(self, job_id: str, name: str) -> bytes | None:
+        """A file the job's run left (``result.pkl``, ``error.json``), checked before trusting it:
+        a regular file of ours, not a link, that no other user can write."""
+        return private.read_file(self.spool(job_id) / name)
 
     def new_id(self) -> str:
         """Eight characters from a 32-letter alphabet without look-alikes (40 random bits)."""

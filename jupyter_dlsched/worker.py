@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from . import private
 from .errors import IllegalTransition, JobNotFound
 from .jobproc import cores_for, job_environment, start_ranks
 from .runtime import STOP_FILE
@@ -51,11 +52,10 @@ def supervise(home: str | os.PathLike[str], job_id: str) -> int:
     if claimed is None:
         return 0
     job = claimed
-    folder = store.spool(job_id)
-    folder.mkdir(mode=0o700, exist_ok=True)
+    folder = store.make_spool(job_id)
     for stale in ("result.pkl", "error.json", "error.pkl", STOP_FILE):
         (folder / stale).unlink(missing_ok=True)
-    log_fd = os.open(folder / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log_fd = private.open_append(folder / "log")
     if job.attempts > 1:
         os.write(log_fd, f"[dlsched] attempt {job.attempts}\n".encode())
     context = json.loads(store.read_file(job_id, "context.json") or b"{}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,3 +37,51 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # a launcher a test could not stop (a supervisor started one after the test) exits soon
     os.environ.setdefault("DLSCHED_LAUNCHER_IDLE", "20")
+
+
+class OtherUser:
+    """A real second Unix user; ``run`` executes Python as that user (system interpreter)."""
+
+    def __init__(self, name: str) -> None:
+        import pwd
+
+        entry = pwd.getpwnam(name)
+        self.name, self.uid, self.gid = name, entry.pw_uid, entry.pw_gid
+
+    def run(self, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={self.uid}",
+                f"--regid={self.gid}",
+                "--init-groups",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                script,
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+        )
+
+
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[OtherUser]:
+    """A second Unix user for attacks across users (created with useradd; needs root)."""
+    import shutil
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second Unix user (CI runs as root)")
+    if shutil.which("useradd") is None or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs useradd and /usr/bin/python3 to act as a second Unix user")
+    name = f"dlsb{os.getpid()}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+    try:
+        yield OtherUser(name)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+        subprocess.run(["userdel", name], check=False)

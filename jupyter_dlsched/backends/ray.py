@@ -40,6 +40,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from .. import private
 from ..jobproc import world_size
 from ..pool import GpuInfo, PoolInfo
 from ..resources import Placement
@@ -189,11 +190,10 @@ class RayBackend(Backend):
         if claimed is None:
             return  # another participant launched it, or it is no longer running
         job = claimed
-        folder = store.spool(job.id)
-        folder.mkdir(mode=0o700, exist_ok=True)
+        folder = store.make_spool(job.id)
         for stale in ("result.pkl", "error.json", "error.pkl", STOP_FILE):
             (folder / stale).unlink(missing_ok=True)
-        run = Run(job, folder, open(folder / "log", "ab", buffering=0))
+        run = Run(job, folder, open(private.open_append(folder / "log"), "ab", buffering=0))
         if job.attempts > 1:
             run.log.write(f"[dlsched] attempt {job.attempts}\n".encode())
         try:

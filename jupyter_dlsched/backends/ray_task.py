@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import private
 from ..runtime import run_payload
 
 TASK_FLUSH_SECONDS = 0.2
@@ -37,9 +38,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.rename(path)
+    private.write_file(path, data)
 
 
 def run_task(task: dict[str, Any]) -> Iterator[tuple[Any, ...]]:

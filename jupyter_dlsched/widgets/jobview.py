@@ -54,9 +54,9 @@ def read_log_tail(handle: JobHandle, lines: int = LOG_TAIL_LINES) -> str:
 
 def remote_traceback(handle: JobHandle) -> str:
     """The traceback the job process recorded, or ''."""
-    path = handle._scheduler.store.spool(handle.id) / "error.json"
     try:
-        return str(json.loads(path.read_text()).get("traceback") or "")
+        data = handle._scheduler.store.read_spool_file(handle.id, "error.json")
+        return str(json.loads(data or b"{}").get("traceback") or "")
     except (OSError, ValueError):
         return ""
 

@@ -1,0 +1,154 @@
+"""Files only their owner can touch: the state folder, the ledger, and what jobs leave behind.
+
+A job's result is a pickle, and unpickling runs code. So whatever the
+scheduler reads back must be something no other user could have written or
+swapped: the state folder and every folder above it belong to the user (or
+root) and are not writable by others (the rule OpenSSH applies to ``~/.ssh``
+and slurmctld to its state); folders are 0700, files 0600, and spool files are
+opened without following symbolic links. A folder that breaks the rule is
+refused with ``UnsafeStateFolder``, never silently repaired: changing the mode
+of another user's folder would hide the problem, not solve it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from .errors import UnsafeStateFolder
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _why_unsafe(st: os.stat_result, *, ancestor: bool) -> str | None:
+    """What is wrong with a folder's owner or mode, or None when it is safe to trust."""
+    me = os.geteuid()
+    if ancestor:
+        if st.st_uid not in (0, me):
+            return f"it belongs to uid {st.st_uid}, who could replace what is inside"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return "other users can write to it (and it has no sticky bit)"
+        return None
+    if st.st_uid != me:
+        return f"it belongs to uid {st.st_uid}, not to you (uid {me})"
+    if st.st_mode & 0o022:
+        return f"other users can write to it (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def secure_folder(path: Path) -> Path:
+    """Create ``path`` (0700) if missing, then check it and every folder above it.
+
+    Returns the resolved path. Raises ``UnsafeStateFolder`` when the folder or one
+    above it belongs to another user or is writable by others; a folder of the
+    user's own that others can merely read is tightened to 0700.
+    """
+    path = Path(path).expanduser()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except PermissionError as error:
+        raise UnsafeStateFolder(path, f"it cannot be created ({error.strerror})") from None
+    real = Path(os.path.realpath(path))
+    st = os.stat(real)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeStateFolder(path, "it is not a folder")
+    why = _why_unsafe(st, ancestor=False)
+    if why:
+        raise UnsafeStateFolder(path, why)
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(real, 0o700)
+    for parent in real.parents:
+        why = _why_unsafe(os.stat(parent), ancestor=True)
+        if why:
+            raise UnsafeStateFolder(path, f"the folder above it, {parent}, is unsafe: {why}")
+    return real
+
+
+def private_subfolder(path: Path) -> Path:
+    """A folder inside a checked one (``spool``, ``spool/<id>``): 0700, ours, not a link."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeStateFolder(path, "it is not a folder (a symbolic link or a file)")
+    why = _why_unsafe(st, ancestor=False)
+    if why:
+        raise UnsafeStateFolder(path, why)
+    return path
+
+
+def check_file(path: Path, st: os.stat_result) -> None:
+    """A file we are about to trust: a regular file of ours that others cannot write."""
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeStateFolder(path, "it is not a regular file")
+    why = _why_unsafe(st, ancestor=False)
+    if why:
+        raise UnsafeStateFolder(path, why)
+
+
+def read_file(path: Path) -> bytes | None:
+    """The bytes of a spool file written by the user's own job, or None when it is missing.
+
+    Opened without following a symbolic link, and checked after opening (no gap
+    between the check and the read).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnsafeStateFolder(path, "it is a symbolic link") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        check_file(path, os.fstat(f.fileno()))
+        return f.read()
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write ``path`` atomically as a 0600 file (a fresh temporary file, then a rename)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def open_append(path: Path) -> int:
+    """A file descriptor appending to ``path`` (created 0600), refusing a link or a stranger's."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _CLOEXEC, 0o600)
+    try:
+        check_file(path, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def create_private(path: Path) -> None:
+    """Make sure ``path`` exists as our own 0600 file (the ledger, before SQLite opens it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnsafeStateFolder(path, "it is a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        check_file(path, st)
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
