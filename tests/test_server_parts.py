@@ -1,4 +1,4 @@
-"""The server extension's parts that need no server: log pieces and the sampler."""
+"""The server extension's parts that need no server: log pieces, the sampler, error answers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_dlsched.errors import DlschedError, IllegalTransition, JobNotFound, SpecError
 from jupyter_dlsched.pool import GpuInfo, GpuProcess, PoolInfo
 from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.server.handlers import ApiError, scheduler_errors
 from jupyter_dlsched.server.logs import read_log
 from jupyter_dlsched.server.sampler import Sampler, pool_rows
 from jupyter_dlsched.server.state import ServerState
@@ -132,3 +134,28 @@ def test_long_history_is_thinned_per_source_so_every_source_stays(home: Path) ->
     assert gpus[0]["data"] == {"jobs": {"abcd": 4 << 30}, "allocated": ["abcd"]}
     assert [r["time"] for r in window] == [1000.0 + t for t in range(100, 200)]
     state.scheduler.close()
+
+
+@pytest.mark.parametrize(
+    "error, status, words",
+    [
+        (JobNotFound("abcd1234"), 404, "abcd1234"),
+        (IllegalTransition("succeeded -> running is not allowed"), 409, "succeeded -> running"),
+        (SpecError("priority", 10**30, "a whole number"), 400, "priority="),
+        (DlschedError("the pool is paused"), 400, "paused"),
+        (OverflowError("Python int too large to convert to SQLite INTEGER"), 400, "too large"),
+    ],
+)
+def test_what_the_scheduler_refuses_becomes_a_4xx_with_its_message(
+    error: Exception, status: int, words: str
+) -> None:
+    with pytest.raises(ApiError) as caught, scheduler_errors():
+        raise error
+
+    assert caught.value.status_code == status
+    assert words in caught.value.message
+
+
+def test_a_bug_in_the_scheduler_is_not_passed_off_as_bad_input() -> None:
+    with pytest.raises(ZeroDivisionError), scheduler_errors():
+        raise ZeroDivisionError

@@ -1,7 +1,11 @@
 """REST handlers under ``/dlsched/api/v1/``; the table at the bottom is the whole API.
 
-Every handler requires Jupyter's authentication. Bad input is answered with a JSON
-400 (or 404 for an unknown job) whose ``message`` says what was wrong.
+Every handler requires Jupyter's authentication. Bad input is answered with a 4xx,
+never a 5xx: 400 for a bad argument or body, 404 for an unknown job, 405 for a
+method a route does not have (with ``Allow``), 409 for a change the job's state
+does not allow, 413 for a body that is too large. Every error body has one shape,
+``{"message": ..., "status": ...}`` (``Error`` in openapi.json), and the message
+says what was wrong and what is allowed.
 """
 
 from __future__ import annotations
@@ -9,12 +13,15 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 
-from ..errors import IllegalTransition, JobNotFound, SpecError
+from ..errors import DlschedError, IllegalTransition, JobNotFound
+from ..spec import MAX_PRIORITY, PRIORITY_HELP, PRIORITY_NAMES
 from .logs import MAX_CHUNK, read_log
 from .state import ServerState
 
@@ -24,6 +31,22 @@ JOB_ID = re.compile(r"^[a-z0-9]{1,32}$")
 #: Rows of utilisation history returned at most; longer ranges are thinned evenly.
 MAX_SAMPLES = 20_000
 MAX_PAGE = 1000
+#: Most log lines one tail call returns.
+MAX_TAIL = 100_000
+#: Largest offset accepted (jobs or log bytes): 2**53 - 1, the largest whole number a
+#: JavaScript client holds exactly, and far from SQLite's 2**63 - 1 even after adding a page.
+MAX_OFFSET = 2**53 - 1
+#: Largest request body read; a PATCH holds one small field, so anything bigger is a mistake.
+MAX_BODY = 16 * 1024
+#: What a parsed JSON value is called in JSON's own words, for messages.
+JSON_KINDS: dict[type, str] = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 
 
 class ApiError(tornado.web.HTTPError):
@@ -36,6 +59,26 @@ class ApiError(tornado.web.HTTPError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(status)
         self.message = message
+
+
+@contextmanager
+def scheduler_errors() -> Iterator[None]:
+    """Turn what the scheduler refuses into the matching 4xx answer, never a 500.
+
+    >>> with scheduler_errors():  # doctest: +SKIP
+    ...     state.set_priority(job_id, 5)  # an unknown id becomes a 404 with the scheduler's message
+    """
+    try:
+        yield
+    except JobNotFound as exc:
+        raise ApiError(404, str(exc)) from None
+    except IllegalTransition as exc:
+        raise ApiError(409, str(exc)) from None
+    except DlschedError as exc:  # SpecError and every other refusal a user can cause
+        raise ApiError(400, str(exc)) from None
+    except OverflowError:
+        # a whole number past SQLite's 64 bits that got through validation
+        raise ApiError(400, "a number in the request is too large to store") from None
 
 
 class DlschedHandler(APIHandler):
@@ -55,31 +98,35 @@ class DlschedHandler(APIHandler):
         self.set_header("Server-Timing", f"app;dur={1000 * self.request.request_time():.2f}")
         self.finish(body)
 
-    def int_arg(
-        self, name: str, default: int | None, low: int = 0, high: int | None = None
-    ) -> int | None:
+    def int_arg(self, name: str, default: int | None, low: int, high: int) -> int | None:
+        """The query argument ``name`` as a whole number in ``[low, high]``, else a 400.
+
+        Every integer argument has an upper bound, so no value can overflow SQLite's
+        64-bit integers or ask for an unbounded amount of work.
+        """
         raw = self.get_query_argument(name, None)
-        if raw is None or raw == "":
+        if raw is None:  # given but empty is a mistake, not the default
             return default
         try:
             value = int(raw)
-        except ValueError:
-            raise ApiError(400, f"{name}={raw!r}: expected a whole number") from None
-        if value < low or (high is not None and value > high):
-            limit = f"between {low} and {high}" if high is not None else f">= {low}"
-            raise ApiError(400, f"{name}={value}: expected a number {limit}")
+        except ValueError:  # also a number too long to convert (Python's digit limit)
+            raise ApiError(400, f"{name}={raw[:40]!r}: expected a whole number") from None
+        if not low <= value <= high:
+            raise ApiError(
+                400, f"{name}={raw[:40]}: expected a whole number between {low} and {high}"
+            )
         return value
 
     def float_arg(self, name: str, default: float) -> float:
         raw = self.get_query_argument(name, None)
-        if raw is None or raw == "":
+        if raw is None:  # given but empty is a mistake, not the default
             return default
         try:
             value = float(raw)
         except ValueError:
-            raise ApiError(400, f"{name}={raw!r}: expected a number") from None
+            raise ApiError(400, f"{name}={raw[:40]!r}: expected a number") from None
         if value != value or value in (float("inf"), float("-inf")):
-            raise ApiError(400, f"{name}={raw!r}: expected a finite number")
+            raise ApiError(400, f"{name}={raw[:40]!r}: expected a finite number")
         return value
 
     def job_id(self, raw: str) -> str:
@@ -90,10 +137,31 @@ class DlschedHandler(APIHandler):
         return raw
 
     def job_json(self, job_id: str) -> dict[str, Any]:
-        try:
+        with scheduler_errors():
             return self.dlsched.job_json(job_id)
-        except JobNotFound as exc:
-            raise ApiError(404, str(exc)) from None
+
+    def json_body(self, example: str) -> dict[str, Any]:
+        """The request body as a JSON object, or a 400/413 that says what is wrong with it.
+
+        ``example`` (a body this call takes) ends the message when the body is no object.
+        """
+        body = self.request.body or b""
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"the body has {len(body)} bytes; at most {MAX_BODY} are read")
+        if not body.strip():
+            raise ApiError(400, f"the body is empty; expected a JSON object like {example}")
+        try:
+            parsed = json.loads(body)
+        except RecursionError:
+            raise ApiError(
+                400, "the body is not JSON this API reads: it is nested too deeply"
+            ) from None
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
+            raise ApiError(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            kind = JSON_KINDS.get(type(parsed), "value")
+            raise ApiError(400, f"the body is a JSON {kind}; expected an object like {example}")
+        return parsed
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         # One JSON shape for every error: {"message", "status"}, never a traceback.
@@ -104,6 +172,10 @@ class DlschedHandler(APIHandler):
             message = exc.log_message
         else:
             message = self._reason
+        if status_code == 405:
+            allowed = [m.upper() for m in ("get", "post", "patch") if m in vars(type(self))]
+            self.set_header("Allow", ", ".join(allowed))
+            message = f"{self.request.method} is not allowed here; use {' or '.join(allowed)}"
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"message": message, "status": status_code}))
 
@@ -125,17 +197,20 @@ class JobsHandler(DlschedHandler):
     def get(self) -> None:
         states = None
         raw_state = self.get_query_argument("state", None)
-        if raw_state:
-            states = [s.strip() for s in raw_state.split(",") if s.strip()]
+        if raw_state is not None:
+            # exactly the state words, so what is accepted is what openapi.json describes
+            states = raw_state.split(",")
             unknown = [s for s in states if s not in self.dlsched.states]
             if unknown:
                 allowed = ", ".join(self.dlsched.states)
                 raise ApiError(
-                    400, f"state={unknown[0]!r} is not a state; expected one of {allowed}"
+                    400,
+                    f"state={unknown[0][:40]!r} is not a state; expected a comma-separated "
+                    f"list of {allowed}",
                 )
         owner = self.get_query_argument("owner", None) or None
         limit = self.int_arg("limit", 50, low=1, high=MAX_PAGE)
-        offset = self.int_arg("offset", 0, low=0)
+        offset = self.int_arg("offset", 0, low=0, high=MAX_OFFSET)
         order = self.get_query_argument("order", "newest")
         if order not in ("newest", "oldest", "queue"):
             raise ApiError(400, f"order={order!r}: expected newest, oldest or queue")
@@ -159,42 +234,41 @@ class JobHandler(DlschedHandler):
     @tornado.web.authenticated
     def patch(self, job_id: str) -> None:
         job_id = self.job_id(job_id)
-        try:
-            body = json.loads(self.request.body or b"null")
-        except ValueError:
-            raise ApiError(400, "the body is not JSON") from None
-        if not isinstance(body, dict) or set(body) != {"priority"}:
-            raise ApiError(
-                400,
-                'expected a JSON object {"priority": <number or low/normal/high/urgent>}',
-            )
-        priority = body["priority"]
-        if isinstance(priority, bool) or not isinstance(priority, int | str):
-            raise ApiError(
-                400,
-                f"priority={priority!r}: expected a whole number or low, normal, high, urgent",
-            )
-        try:
+        body = self.json_body(example='{"priority": "high"}')
+        unknown = sorted(set(body) - {"priority"})
+        if unknown:
+            raise ApiError(400, f"unknown field {unknown[0][:40]!r}: the body holds only priority")
+        if "priority" not in body:
+            raise ApiError(400, 'the body has no priority; expected {"priority": 100} or "high"')
+        priority = self.priority(body["priority"])
+        with scheduler_errors():
             self.dlsched.set_priority(job_id, priority)
-        except JobNotFound as exc:
-            raise ApiError(404, str(exc)) from None
-        except SpecError as exc:
-            raise ApiError(400, str(exc)) from None
-        except IllegalTransition as exc:
-            raise ApiError(409, str(exc)) from None
         self.send(self.job_json(job_id))
+
+    @staticmethod
+    def priority(value: Any) -> int | str:
+        """A priority as openapi.json describes it: a JSON integer within the bound, or a name.
+
+        Stricter than ``parse_priority`` on purpose: a JSON client has numbers, so a
+        number in a string (or a float, or " High ") is a mistake worth naming, and
+        what is accepted is exactly what the schema says.
+        """
+        if isinstance(value, int) and not isinstance(value, bool):
+            if -MAX_PRIORITY <= value <= MAX_PRIORITY:
+                return value
+        elif isinstance(value, str) and value in PRIORITY_NAMES:
+            return value
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        # the same words as the Python API's SpecError, with the value cut short
+        raise ApiError(400, f"priority={shown} is invalid: expected {PRIORITY_HELP}")
 
 
 class CancelHandler(DlschedHandler):
     @tornado.web.authenticated
     def post(self, job_id: str) -> None:
         job_id = self.job_id(job_id)
-        try:
+        with scheduler_errors():
             self.dlsched.cancel(job_id)
-        except JobNotFound as exc:
-            raise ApiError(404, str(exc)) from None
-        except IllegalTransition as exc:
-            raise ApiError(409, str(exc)) from None
         self.send(self.job_json(job_id))
 
 
@@ -203,8 +277,8 @@ class LogHandler(DlschedHandler):
     def get(self, job_id: str) -> None:
         job_id = self.job_id(job_id)
         self.job_json(job_id)  # 404 for an unknown job
-        offset = self.int_arg("offset", None, low=0)
-        tail = self.int_arg("tail", None, low=0, high=100_000)
+        offset = self.int_arg("offset", None, low=0, high=MAX_OFFSET)
+        tail = self.int_arg("tail", None, low=0, high=MAX_TAIL)
         max_bytes = self.int_arg("max_bytes", MAX_CHUNK, low=1, high=MAX_CHUNK)
         if offset is not None and tail is not None:
             raise ApiError(400, "give offset or tail, not both")
