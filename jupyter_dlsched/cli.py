@@ -1,28 +1,88 @@
 """``dlsched``: the queue from a shell.
 
     dlsched status
-    dlsched queue [--all]
-    dlsched submit --gpus 1 --priority high -- python train.py --lr 3e-4
-    dlsched cancel JOB_ID
+    dlsched queue [--all] [--mine | -u USER] [--state S[,S]] [--name 'sweep-*']
+    dlsched submit --gpus 1 --priority high [--wait] -- python train.py --lr 3e-4
+    dlsched cancel JOB_ID [JOB_ID ...] | cancel --name 'sweep-*' [-u USER] [--state queued]
     dlsched logs [-f] JOB_ID
     dlsched priority JOB_ID high
     dlsched sim TRACE --gpus 8 --policy fifo,priority
 
-Every command takes ``--json`` for machine-readable output.
+Every command takes ``--json`` for machine-readable output. A failure is one
+line on stderr, ``dlsched <command>: what was wrong and what to do``, with the
+exit status listed in ``EXIT_STATUSES`` (``--debug`` adds the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import fnmatch
 import json
+import math
+import os
+import sqlite3
 import sys
 import time
-from typing import Any
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
 
-from .errors import DlschedError
+from .errors import DlschedError, LedgerUnavailable
 from .scheduler import Scheduler
-from .store import ACTIVE
+from .schema import ACTIVE, STATES, JobInfo
+from .store import default_home
 from .words import state_words
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141  # what a shell reports for a program stopped by SIGPIPE
+
+EXIT_STATUSES = """\
+exit status:
+  0    done
+  1    the job failed (submit --wait), cancel found no unfinished job to cancel,
+       the job ledger could not be read or written, or an unexpected error
+  2    bad usage or input: an unknown option or value, an unknown job id,
+       a state folder you cannot use
+  N    submit --wait of a command: the command's own exit status
+  130  interrupted (Ctrl-C)
+  141  stdout was closed early (dlsched queue --all | head)
+
+A failure prints one line on stderr, `dlsched COMMAND: what was wrong`;
+`dlsched --debug COMMAND ...` adds the traceback."""
+
+
+class CommandError(DlschedError):
+    """A command cannot do what was asked; ``status`` is the exit status to end with."""
+
+    def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the command, not the usage block."""
+
+    # the sub-command parsers by name, so an unknown option is reported by its command
+    commands: Mapping[str, argparse.ArgumentParser]
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}; see `{self.prog} --help`\n")
+
+    def parse_command_line(self, argv: list[str] | None) -> argparse.Namespace:
+        argv = sys.argv[1:] if argv is None else argv
+        args, unknown = self.parse_known_args(argv)
+        if unknown:
+            name = getattr(args, "command_name", "")
+            # an unknown option before the command name is dlsched's, after it the command's
+            before = argv[: argv.index(name)] if name in argv else argv
+            owner = self if unknown[0] in before else self.commands.get(name, self)
+            owner.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return args
 
 
 def _scheduler(args: argparse.Namespace) -> Scheduler:
@@ -34,6 +94,69 @@ def _print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
+# -- argument types: a bad value becomes a one-line usage error, never an OverflowError ------
+
+
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number such as 3, got {text!r}"
+        ) from None
+
+
+def _finite_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a number such as 2 or 0.5, got {text!r}")
+    return value
+
+
+def _state_list(allowed: Iterable[str]) -> Callable[[str], list[str]]:
+    choices = tuple(allowed)
+
+    def parse(text: str) -> list[str]:
+        states = [s.strip().lower() for s in text.split(",") if s.strip()]
+        unknown = [s for s in states if s not in choices]
+        if unknown or not states:
+            raise argparse.ArgumentTypeError(
+                f"unknown state {(unknown or [text])[0]!r}; choose from {', '.join(choices)}"
+            )
+        return states
+
+    return parse
+
+
+def _flatten(groups: list[list[str]] | None) -> list[str] | None:
+    return list(dict.fromkeys(s for group in groups for s in group)) if groups else None
+
+
+def _name_matches(pattern: str | None, name: str) -> bool:
+    """``--name`` is an exact name, or a glob when it has ``*``, ``?`` or ``[``."""
+    if pattern is None:
+        return True
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return name == pattern
+
+
+def _selection(args: argparse.Namespace) -> str:
+    """The filters in words, for a message about what they matched."""
+    parts = [f"--name {args.name!r}"] if args.name else []
+    if args.user:
+        parts.append(f"-u {args.user}")
+    if args.state:
+        parts.append(f"--state {','.join(_flatten(args.state) or [])}")
+    return " ".join(parts)
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     with _scheduler(args) as s:
         s.tick()
@@ -41,7 +164,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         pool = s.pool()
     if args.json:
         _print_json({**status, "pool": pool.to_json()})
-        return 0
+        return EXIT_OK
     counts = status["counts"]
     gpus = status["gpus"]
     sim = f" ({gpus['simulated']} simulated)" if gpus["simulated"] else ""
@@ -50,27 +173,39 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{counts['queued'] + counts['preempted']} queued · policy {status['policy']}"
     )
     print(repr(pool))
-    return 0
+    return EXIT_OK
 
 
-def cmd_queue(args: argparse.Namespace) -> int:
-    with _scheduler(args) as s:
-        s.tick()
-        jobs = s.jobs() if args.all else s.jobs(state=ACTIVE)
-    if args.json:
-        _print_json([j.to_json() for j in jobs])
-        return 0
-    if not jobs:
-        print("no jobs" if args.all else "no queued or running jobs (--all shows finished ones)")
-        return 0
+def _queue_order(jobs: list[JobInfo]) -> list[JobInfo]:
+    """Running (newest first), then waiting in line order, then finished newest first."""
     running = sorted((j for j in jobs if j.state == "running"), key=lambda j: -j.seq)
     waiting = sorted(
         (j for j in jobs if j.state in ("queued", "preempted")),
         key=lambda j: (j.position or 10**9, j.seq),
     )
-    finished = [j for j in jobs if j.state not in ACTIVE]
+    finished = sorted((j for j in jobs if j.state not in ACTIVE), key=lambda j: -j.seq)
+    return [*running, *waiting, *finished]
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    states = _flatten(args.state)
+    with _scheduler(args) as s:
+        s.tick()
+        owner = s.owner if args.mine else args.user
+        wanted = states or (None if args.all else list(ACTIVE))
+        jobs = [j for j in s.jobs(state=wanted, owner=owner) if _name_matches(args.name, j.name)]
+    jobs = _queue_order(jobs)
+    if args.json:
+        _print_json([j.to_json() for j in jobs])
+        return EXIT_OK
+    if not jobs:
+        if states or owner or args.name:
+            print("no jobs match" + ("" if args.all or states else " (--all includes finished)"))
+        else:
+            print("no jobs" if args.all else "no queued or running jobs (--all shows finished)")
+        return EXIT_OK
     rows = [("ID", "NAME", "OWNER", "PRI", "REQUEST", "DEVICES", "STATE")]
-    for j in [*running, *waiting, *finished]:
+    for j in jobs:
         devices = ",".join(map(str, j.devices)) or "-"
         rows.append(
             (
@@ -86,7 +221,48 @@ def cmd_queue(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
-    return 0
+    return EXIT_OK
+
+
+def _follow(s: Scheduler, job_id: str, write: Callable[[bytes], None], follow: bool) -> JobInfo:
+    """Copy the job's log to ``write`` (until the job ends when ``follow``); its final row."""
+    path = s.log_path(job_id)
+    offset = 0
+    while True:
+        # the state is read before the log: once it says the job ended, the log is complete
+        info = s.info(job_id)
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+            if data:
+                offset += len(data)
+                write(data)
+        if not follow or info.done:
+            return info
+        s.tick()
+        time.sleep(0.2)
+
+
+def _write_stdout(data: bytes) -> None:
+    # bytes as the job wrote them: a character split between two reads stays whole
+    sys.stdout.flush()
+    binary = getattr(sys.stdout, "buffer", None)
+    if binary is None:  # a text-only stream stands in for stdout
+        sys.stdout.write(data.decode(errors="replace"))
+        return
+    binary.write(data)
+    binary.flush()
+
+
+def _job_exit_status(info: JobInfo) -> int:
+    """0 for success, a command's own exit status when it has one, else 1."""
+    if info.state == "succeeded":
+        return EXIT_OK
+    code = info.exit_code
+    if info.kind == "command" and info.state == "failed" and code is not None and 0 < code < 256:
+        return code
+    return EXIT_FAILED
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -94,15 +270,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        print(
-            "dlsched submit: give the command after --, e.g. dlsched submit -- python x.py",
-            file=sys.stderr,
-        )
-        return 2
+        raise CommandError("give the command after --, e.g. dlsched submit -- python x.py")
+    gpus = args.gpus
+    if gpus is not None and gpus.is_integer():
+        gpus = int(gpus)
     resources = {
         k: v
         for k, v in {
-            "gpus": args.gpus,
+            "gpus": gpus,
             "gpu_mem": args.gpu_mem,
             "cpus": args.cpus,
             "mem": args.mem,
@@ -116,26 +291,68 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if v is not None
     }
     with _scheduler(args) as s:
-        handle = s.submit_command(argv, **resources)
-        info = s.info(handle.id)
-        if args.wait:
-            info = handle.wait()
+        job_id = s.submit_command(argv, **resources).id
+        if not args.wait:
+            info = s.info(job_id)
+            if args.json:
+                _print_json(info.to_json())
+            else:
+                print(info.id)
+            return EXIT_OK
+        chunks: list[bytes] = []
+        try:
+            info = _follow(s, job_id, chunks.append if args.json else _write_stdout, follow=True)
+        except KeyboardInterrupt:
+            raise CommandError(
+                f"interrupted; job {job_id} goes on (`dlsched cancel {job_id}` stops it)",
+                EXIT_INTERRUPTED,
+            ) from None
     if args.json:
-        _print_json(info.to_json())
-    else:
-        print(info.id if not args.wait else f"{info.id} {state_words(info)}")
-    return 0 if not args.wait or info.state == "succeeded" else 1
+        _print_json({**info.to_json(), "log": b"".join(chunks).decode(errors="replace")})
+    # stdout carries only the job's output; how it ended goes to stderr
+    print(f"dlsched submit: job {info.id} {state_words(info)}", file=sys.stderr)
+    return _job_exit_status(info)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    states = _flatten(args.state)
+    if not args.job_ids and not (args.name or args.user or states):
+        raise CommandError(
+            "say which jobs: give job ids, or filters --name NAME, -u USER, --state STATE "
+            "(dlsched cancel --name 'sweep-*')"
+        )
     with _scheduler(args) as s:
-        info = s.cancel(args.job_id)
+        if args.job_ids:
+            # every id is checked before any job is touched: a typo cancels nothing
+            jobs = [s.info(job_id) for job_id in dict.fromkeys(args.job_ids)]
+        else:
+            jobs = s.jobs(state=states or list(ACTIVE))
+        jobs = [
+            j
+            for j in jobs
+            if _name_matches(args.name, j.name)
+            and (args.user is None or j.owner == args.user)
+            and (states is None or j.state in states)
+        ]
+        if not jobs:
+            raise CommandError(
+                f"no unfinished job matches {_selection(args)}; `dlsched queue --all` lists jobs",
+                EXIT_FAILED,
+            )
+        cancelled: list[JobInfo] = []
+        lines: list[str] = []
+        for job in jobs:
+            info = job if job.done else s.cancel(job.id)
+            if job.done or (info.done and info.state != "cancelled"):
+                lines.append(f"{info.id} already {info.state}")
+                continue
+            cancelled.append(info)
+            lines.append(f"{info.id} {'cancel requested' if not info.done else 'cancelled'}")
     if args.json:
-        _print_json(info.to_json())
+        _print_json([j.to_json() for j in cancelled])
     else:
-        what = "cancel requested" if info.state == "running" else info.state
-        print(f"{info.id} {what}")
-    return 0
+        print("\n".join(lines))
+    return EXIT_OK
 
 
 def cmd_priority(args: argparse.Namespace) -> int:
@@ -145,99 +362,184 @@ def cmd_priority(args: argparse.Namespace) -> int:
         _print_json(info.to_json())
     else:
         print(f"{info.id} priority {info.priority}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    chunks: list[bytes] = []
     with _scheduler(args) as s:
-        s.info(args.job_id)
-        path = s.log_path(args.job_id)
-        offset = 0
-        chunks = []
-        while True:
-            if path.exists():
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-                offset += len(data)
-                if args.json:
-                    chunks.append(data.decode(errors="replace"))
-                else:
-                    sys.stdout.write(data.decode(errors="replace"))
-                    sys.stdout.flush()
-            if not args.follow or s.info(args.job_id).done:
-                if args.follow and path.exists() and path.stat().st_size > offset:
-                    continue
-                break
-            s.tick()
-            time.sleep(0.2)
+        info = _follow(s, args.job_id, chunks.append if args.json else _write_stdout, args.follow)
     if args.json:
-        _print_json({"id": args.job_id, "log": "".join(chunks)})
-    return 0
+        _print_json({"id": info.id, "log": b"".join(chunks).decode(errors="replace")})
+    return EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dlsched", description="The jupyter-dlsched job queue from a shell."
+# -- the parser ------------------------------------------------------------------------------
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(
+        prog="dlsched",
+        description="The jupyter-dlsched job queue from a shell.",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--home", help="state folder (default: $DLSCHED_HOME or Jupyter's)")
-    sub = parser.add_subparsers(dest="command_name", required=True)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
     add("status", "pool and queue summary").set_defaults(run=cmd_status)
-    q = add("queue", "running and queued jobs")
-    q.add_argument("--all", action="store_true", help="include finished jobs")
+
+    q = add("queue", "running and queued jobs, and why each one waits")
+    q.add_argument("--all", action="store_true", help="include finished jobs (newest first)")
+    who = q.add_mutually_exclusive_group()
+    who.add_argument("--mine", action="store_true", help="only my jobs")
+    who.add_argument("-u", "--user", help="only this user's jobs")
+    q.add_argument(
+        "--state",
+        action="append",
+        type=_state_list(STATES),
+        help=f"only jobs in these states (repeat or comma-separate): {', '.join(STATES)}",
+    )
+    q.add_argument("--name", help="only jobs with this name (a glob such as 'sweep-*' works)")
     q.set_defaults(run=cmd_queue)
+
     s = add("submit", "run a command as a job: dlsched submit --gpus 1 -- python train.py")
-    s.add_argument("--gpus", type=float)
-    s.add_argument("--gpu-mem")
-    s.add_argument("--cpus", type=float)
-    s.add_argument("--mem")
-    s.add_argument("--priority")
+    s.add_argument("--gpus", type=_finite_number, help="whole GPUs, or a fraction of one")
+    s.add_argument("--gpu-mem", help="GPU memory, e.g. 8GiB")
+    s.add_argument("--cpus", type=_finite_number)
+    s.add_argument("--mem", help="memory, e.g. 16GiB")
+    s.add_argument("--priority", help="an integer or low, normal, high, urgent")
     s.add_argument("--name")
-    s.add_argument("--time-limit")
-    s.add_argument("--retries", type=int)
+    s.add_argument("--time-limit", help="e.g. 90s, 30m, 2h")
+    s.add_argument("--retries", type=_whole_number)
     s.add_argument("--after", help="comma-separated job ids that must succeed first")
     s.add_argument("--preemptible", action="store_true")
-    s.add_argument("--wait", action="store_true", help="wait for the job to finish")
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="print the job's output as it runs and exit with its exit status",
+    )
     s.add_argument("command", nargs=argparse.REMAINDER)
     s.set_defaults(run=cmd_submit)
-    c = add("cancel", "cancel a job")
-    c.add_argument("job_id")
+
+    c = add("cancel", "cancel jobs by id, or every unfinished job matching filters")
+    c.add_argument("job_ids", nargs="*", metavar="ID")
+    c.add_argument("--name", help="jobs with this name (a glob such as 'sweep-*' works)")
+    c.add_argument("-u", "--user", help="jobs of this user")
+    c.add_argument(
+        "--state",
+        action="append",
+        type=_state_list(ACTIVE),
+        help=f"jobs in these states: {', '.join(ACTIVE)}",
+    )
     c.set_defaults(run=cmd_cancel)
+
     p = add("priority", "change a job's priority")
-    p.add_argument("job_id")
-    p.add_argument("priority")
+    p.add_argument("job_id", metavar="ID")
+    p.add_argument("priority", help="an integer or low, normal, high, urgent")
     p.set_defaults(run=cmd_priority)
+
     lg = add("logs", "print a job's output")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
-    lg.add_argument("job_id")
+    lg.add_argument("job_id", metavar="ID")
     lg.set_defaults(run=cmd_logs)
+
     try:
         from .sim.cli import add_parser as add_sim
     except ImportError:
         pass
     else:
         add_sim(sub)
+    parser.commands = sub.choices
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command_name == "submit" and args.gpus is not None and args.gpus.is_integer():
-        args.gpus = int(args.gpus)
+# -- failures as one line --------------------------------------------------------------------
+
+
+def _home(args: argparse.Namespace) -> Path | None:
     try:
-        return int(args.run(args))
-    except DlschedError as error:
-        print(f"dlsched {args.command_name}: {error}", file=sys.stderr)
-        return 2
+        return Path(args.home).expanduser() if args.home else default_home()
+    except Exception:
+        return None
+
+
+def _within(a: Path, b: Path) -> bool:
+    a, b = a.absolute(), b.absolute()
+    return a == b or b in a.parents or a in b.parents
+
+
+def _explain(error: BaseException, args: argparse.Namespace) -> tuple[int, str]:
+    """The exit status and the one line a failure prints."""
+    home = _home(args)
+    if isinstance(error, CommandError):
+        return error.status, str(error)
+    if isinstance(error, LedgerUnavailable):
+        return EXIT_FAILED, str(error)
+    if isinstance(error, DlschedError):
+        return EXIT_USAGE, str(error)
+    if isinstance(error, OverflowError):
+        return EXIT_USAGE, f"a number is too large ({error}); give a smaller one"
+    if isinstance(error, sqlite3.Error):
+        return EXIT_FAILED, (
+            f"could not read or write the job ledger in {home}: {error}; check that the disk "
+            "has room and the folder is yours, or pass --home DIR"
+        )
+    if isinstance(error, OSError):
+        what = f"{error.strerror}: {error.filename}" if error.filename else str(error)
+        if isinstance(error, FileExistsError | NotADirectoryError):
+            what = f"{error.filename} is not a folder"
+        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            return EXIT_FAILED, f"{what}; free some space and try again"
+        if home is not None and error.filename and _within(Path(os.fsdecode(error.filename)), home):
+            return EXIT_USAGE, (
+                f"cannot use the state folder {home} ({what}); use a folder you own: "
+                "--home DIR or DLSCHED_HOME=DIR"
+            )
+        return EXIT_USAGE, what
+    if isinstance(error, ValueError):
+        return EXIT_USAGE, str(error)
+    return EXIT_FAILED, (
+        f"unexpected {type(error).__name__}: {error}; `dlsched --debug ...` shows where "
+        "(please report it)"
+    )
+
+
+def _stdout_closed() -> int:
+    # later writes (and the flush at exit) go nowhere instead of raising "Exception ignored"
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``dlsched``; returns the exit status (see ``EXIT_STATUSES``)."""
+    args = build_parser().parse_command_line(argv)
+    command = f"dlsched {args.command_name}"
+    try:
+        status = int(args.run(args))
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
-        return 130
+        if args.debug:
+            traceback.print_exc()
+        print(f"{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        if args.debug:
+            traceback.print_exc()
+        status, message = _explain(error, args)
+        print(f"{command}: {message}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

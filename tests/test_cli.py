@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+# the console script pip installed next to this interpreter, as a user runs it
+DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 
 
 def dlsched(*args, check=True):
     out = subprocess.run(
-        [sys.executable, "-m", "jupyter_dlsched.cli", *args],
+        [DLSCHED, *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -20,13 +24,14 @@ def dlsched(*args, check=True):
 
 
 def test_submit_runs_a_command_in_the_queue(home):
-    job_id = dlsched(
+    out = dlsched(
         "submit", "--cpus", "0.5", "--name", "hello", "--wait", "--", "echo", "hello from the queue"
-    ).stdout.split()[0]
+    )
+    assert out.stdout == "hello from the queue\n"
     info = json.loads(dlsched("queue", "--all", "--json").stdout)
-    assert [(j["id"], j["name"], j["state"], j["kind"]) for j in info] == [
-        (job_id, "hello", "succeeded", "command")
-    ]
+    assert [(j["name"], j["state"], j["kind"]) for j in info] == [("hello", "succeeded", "command")]
+    job_id = info[0]["id"]
+    assert out.stderr.startswith(f"dlsched submit: job {job_id} done")
     assert dlsched("logs", job_id).stdout == "hello from the queue\n"
     assert json.loads(dlsched("logs", job_id, "--json").stdout)["log"] == "hello from the queue\n"
 
