@@ -13,6 +13,7 @@ import copy
 import getpass
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -23,7 +24,7 @@ from typing import Any
 
 from . import tick as tick_steps
 from .backends import Backend, make_backend
-from .errors import JobNotFound, SpecError
+from .errors import JobNotFound, LedgerUnavailable, SpecError
 from .handle import JobHandle, job_exception
 from .inline import InlineRunner
 from .policy import Decisions, Policy, get_policy
@@ -537,7 +538,8 @@ class Scheduler:
         slowly when quiet; lease renewals and progress writes do not count as changes."""
         version = self.store.data_version()
         seen_event = self._last_event_seq()
-        last_change = last_tick = time.monotonic()
+        last_change = last_tick = last_refill = time.monotonic()
+        last_warned = -math.inf
         while not self._closed.is_set():
             quiet = time.monotonic() - last_change
             interval = min(0.25, max(0.002, quiet / 20))
@@ -561,6 +563,15 @@ class Scheduler:
                     last_tick = now
                 if woke or moved:
                     self._resolve_watched()
+                if now - last_refill >= 30.0:
+                    last_refill = now
+                    self.store.reserve.refill()  # space came back: be ready for the next time
+            except LedgerUnavailable as error:
+                # a full disk is the user's to fix; say so once a minute, not a traceback a tick
+                if time.monotonic() - last_warned >= 60.0:
+                    last_warned = time.monotonic()
+                    log.warning("dlsched: %s", error)
+                time.sleep(0.5)
             except Exception:
                 log.exception("dlsched scheduler loop")
                 time.sleep(0.5)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import private
-from .errors import IllegalTransition, JobNotFound
+from .errors import IllegalTransition, JobNotFound, LedgerUnavailable
 from .resources import Placement
 from .schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
     _ID,
@@ -51,6 +51,71 @@ def default_home() -> Path:
     return Path(jupyter_data_dir()) / "dlsched"
 
 
+RESERVE_NAME = "disk-reserve"
+#: Kept allocated in the state folder and freed when the disk fills up, so the ledger can
+#: still record why jobs failed (and start jobs that need no disk) until space comes back.
+RESERVE_BYTES = 4 * 2**20
+
+
+class Reserve:
+    """A file of ``RESERVE_BYTES`` that stands in for the space the ledger needs when full.
+
+    Without it, a job that fills the disk with output leaves no room for the
+    ledger to record that the job failed, or for anything else to start. The
+    check before each write is one ``statvfs``.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def refill(self) -> None:
+        """Allocate the reserve again when it is missing and the disk has ample room."""
+        if self.path.exists() or _free_bytes(self.path.parent) < 3 * RESERVE_BYTES:
+            return
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:
+            os.close(fd)
+            self.path.unlink(missing_ok=True)
+        else:
+            os.close(fd)
+
+    def release_if_low(self) -> None:
+        if disk_full(self.path.parent):
+            self.release()
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _free_bytes(folder: Path) -> int:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def disk_full(folder: Path) -> bool:
+    """Whether the disk holding ``folder`` is full (less than a quarter of the reserve free)."""
+    return _free_bytes(folder) < RESERVE_BYTES // 4
+
+
+def _free_words(folder: Path) -> str:
+    from .units import format_size
+
+    return f"{format_size(_free_bytes(folder))} free in {folder}"
+
+
+def _out_of_space(error: sqlite3.Error) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)
+    return code == sqlite3.SQLITE_FULL or "disk is full" in str(error)
+
+
 class Store:
     """The SQLite ledger and spool folder under ``home``.
 
@@ -72,6 +137,8 @@ class Store:
             if suffix == "" or os.path.lexists(path):
                 private.create_private(path)
         self._local = threading.local()
+        self.reserve = Reserve(self.home / RESERVE_NAME)
+        self.reserve.refill()
         self._migrate()
 
     # -- connections and transactions -------------------------------------------------
@@ -91,16 +158,33 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT``: one writer at a time across processes."""
+        """``BEGIN IMMEDIATE`` … ``COMMIT``: one writer at a time across processes.
+
+        A full disk is met with the reserve (see ``Reserve``) and, once that is
+        spent, with ``LedgerUnavailable`` saying so, never a raw SQLite error.
+        """
+        self.reserve.release_if_low()
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
         try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            else:
+                db.execute("COMMIT")
+        except sqlite3.OperationalError as error:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            if _out_of_space(error):
+                self.reserve.release()
+                raise LedgerUnavailable(
+                    f"the job ledger {self.path} could not be written: the disk is full "
+                    f"({_free_words(self.home)}). Free some space; nothing was changed"
+                ) from error
             raise
-        else:
-            db.execute("COMMIT")
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -27,15 +27,17 @@ from typing import Any
 import psutil
 
 from . import private
-from .errors import IllegalTransition, JobNotFound
+from .errors import IllegalTransition, JobNotFound, LedgerUnavailable
 from .jobproc import cores_for, job_environment, start_ranks
 from .runtime import STOP_FILE
 from .settings import Settings
-from .store import JobInfo, Store
+from .store import JobInfo, Store, disk_full
 from .units import format_size
 
 POLL_SECONDS = 0.2
 MEMORY_CHECK_SECONDS = 0.5
+#: Tries at recording a job's end while the disk stays full (about 30 s in all).
+RECORD_TRIES = 8
 
 
 def supervise(home: str | os.PathLike[str], job_id: str) -> int:
@@ -135,12 +137,15 @@ def _monitor(
         now = time.time()
         if now >= next_renew:
             next_renew = now + settings.lease_ttl / 4
-            with store.transaction() as db:
-                kept = db.execute(
-                    "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' "
-                    "AND supervisor_pid=?",
-                    (now + settings.lease_ttl, job.id, os.getpid()),
-                ).rowcount
+            try:
+                with store.transaction() as db:
+                    kept = db.execute(
+                        "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' "
+                        "AND supervisor_pid=?",
+                        (now + settings.lease_ttl, job.id, os.getpid()),
+                    ).rowcount
+            except LedgerUnavailable:
+                kept = 1  # disk full: keep the job and try again at the next renewal
             if not kept:
                 stop("lease", "the allocation was taken back", at_once=True)
         current = store.data_version()
@@ -236,6 +241,9 @@ def _describe_status(status: int, folder: Path) -> tuple[int | None, int | None,
             return code, None, f"{error['type']}: {first}"[:300]
         except (ValueError, KeyError):
             pass
+    if code != 0 and disk_full(folder):
+        # its output (or its error report) could not be written: say so, not "exit code 1"
+        return code, None, f"no space left on device for its output in {folder.parent.parent}"
     return code, None, f"exit code {code}"
 
 
@@ -250,6 +258,26 @@ def _record(store: Store, job: JobInfo, outcome: Outcome, folder: Path) -> None:
         "attained": attained,
         "lease_expires": None,
     }
+    for attempt in range(RECORD_TRIES):
+        try:
+            _record_end(store, job, outcome, folder, common, exit_code, detail, now)
+            return
+        except LedgerUnavailable:
+            # the disk is full even past the reserve: keep trying while the lease lasts
+            # (after that the reaper records the job as lost, and says why)
+            time.sleep(min(2.0**attempt, 5.0))
+
+
+def _record_end(
+    store: Store,
+    job: JobInfo,
+    outcome: Outcome,
+    folder: Path,
+    common: dict[str, Any],
+    exit_code: int | None,
+    detail: str,
+    now: float,
+) -> None:
     reason = outcome.stop_reason
     try:
         with store.transaction() as db:
@@ -294,6 +322,8 @@ def _tick_after(home: str | os.PathLike[str]) -> None:
 
         with Scheduler(home, backend="local", loop=False, probe_pool=False) as sched:
             sched.tick()
+    except LedgerUnavailable:
+        pass  # disk full: the next participant with room ticks
     except Exception:
         traceback.print_exc()
 
