@@ -5,6 +5,7 @@
     dlsched submit --gpus 1 --priority high [--wait] -- python train.py --lr 3e-4
     dlsched cancel JOB_ID [JOB_ID ...] | cancel --name 'sweep-*' [-u USER] [--state queued]
     dlsched logs [-f] JOB_ID
+    dlsched history [--since 30d] [--mine | -u USER]
     dlsched priority JOB_ID high
     dlsched sim TRACE --gpus 8 --policy fifo,priority
 
@@ -25,14 +26,16 @@ import sqlite3
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from .errors import DlschedError, LedgerUnavailable
+from .history import history_table, period_words, totals_by_owner
 from .scheduler import Scheduler
 from .schema import ACTIVE, STATES, JobInfo
 from .store import default_home
+from .units import parse_duration
 from .words import state_words
 
 EXIT_OK = 0
@@ -103,6 +106,15 @@ def _whole_number(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected a whole number such as 3, got {text!r}"
+        ) from None
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text.strip(), "--since")
+    except DlschedError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 12h or 30d, got {text!r}"
         ) from None
 
 
@@ -218,9 +230,46 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 state_words(j),
             )
         )
+    _print_table(rows)
+    return EXIT_OK
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    since = time.time() - args.since
+    with _scheduler(args) as s:
+        owner = s.owner if args.mine else args.user
+        jobs = [
+            j
+            for j in s.store.finished_jobs(since=since, owner=owner)
+            if _name_matches(args.name, j.name)
+        ]
+    totals = totals_by_owner(jobs)
+    shown = jobs[: args.limit]
+    if args.json:
+        _print_json(
+            {
+                "since": since,
+                "jobs": [j.to_json() for j in shown],
+                "totals": [t.to_json() for t in totals],
+            }
+        )
+        return EXIT_OK
+    period = period_words(args.since)
+    if not jobs:
+        print(f"no jobs finished in the last {period}")
+        return EXIT_OK
+    _print_table(history_table(shown))
+    if len(shown) < len(jobs):
+        print(f"... {len(jobs) - len(shown)} more (-n/--limit shows more)")
+    print(f"\nin the last {period}:")
+    for total in totals:
+        print("  " + total.words())
     return EXIT_OK
 
 
@@ -444,6 +493,22 @@ def build_parser() -> _Parser:
     p.add_argument("job_id", metavar="ID")
     p.add_argument("priority", help="an integer or low, normal, high, urgent")
     p.set_defaults(run=cmd_priority)
+
+    h = add("history", "finished jobs and what they used: GPU-hours, CPU time, peak memory")
+    h.add_argument(
+        "--since",
+        type=_duration,
+        default=7 * 86400.0,
+        help="how far back, e.g. 12h, 30d (default 7d)",
+    )
+    who = h.add_mutually_exclusive_group()
+    who.add_argument("--mine", action="store_true", help="only my jobs")
+    who.add_argument("-u", "--user", help="only this user's jobs")
+    h.add_argument("--name", help="only jobs with this name (a glob such as 'sweep-*' works)")
+    h.add_argument(
+        "-n", "--limit", type=_whole_number, default=50, help="rows to show (default 50)"
+    )
+    h.set_defaults(run=cmd_history)
 
     lg = add("logs", "print a job's output")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")

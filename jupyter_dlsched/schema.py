@@ -13,7 +13,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -105,6 +105,13 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX samples_time ON samples(time);
     """,
+    # version 2: what a job used, measured by its supervisor (what `sacct` answers)
+    """
+    ALTER TABLE jobs ADD COLUMN cpu_time REAL;
+    ALTER TABLE jobs ADD COLUMN peak_rss INTEGER;
+    ALTER TABLE jobs ADD COLUMN peak_gpu_mem INTEGER;
+    CREATE INDEX jobs_finished ON jobs(finished);
+    """,
 ]
 
 
@@ -158,6 +165,15 @@ class JobInfo:
     position: int | None
     env: dict[str, str]
     inline: bool
+    # usage over all attempts; None where it was not measured (simulated GPUs, Ray, SLURM)
+    cpu_time: float | None = None
+    peak_rss: int | None = None
+    peak_gpu_mem: int | None = None
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU time held, in hours: GPUs granted × time running, over every attempt."""
+        return self.attained / 3600.0
 
     @property
     def request(self) -> Request:
@@ -207,6 +223,12 @@ class JobInfo:
             "waiting": self.waiting,
             "backend": self.backend,
             "inline": self.inline,
+            "usage": {
+                "gpu_hours": self.gpu_hours,
+                "cpu_time": self.cpu_time,
+                "peak_rss": self.peak_rss,
+                "peak_gpu_mem": self.peak_gpu_mem,
+            },
         }
 
 

@@ -413,6 +413,21 @@ class Store:
             args += [int(limit), int(offset)]
         return [_row_to_info(r) for r in self.db.execute(sql, args)]
 
+    def finished_jobs(
+        self, since: float = 0.0, owner: str | None = None, limit: int | None = None
+    ) -> list[JobInfo]:
+        """Jobs that ended at or after ``since``, the most recently ended first (``history``)."""
+        sql = "SELECT * FROM jobs WHERE finished IS NOT NULL AND finished >= ?"
+        args: list[Any] = [since]
+        if owner is not None:
+            sql += " AND owner=?"
+            args.append(owner)
+        sql += " ORDER BY finished DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        return [_row_to_info(r) for r in self.db.execute(sql, args)]
+
     def count_jobs(self) -> dict[str, int]:
         """Number of jobs in each state."""
         counts = {state: 0 for state in STATES}

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ from .units import format_size
 
 POLL_SECONDS = 0.2
 MEMORY_CHECK_SECONDS = 0.5
+#: How often a job without memory limits has its usage read (peak RSS, CPU, GPU memory).
+USAGE_SECONDS = 1.0
 #: Tries at recording a job's end while the disk stays full (about 30 s in all).
 RECORD_TRIES = 8
 
@@ -81,6 +83,47 @@ class Outcome:
     status: int = 0
     stop_reason: str | None = None  # cancel, preempt, timeout, oom, lease
     detail: str = ""
+    usage: Usage = field(default_factory=lambda: Usage())
+
+
+@dataclass
+class Usage:
+    """What one run of a job used: CPU seconds, peak RAM and peak GPU memory of its tree."""
+
+    cpu_time: float = 0.0
+    peak_rss: int = 0
+    peak_gpu_mem: int | None = None  # None: not measured (no NVML, or a CPU job)
+    cpu_reaped: float = 0.0  # CPU seconds of the ranks that have exited (from wait4)
+
+    def sample(self, tree: list[psutil.Process], gpus: bool) -> int:
+        """Take one reading of the process tree; returns its RSS now."""
+        rss = _rss(tree)
+        self.peak_rss = max(self.peak_rss, rss)
+        self.cpu_time = max(self.cpu_time, _cpu_seconds(tree))
+        if gpus:
+            from .gpu_watch import job_gpu_memory
+
+            held = job_gpu_memory({p.pid for p in tree})
+            if held:
+                self.peak_gpu_mem = max(self.peak_gpu_mem or 0, sum(held.values()))
+        return rss
+
+    def reaped(self, rusage: Any) -> None:
+        """Fold in a rank's own accounting from ``wait4`` (it includes what it waited for)."""
+        self.cpu_reaped += rusage.ru_utime + rusage.ru_stime
+        self.cpu_time = max(self.cpu_time, self.cpu_reaped)
+        self.peak_rss = max(self.peak_rss, rusage.ru_maxrss * 1024)
+
+    def columns(self, job: JobInfo) -> dict[str, Any]:
+        """Ledger columns: totals over every attempt of the job, peaks over all of them."""
+        gpu = self.peak_gpu_mem
+        if job.peak_gpu_mem is not None:
+            gpu = max(gpu or 0, job.peak_gpu_mem)
+        return {
+            "cpu_time": (job.cpu_time or 0.0) + self.cpu_time,
+            "peak_rss": max(job.peak_rss or 0, self.peak_rss),
+            "peak_gpu_mem": gpu,
+        }
 
 
 def _monitor(
@@ -121,12 +164,14 @@ def _monitor(
         grace = settings.preempt_grace() if reason == "preempt" else settings.grace
         kill_at = time.time() + (0.0 if at_once else grace)
 
+    next_usage = 0.0
     while len(statuses) < len(pids):
         for fd, _ in poller.poll(POLL_SECONDS * 1000):
             pid = pidfds[fd]
             poller.unregister(fd)
             os.close(fd)
-            _, status = os.waitpid(pid, 0)
+            _, status, rusage = os.wait4(pid, 0)
+            outcome.usage.reaped(rusage)
             statuses[pid] = status
             if status != 0 and len(pids) > 1 and outcome.stop_reason is None:
                 rank = pids.index(pid)
@@ -160,10 +205,14 @@ def _monitor(
             from .units import format_duration
 
             stop("timeout", f"time limit {format_duration(job.time_limit)} reached")
-        if now >= next_memory and (job.mem or grants):
+        limits = bool(job.mem or grants)
+        if now >= next_usage and not limits:
+            next_usage = now + USAGE_SECONDS
+            outcome.usage.sample(_tree(processes), gpus=job.gpus > 0)
+        if now >= next_memory and limits:
             next_memory = now + MEMORY_CHECK_SECONDS
             tree = _tree(processes)
-            used = _rss(tree)
+            used = outcome.usage.sample(tree, gpus=job.gpus > 0)
             if job.mem and used > job.mem:
                 stop(
                     "oom",
@@ -199,6 +248,17 @@ def _rss(tree: list[psutil.Process]) -> int:
             total += p.memory_info().rss
         except psutil.Error:
             continue
+    return total
+
+
+def _cpu_seconds(tree: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in tree:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
     return total
 
 
@@ -257,6 +317,7 @@ def _record(store: Store, job: JobInfo, outcome: Outcome, folder: Path) -> None:
         "term_signal": term_signal,
         "attained": attained,
         "lease_expires": None,
+        **outcome.usage.columns(job),
     }
     for attempt in range(RECORD_TRIES):
         try:
