@@ -1,4 +1,4 @@
-"""Backends run what the policy decided: ``local`` (supervised processes) or ``ray``.
+"""Backends run what the policy decided: ``local`` (supervised processes), ``ray`` or ``slurm``.
 
 A backend is a small life cycle (see ``Backend``): describe the pool, launch
 an allocated job, deliver a cancel, clean up after a job whose lease expired,
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def make_backend(backend: str | Backend, scheduler: Scheduler, **options: Any) -> Backend:
-    """The backend called ``backend`` (``"local"`` or ``"ray"``) bound to ``scheduler``."""
+    """The backend called ``backend`` (``"local"``, ``"ray"`` or ``"slurm"``) bound to ``scheduler``."""
     if isinstance(backend, Backend):
         backend.bind(scheduler)
         return backend
@@ -29,7 +29,11 @@ def make_backend(backend: str | Backend, scheduler: Scheduler, **options: Any) -
         from .ray import RayBackend
 
         return RayBackend(scheduler, **options)
-    raise SpecError("backend", backend, '"local" or "ray"')
+    if backend == "slurm":
+        from .slurm import SlurmBackend
+
+        return SlurmBackend(scheduler, **options)
+    raise SpecError("backend", backend, '"local", "ray" or "slurm"')
 
 
 __all__ = ["Backend", "make_backend"]

@@ -1,0 +1,450 @@
+"""The SLURM backend against a real single-node SLURM (two pretend GPUs, no accounting).
+
+The cluster (munged, slurmctld, slurmd, all in the foreground) is started once for
+the module with everything in one temporary folder, and stopped after. It needs
+root and Debian's ``slurmctld slurmd slurm-client munge`` packages (CI installs
+them); otherwise the module is skipped.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from jupyter_dlsched.errors import JobTimeout, RemoteTraceback, SpecError
+from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.store import TERMINAL
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol")
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="starting a SLURM cluster needs root"),
+    pytest.mark.skipif(
+        any(shutil.which(d) is None and not os.path.exists(f"/usr/sbin/{d}") for d in DAEMONS),
+        reason="needs SLURM and munge: apt-get install slurmctld slurmd slurm-client munge",
+    ),
+]
+pytest.importorskip("submitit")
+
+SLURM_CONF = """ClusterName=dlstest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={dir}/munge/munge.sock
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+SlurmdParameters=config_overrides
+GresTypes=gpu
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+ReturnToService=2
+KillWait=2
+MinJobAge=600
+DefMemPerCPU=100
+PriorityType=priority/basic
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 Gres=gpu:2 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def until(predicate: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def tool(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SimpleNamespace]:
+    # readable by a second Unix user, who needs the configuration and munge's socket
+    folder = Path(tempfile.mkdtemp(prefix="dlslurm", dir="/tmp"))
+    folder.chmod(0o755)
+    for sub in ("state", "spool", "dev", "munge"):
+        (folder / sub).mkdir()
+    (folder / "munge").chmod(0o755)
+    key = folder / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    for i in range(2):  # pretend GPUs: SLURM only needs a character device per card
+        os.mknod(folder / "dev" / f"gpu{i}", 0o666 | 0o020000, os.makedev(1, 3))
+    (folder / "gres.conf").write_text(f"NodeName=localhost Name=gpu File={folder}/dev/gpu[0-1]\n")
+    conf = folder / "slurm.conf"
+    conf.write_text(
+        SLURM_CONF.format(
+            host=socket.gethostname(), ctld_port=free_port(), d_port=free_port(), dir=folder
+        )
+    )
+    patch = pytest.MonkeyPatch()
+    patch.setenv("SLURM_CONF", str(conf))
+    munge = folder / "munge"
+    daemons = []
+    try:
+        for argv in (
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--socket={munge}/munge.sock",
+                f"--key-file={key}",
+                f"--pid-file={munge}/munged.pid",
+                f"--log-file={munge}/munged.log",
+                f"--seed-file={munge}/seed",
+            ],
+            ["slurmctld", "-D", "-c", "-f", str(conf)],
+            ["slurmd", "-D", "-f", str(conf), "-N", "localhost"],
+        ):
+            daemons.append(
+                subprocess.Popen(
+                    argv,
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(folder / f"{argv[0]}.out", "wb"),  # noqa: SIM115
+                )
+            )
+            if argv[0] == "munged":
+                until(lambda: (munge / "munge.sock").exists(), timeout=20)
+        (munge / "munge.sock").chmod(0o777)
+
+        def idle() -> bool:
+            try:
+                return tool("sinfo", "--noheader", "--format=%t").strip() == "idle"
+            except subprocess.CalledProcessError:
+                return False
+
+        until(idle, timeout=30)
+        yield SimpleNamespace(folder=folder, conf=conf)
+    finally:
+        subprocess.run(["scancel", "--partition=debug"], check=False, capture_output=True)
+        for daemon in reversed(daemons):
+            daemon.terminate()
+            try:
+                daemon.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+        patch.undo()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def sched(
+    cluster: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Scheduler]:
+    monkeypatch.setenv("DLSCHED_HOME", str(tmp_path / "dlsched"))
+    monkeypatch.delenv("DLSCHED_SIMULATE_GPUS", raising=False)
+    monkeypatch.setenv("DLSCHED_BACKEND", "slurm")
+    with Scheduler(home=tmp_path / "dlsched", poll=0.5) as s:
+        yield s
+        for job in s.jobs(state=["queued", "running", "preempted"]):
+            s.cancel(job.id)
+        until(lambda: all(j.state in TERMINAL for j in s.jobs()), timeout=30)
+
+
+def slurm_id(s: Scheduler, job_id: str) -> str:
+    import json
+
+    return str(json.loads((s.store.spool(job_id) / "slurm.json").read_text())["slurm_id"])
+
+
+def scontrol(job: str) -> str:
+    return tool("scontrol", "show", "job", job)
+
+
+# -- what runs inside the jobs (found through the job's sys.path) ------------------------------
+
+
+def double(x: int) -> int:
+    print(f"doubling {x}", flush=True)
+    return 2 * x
+
+
+def visible_gpus() -> str:
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+
+def rank_info() -> dict[str, str]:
+    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}", flush=True)
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")
+    return {k: os.environ[k] for k in keys}
+
+
+def fail_loudly() -> None:
+    raise ValueError("the learning rate is negative")
+
+
+def wait_for(path: str, value: Any = None) -> Any:
+    print("waiting", flush=True)
+    deadline = time.time() + 60
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            raise TimeoutError(path)
+        time.sleep(0.02)
+    return value
+
+
+# -- the tests ---------------------------------------------------------------------------------
+
+
+def test_function_on_one_pretend_gpu_returns_its_result_output_and_node(
+    sched: Scheduler,
+) -> None:
+    h = sched.submit(double, 21, gpus=1)
+    assert h.result(timeout=60) == 42
+    info = h.info()
+    assert (info.state, info.backend, info.host, info.exit_code) == (
+        "succeeded",
+        "slurm",
+        "localhost",
+        0,
+    )
+    assert len(info.devices) == 1
+    assert info.submitted <= info.started <= info.finished
+    logs = h.logs()
+    assert "doubling 21" in logs
+    assert f"submitted to SLURM as job {slurm_id(sched, h.id)}" in logs
+    assert "submitit INFO" not in logs
+    gpu = sched.submit(visible_gpus, gpus=1).result(timeout=60)
+    assert gpu in ("0", "1")
+
+
+def test_schedule_cell_runs_as_a_slurm_job(sched: Scheduler) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import jupyter_dlsched as dls
+    from jupyter_dlsched.cells import CellResult
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "jupyter_dlsched")
+    dls.set_default_scheduler(sched)
+    try:
+        shell.user_ns["x"] = 20
+        shell.run_cell_magic(
+            "schedule", "--gpus 1 --out y", "import os\ny = x + 1\nprint('in cell job')\ny * 2"
+        )
+        handle = shell.user_ns["_job"]
+        result = handle.result(timeout=60)
+        assert isinstance(result, CellResult) and result.value == 42
+        assert handle.info().backend == "slurm"
+        assert "in cell job" in handle.logs()
+    finally:
+        dls.set_default_scheduler(None)
+
+
+def test_two_gpu_jobs_run_at_once_and_a_third_waits_with_slurms_reason(
+    sched: Scheduler, tmp_path: Path
+) -> None:
+    release = str(tmp_path / "release")
+    first, second, third = (sched.submit(wait_for, release, i, gpus=1) for i in range(3))
+    until(lambda: first.state == "running" and second.state == "running")
+    assert sorted(first.devices + second.devices) == [0, 1]
+    waiting = until(lambda: third.info().waiting)
+    assert third.state == "queued"
+    assert waiting.startswith("SLURM: Resources") or waiting.startswith("SLURM: Priority")
+    assert "PENDING" in scontrol(slurm_id(sched, third.id))
+    Path(release).touch()
+    assert [h.result(timeout=60) for h in (first, second, third)] == [0, 1, 2]
+
+
+def test_after_becomes_a_slurm_dependency(sched: Scheduler, tmp_path: Path) -> None:
+    release = str(tmp_path / "release")
+    first = sched.submit(wait_for, release, "first", cpus=1)
+    then = sched.submit(double, 4, after=[first.id])
+    until(lambda: (sched.store.spool(then.id) / "slurm.json").exists())
+    assert f"afterok:{slurm_id(sched, first.id)}" in scontrol(slurm_id(sched, then.id))
+    time.sleep(0.5)
+    assert then.state == "queued"
+    Path(release).touch()
+    assert then.result(timeout=60) == 8
+    assert first.info().finished <= then.info().started
+
+
+def test_distributed_job_runs_one_task_per_gpu_with_torchruns_variables(
+    sched: Scheduler,
+) -> None:
+    h = sched.submit(rank_info, gpus=2, distributed=True)
+    assert h.result(timeout=60) == {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+    }
+    logs = h.logs()
+    assert "rank 0 of 2" in logs and "rank 1 of 2" in logs
+    assert sorted(h.devices) == [0, 1]
+
+
+def test_dlsched_queue_lists_slurm_jobs(sched: Scheduler) -> None:
+    h = sched.submit(double, 5)
+    assert h.result(timeout=60) == 10
+    cli = Path(sys.executable).with_name("dlsched")
+    out = subprocess.run(
+        [str(cli), "queue", "--all", "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert h.id in out.stdout and '"slurm"' in out.stdout
+
+
+def test_cancel_ends_running_and_queued_slurm_jobs(sched: Scheduler, tmp_path: Path) -> None:
+    running = sched.submit(time.sleep, 60, gpus=2)
+    queued = sched.submit(time.sleep, 60, gpus=2)
+    until(lambda: running.state == "running")
+    until(lambda: (sched.store.spool(queued.id) / "slurm.json").exists())
+    assert running.cancel() and queued.cancel()
+    for h in (running, queued):
+        with pytest.raises(concurrent.futures.CancelledError):
+            h.result(timeout=30)
+        assert h.info().state == "cancelled"
+        until(lambda h=h: "JobState=CANCELLED" in scontrol(slurm_id(sched, h.id)), timeout=30)
+
+
+def test_time_limit_ends_the_job_as_timeout(sched: Scheduler) -> None:
+    h = sched.submit(time.sleep, 60, time_limit="2s")
+    with pytest.raises(JobTimeout):
+        h.result(timeout=60)
+    info = h.info()
+    assert info.state == "timeout" and "time limit" in info.reason
+    # SLURM keeps limits in whole minutes and enforces them coarsely: the monitor ends it
+    assert "TimeLimit=00:01:00" in scontrol(slurm_id(sched, h.id))
+
+
+def test_failing_function_raises_its_own_traceback(sched: Scheduler) -> None:
+    h = sched.submit(fail_loudly)
+    with pytest.raises(ValueError, match="learning rate is negative") as caught:
+        h.result(timeout=60)
+    assert isinstance(caught.value.__cause__, RemoteTraceback)
+    assert "fail_loudly" in caught.value.__cause__.tb
+    assert h.info().reason == "ValueError: the learning rate is negative"
+    assert "Traceback" in h.logs()
+
+
+def test_command_job_records_exit_code_output_and_gpu(sched: Scheduler) -> None:
+    ok = sched.submit_command(["sh", "-c", 'echo "gpu=$CUDA_VISIBLE_DEVICES"'], gpus=1)
+    bad = sched.submit_command(["sh", "-c", "echo failing; exit 3"])
+    assert ok.result(timeout=60) == 0
+    assert "gpu=0" in ok.logs() or "gpu=1" in ok.logs()
+    with pytest.raises(Exception, match="exit code 3"):
+        bad.result(timeout=60)
+    assert bad.info().exit_code == 3
+    assert "failing" in bad.logs()
+
+
+def test_pool_shows_the_partitions_nodes_and_gpus_as_a_slurm_cluster(sched: Scheduler) -> None:
+    pool = sched.pool()
+    data = pool.to_json()
+    assert data["cluster"]["kind"] == "slurm"
+    assert [(n["name"], n["gpus"], n["cpus"]) for n in data["cluster"]["nodes"]] == [
+        ("localhost", 2, 4)
+    ]
+    assert [g.name for g in pool.gpus] == ["GPU 0 on localhost", "GPU 1 on localhost"]
+    assert repr(pool).startswith("SLURM cluster")
+    assert sched.status()["backend"] == "slurm"
+
+
+def test_priority_becomes_nice_and_changes_reach_slurm(sched: Scheduler, tmp_path: Path) -> None:
+    release = str(tmp_path / "release")
+    blocker = sched.submit(wait_for, release, gpus=2)
+    low = sched.submit(double, 1, gpus=2, priority="low")
+    until(lambda: blocker.state == "running")
+    until(lambda: (sched.store.spool(low.id) / "slurm.json").exists())
+    assert "Nice=100" in scontrol(slurm_id(sched, low.id))
+    sched.set_priority(low.id, "high")
+    until(lambda: "Nice=0" in scontrol(slurm_id(sched, low.id)), timeout=30)
+    Path(release).touch()
+    assert low.result(timeout=60) == 2
+
+
+def test_a_share_of_a_gpu_is_refused_without_shards(sched: Scheduler) -> None:
+    h = sched.submit(double, 1, gpus=0.5)
+    with pytest.raises(Exception, match="offers no GPU shards"):
+        h.result(timeout=30)
+    assert h.info().state == "failed"
+    with pytest.raises(SpecError, match="sbatch options"):
+        Scheduler(home=sched.home, backend="slurm", extra="constraint=a100", loop=False)
+
+
+def test_another_participant_takes_over_a_running_job(sched: Scheduler, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    h = sched.submit(wait_for, str(release), "taken over")
+    until(lambda: h.state == "running")
+    sched.close()
+    with Scheduler(home=sched.home, backend="slurm", poll=0.5) as s:
+        release.touch()
+        assert s.get(h.id).result(timeout=60) == "taken over"
+        assert s.get(h.id).info().attempts == 1
+
+
+OTHER_USER_SCRIPT = """
+import sys
+from jupyter_dlsched.scheduler import Scheduler
+with Scheduler(home=sys.argv[1], backend="slurm", poll=0.5) as s:
+    h = s.submit_command(["sh", "-c", "echo ran as $(id -un)"])
+    print(h.result(timeout=60), h.logs())
+"""
+
+
+def test_command_job_of_another_unix_user_runs_as_that_user(
+    cluster: SimpleNamespace, other_user: Any, tmp_path: Path
+) -> None:
+    # the other user cannot run this virtual environment's interpreter (it lives in
+    # root's home), so it runs Debian's with this package and its dependencies on the path
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    package = str(Path(__file__).resolve().parents[1])
+    probe = other_user.run(
+        "import sys; sys.path[:0] = sys.argv[1:]; import jupyter_dlsched.scheduler, submitit",
+        package,
+        site,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"the system Python cannot import jupyter_dlsched: {probe.stderr[-200:]}")
+    home = Path(tempfile.mkdtemp(prefix="dlsother", dir="/tmp"))
+    os.chown(home, other_user.uid, other_user.gid)
+    try:
+        done = other_user.run(
+            "import os, sys; sys.path[:0] = sys.argv[2:]; os.environ['SLURM_CONF'] = "
+            f"{str(cluster.conf)!r}; sys.argv[1:] = sys.argv[1:2]\n" + OTHER_USER_SCRIPT,
+            str(home / "dlsched"),
+            package,
+            site,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert f"ran as {other_user.name}" in done.stdout
+        assert done.stdout.startswith("0 ")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
