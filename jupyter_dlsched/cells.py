@@ -19,6 +19,8 @@ import ast
 import builtins
 import importlib.util
 import linecache
+import os
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -285,14 +287,34 @@ class CellResult:
     has_value: bool = False
     missing: list[str] = field(default_factory=list)
     unsent: dict[str, str] = field(default_factory=dict)
+    # the job that produced it (results pickled before it was recorded have "")
+    job_id: str = ""
 
     def returned(self) -> list[str]:
         """Names that came back, for the status line: ``['y', 'model']``."""
         return list(self.outputs)
 
     def __repr__(self) -> str:
-        value = f", value={self.value!r}" if self.has_value else ""
-        return f"CellResult(outputs={sorted(self.outputs)}{value})"
+        """Says what came back and how to get it into a notebook::
+
+        CellResult(outputs: model, history — %dlsched wait k3x9m2ab brings them into this kernel)
+        """
+        parts = []
+        if self.outputs:
+            parts.append("outputs: " + ", ".join(self.outputs))
+        if self.has_value:
+            text = repr(self.value)
+            parts.append(f"value: {text if len(text) <= 60 else text[:59] + '…'}")
+        if self.missing:
+            parts.append("not assigned by the cell: " + ", ".join(self.missing))
+        if self.unsent:
+            parts.append("could not come back: " + ", ".join(self.unsent))
+        shown = "; ".join(parts) or "nothing sent back"
+        if self.outputs:
+            where = f"%dlsched wait {self.job_id}" if self.job_id else "%dlsched wait JOB_ID"
+            them = "them" if len(self.outputs) > 1 else "it"
+            shown += f" — {where} brings {them} into this kernel"
+        return f"CellResult({shown})"
 
 
 def execute(
@@ -325,7 +347,49 @@ def run_cell(payload: dict[str, Any]) -> CellResult:
     result = execute(
         payload["source"], namespace, payload.get("filename", "<cell>"), payload.get("out", ())
     )
+    result.job_id = os.environ.get("DLSCHED_JOB_ID", "")
     return _sendable(result)
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_FRAME = re.compile(r'^  File "(?P<file>[^"]*)", line \d+')
+
+
+def user_traceback(tb: str) -> str:
+    """A job's traceback with only the user's frames, the way a notebook cell shows it.
+
+    Frames of this package (the job process, the runner, the magics) go, and so does
+    everything above a scheduled cell's first frame. Headers, chained exceptions and the
+    exception lines stay.
+    """
+    out: list[str] = []
+    segment: list[tuple[str | None, list[str]]] = []  # (file of the frame or None, lines)
+
+    def flush() -> None:
+        files = [f for f, _ in segment if f is not None]
+        first_cell = next((i for i, f in enumerate(files) if f.startswith("<scheduled cell")), 0)
+        seen = 0
+        for file, lines in segment:
+            if file is not None:
+                seen += 1
+                if seen <= first_cell or file.startswith(_PACKAGE):
+                    continue
+            out.extend(lines)
+        segment.clear()
+
+    for line in tb.splitlines():
+        match = _FRAME.match(line)
+        if line.startswith("Traceback (most recent call last)"):
+            flush()
+            segment.append((None, [line]))
+        elif match:
+            segment.append((match.group("file"), [line]))
+        elif line.startswith("    ") and segment and segment[-1][0] is not None:
+            segment[-1][1].append(line)  # the frame's source line and its ^^^ markers
+        else:
+            segment.append((None, [line]))
+    flush()
+    return "\n".join(out)
 
 
 def _sendable(result: CellResult) -> CellResult:

@@ -7,7 +7,8 @@
     %%schedule --gpus 1 --priority high --name exp1 --out model,history
     model, history = train(lr)
 
-    %dlsched queue | pool | dashboard | cancel ID | logs ID | priority ID P | wait ID
+    %dlsched queue | pool | dashboard | cancel ID | logs ID | priority ID P
+    %dlsched wait ID | outputs ID | attach ID
 
 A scheduled cell runs in its own job process with only the notebook
 variables it reads; ``--inline`` runs it in a thread of the kernel instead,
@@ -28,7 +29,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from .cells import CellResult, UnpicklableVariable, capture, execute, run_cell
+from .cells import CellResult, UnpicklableVariable, capture, execute, run_cell, user_traceback
 from .errors import DlschedError, JobNotFound
 from .handle import JobHandle
 from .store import JobInfo
@@ -40,7 +41,7 @@ SCHEDULE_USAGE = (
 )
 DLSCHED_USAGE = (
     "%dlsched queue [--all] | pool | dashboard | cancel ID | logs ID [--tail N] | "
-    "priority ID P | wait ID"
+    "priority ID P | wait ID [--out a,b] | outputs ID [--out a,b] | attach ID"
 )
 HANDLE_NAME = "_job"  # the handle of the last scheduled cell, in the notebook namespace
 
@@ -56,12 +57,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}. Usage: {self.one_line_usage}")
 
 
-def _names(text: str | None, flag: str) -> list[str]:
+def _names(text: str | None, flag: str, prog: str = "%%schedule") -> list[str]:
     """Comma-separated variable names (``--out``)."""
     names = _items(text)
     bad = [n for n in names if not n.isidentifier()]
     if bad:
-        raise UsageError(f"%%schedule: {flag} {bad[0]!r} is not a variable name")
+        raise UsageError(f"{prog}: {flag} {bad[0]!r} is not a variable name")
     return names
 
 
@@ -107,6 +108,13 @@ class CellJob:
         self.result: CellResult | None = None
         self._lock = threading.Lock()
         self._done = False
+        self._unshown: list[Any] = []  # a value that came back before the view existed
+
+    def attach_view(self, view: Any) -> None:
+        """The status line this cell's value goes under."""
+        self.view = view
+        while self._unshown:
+            view.show_value(self._unshown.pop())
 
     def finish(self, handle: JobHandle, info: JobInfo) -> str:
         """Called once when the job ends; returns the words for ``done in … · <words>``."""
@@ -125,7 +133,9 @@ class CellJob:
         if result.has_value:
             self.shell.user_ns["_"] = result.value
             if self.show_value and self.view is not None:
-                self.view.result_area.append_display_data(result.value)
+                self.view.show_value(result.value)
+            elif self.show_value:
+                self._unshown.append(result.value)
         return self._summary()
 
     def _summary(self) -> str:
@@ -162,7 +172,9 @@ def _inline_runner(shell: Any, source: str, filename: str, out: list[str], log_p
 
         report_tqdm_progress()
         with _routed_output(log_path):
-            return execute(source, shell.user_ns, filename, out)
+            result = execute(source, shell.user_ns, filename, out)
+        result.job_id = info.id
+        return result
 
     return run
 
@@ -310,12 +322,9 @@ class SchedulerMagics(Magics):
         from .widgets import JobView
 
         view = JobView(handle, on_finish=job.finish)
-        job.view = view
-        self.last_view = view
-        self.cell_views[handle.id] = view
-        while len(self.cell_views) > 500:
-            del self.cell_views[next(iter(self.cell_views))]
-        display(view)
+        job.attach_view(view)
+        self._keep(handle.id, view)
+        view.show()
         if not args.wait:
             return None
         try:
@@ -326,6 +335,8 @@ class SchedulerMagics(Magics):
         view.refresh()
         failure = handle.exception(timeout=0) if not handle.cancelled() else None
         if failure is not None:
+            # shown like an error in an ordinary cell: the user's frames, not the scheduler's
+            _render_as_user_error(failure, handle.id)
             raise failure
         if job.result is not None and job.result.has_value:
             return job.result.value
@@ -367,6 +378,8 @@ class SchedulerMagics(Magics):
             "logs": self._logs,
             "priority": self._priority,
             "wait": self._wait,
+            "outputs": self._outputs,
+            "attach": self._attach,
         }.get(command)
         if action is None:
             raise UsageError(f"%dlsched: unknown command {command!r}. Usage: {DLSCHED_USAGE}")
@@ -426,20 +439,108 @@ class SchedulerMagics(Magics):
         info = scheduler.set_priority(args.id, args.priority)
         print(f"job {info.id} ({info.name}): priority {before} -> {info.priority}")
 
-    def _wait(self, rest: list[str]) -> None:
-        from .widgets.format import state_words
+    def _keep(self, job_id: str, view: Any) -> None:
+        self.last_view = view
+        self.cell_views[job_id] = view
+        while len(self.cell_views) > 500:
+            del self.cell_views[next(iter(self.cell_views))]
 
-        args = self._parse("wait", rest, ("id", {}))
+    def _wait(self, rest: list[str]) -> None:
+        from .words import state_words
+
+        args = self._parse("wait", rest, ("id", {}), ("--out", {}))
+        names = _names(args.out, "--out", "%dlsched wait") if args.out is not None else None
         handle = self._scheduler().get(args.id)
         try:
             info = handle.wait()
         except KeyboardInterrupt:
             print(f"stopped waiting; job {args.id} goes on")
             return
-        view = self.cell_views.pop(info.id, None)
+        view = self.cell_views.get(info.id)
         if view is not None:
-            view.refresh()  # a scheduled cell's --out names are back before this returns
+            view.refresh()  # its status line shows the end before this returns
         print(f"job {info.id} ({info.name}): {state_words(info)}")
+        if info.state == "succeeded":
+            self._bring_back(handle, names)
+
+    def _outputs(self, rest: list[str]) -> None:
+        from .words import state_words
+
+        args = self._parse("outputs", rest, ("id", {}), ("--out", {}))
+        names = _names(args.out, "--out", "%dlsched outputs") if args.out is not None else None
+        handle = self._scheduler().get(args.id)
+        info = handle.info()
+        if not info.done:
+            raise UsageError(
+                f"%dlsched outputs: job {info.id} is {info.state}, nothing has come back yet; "
+                f"`%dlsched wait {info.id}` waits for it and brings its names back"
+            )
+        if info.state != "succeeded":
+            print(f"job {info.id} ({info.name}): {state_words(info)}; nothing came back")
+            return
+        self._bring_back(handle, names)
+
+    def _bring_back(self, handle: JobHandle, names: list[str] | None) -> None:
+        """Put a finished cell's ``--out`` names into this kernel and say which."""
+        result = handle.result(timeout=0)
+        if not isinstance(result, CellResult):
+            return  # a function or command job: its value is `dls.get(ID).result()`
+        sent = result.outputs
+        chosen = list(sent) if names is None else [n for n in names if n in sent]
+        unknown = [] if names is None else [n for n in names if n not in sent]
+        if unknown:
+            offered = ", ".join(sent) or "nothing"
+            raise UsageError(
+                f"%dlsched: job {handle.id} did not send back {', '.join(unknown)} "
+                f"(it sent back: {offered}); name them with --out when scheduling the cell"
+            )
+        shell = self.shell
+        if shell is not None and chosen:
+            shell.user_ns.update({n: sent[n] for n in chosen})
+        if chosen:
+            print(f"set in this kernel: {', '.join(chosen)}")
+        elif not result.missing and not result.unsent:
+            print("the cell sent no names back (schedule it with --out a,b to get some)")
+        if result.missing:
+            print("not assigned by the cell: " + ", ".join(result.missing))
+        for name, why in result.unsent.items():
+            print(f"{name} could not come back ({why})")
+
+    def _attach(self, rest: list[str]) -> None:
+        from .widgets import JobView
+
+        args = self._parse("attach", rest, ("id", {}))
+        handle = self._scheduler().get(args.id)
+        info = handle.info()
+        # as the original cell: when it succeeds, its --out names come back into this kernel
+        cell = CellJob(self.shell, [], inline=info.inline, show_value=True)
+        view = JobView(handle, on_finish=cell.finish if info.kind == "cell" else None)
+        cell.attach_view(view)
+        self._keep(handle.id, view)
+        view.show()
+
+
+def _render_as_user_error(failure: BaseException, job_id: str) -> None:
+    """Make IPython show a job's exception with only the user's frames.
+
+    IPython asks an exception for ``_render_traceback_()`` before formatting its own
+    traceback (which would be this module's frames and the job runner's).
+    """
+    from .errors import RemoteTraceback
+
+    cause = failure.__cause__
+    if isinstance(cause, RemoteTraceback) and cause.tb.strip():
+        text = user_traceback(cause.tb).rstrip("\n")
+    else:
+        text = f"{type(failure).__name__}: {failure}"
+    lines = [
+        *text.splitlines(),
+        f"(job {job_id}; `%dlsched logs {job_id}` shows everything it printed)",
+    ]
+    try:
+        failure._render_traceback_ = lambda: lines  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        pass  # an exception type with __slots__: IPython's own traceback it is
 
 
 def load_ipython_extension(ipython: Any) -> None:

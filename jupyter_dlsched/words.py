@@ -1,15 +1,37 @@
-"""The words UI.md gives each state, shared by every front end (CLI, widgets, magics).
+"""The words UI.md gives jobs, shared by every front end (CLI, widgets, magics, sidebar).
 
+One phrase per idea, so a user who learned one view reads the others:
+
+>>> priority_words(100), priority_words(60)
+('high', 'priority 60')
 >>> state_words(job)  # doctest: +SKIP
 'queued · #3 in line · waiting for 2 GPUs'
+>>> notebook_words("/home/anna/work/sweep.ipynb")
+'sweep.ipynb'
+
+The JupyterLab sidebar (TypeScript) follows the same rules; keep them in step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Iterable
 
-from .store import JobInfo
+from .spec import PRIORITY_NAMES
+from .store import WAITING, JobInfo
 from .units import format_duration
+
+#: the named priority levels, by value: ``{0: "low", 50: "normal", 100: "high", 1000: "urgent"}``
+PRIORITY_WORDS = {value: name for name, value in PRIORITY_NAMES.items()}
+
+#: ``origin`` values that say what submitted a job but are no notebook or program name
+_NO_PLACE = ("", "notebook", "python", "-")
+
+
+def priority_words(priority: int) -> str:
+    """``"low"``, ``"normal"``, ``"high"``, ``"urgent"`` for the named levels, else ``"priority N"``."""
+    return PRIORITY_WORDS.get(priority, f"priority {priority}")
 
 
 def ran_for(job: JobInfo, now: float) -> float | None:
@@ -23,16 +45,26 @@ def waited_for(job: JobInfo, now: float) -> float:
     return max(0.0, end - job.submitted)
 
 
+def wait_words(job: JobInfo) -> str:
+    """Why a queued job waits, place in line first: ``"#3 in line · waiting for 2 GPUs"``.
+
+    ``""`` when the job is not waiting or nothing is known yet.
+    """
+    if job.state not in WAITING:
+        return ""
+    parts = []
+    if job.position:
+        parts.append(f"#{job.position} in line")
+    if job.waiting:
+        parts.append(job.waiting)
+    return " · ".join(parts)
+
+
 def state_words(job: JobInfo, now: float | None = None) -> str:
     """Plain words for a state: ``"queued · #3 in line · waiting for 2 GPUs"``."""
     now = time.time() if now is None else now
     if job.state == "queued":
-        parts = ["queued"]
-        if job.position:
-            parts.append(f"#{job.position} in line")
-        if job.waiting:
-            parts.append(job.waiting)
-        return " · ".join(parts)
+        return " · ".join(part for part in ("queued", wait_words(job)) if part)
     if job.state == "running":
         return f"running · {format_duration(ran_for(job, now))}"
     if job.state == "succeeded":
@@ -42,3 +74,34 @@ def state_words(job: JobInfo, now: float | None = None) -> str:
     if job.state == "preempted":
         return "preempted · requeued"
     return job.state
+
+
+def notebook_words(origin: str) -> str:
+    """The short name of where a job came from: a notebook's file name, not its full path.
+
+    The full ``origin`` belongs in a tooltip (``title``) next to it.
+    """
+    if origin in _NO_PLACE:
+        return ""
+    return origin.rstrip("/").rsplit("/", 1)[-1]
+
+
+def owner_words(job: JobInfo) -> str:
+    """``"anna · sweep.ipynb"``, or ``"anna"`` when nothing names the notebook or program."""
+    place = notebook_words(job.origin)
+    return f"{job.owner} · {place}" if place else job.owner
+
+
+def renumber(jobs: Iterable[JobInfo]) -> list[JobInfo]:
+    """The jobs with queue positions closed up: ``#1, #3`` becomes ``#1, #2``.
+
+    The ledger's positions are written when the pool decides; a job that left the line
+    since (cancelled, started) leaves a gap until then. Pass every waiting job of the
+    pool (filter afterwards), so the numbers are places in the whole line.
+    """
+    jobs = list(jobs)
+    placed = sorted(
+        (j for j in jobs if j.state in WAITING and j.position), key=lambda j: (j.position, j.seq)
+    )
+    fixed = {j.id: n for n, j in enumerate(placed, start=1) if j.position != n}
+    return [dataclasses.replace(j, position=fixed[j.id]) if j.id in fixed else j for j in jobs]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import cloudpickle
 import pytest
 
+import jupyter_dlsched
 from jupyter_dlsched.cells import (
     CellResult,
     UnpicklableVariable,
@@ -14,6 +16,7 @@ from jupyter_dlsched.cells import (
     execute,
     reads,
     run_cell,
+    user_traceback,
 )
 
 
@@ -76,7 +79,10 @@ def test_execute_returns_the_trailing_expression_and_out_names():
     assert result.value == 80 and result.has_value
     assert result.outputs == {"b": 8, "c": 9}
     assert result.missing == ["nope"]
-    assert repr(result) == "CellResult(outputs=['b', 'c'], value=80)"
+    assert repr(result) == (
+        "CellResult(outputs: b, c; value: 80; not assigned by the cell: nope"
+        " — %dlsched wait JOB_ID brings them into this kernel)"
+    )
 
 
 def test_a_trailing_semicolon_silences_the_value():
@@ -110,6 +116,11 @@ def test_a_cell_job_runs_with_notebook_functions_and_returns_its_outputs(sched):
     result = handle.result(timeout=60)
     assert isinstance(result, CellResult)
     assert result.outputs == {"out": [3, 6, 9]} and result.value == 18
+    # its repr says how to get the values, naming the job
+    assert repr(result) == (
+        f"CellResult(outputs: out; value: 18 — %dlsched wait {handle.id} "
+        "brings it into this kernel)"
+    )
     assert "scaled 3" in handle.logs()
     assert handle.info().kind == "cell"
 
@@ -152,3 +163,46 @@ def test_tqdm_in_a_job_reports_progress(sched):
     progress = handle.info().progress
     assert progress is not None and progress["done"] == 50 and progress["total"] == 50
     assert progress["metrics"] == {"loss": 0.02}
+
+
+def test_a_cell_result_without_names_says_so():
+    assert repr(CellResult()) == "CellResult(nothing sent back)"
+    assert repr(CellResult(value=3, has_value=True)) == "CellResult(value: 3)"
+
+
+PACKAGE_FILE = str(Path(jupyter_dlsched.__file__).parent / "jobproc.py")
+
+
+def test_user_traceback_keeps_only_the_users_frames_in_each_chained_part():
+    tb = (
+        "Traceback (most recent call last):\n"
+        f'  File "{PACKAGE_FILE}", line 187, in _run_python\n'
+        "    result = run_payload(data)\n"
+        "             ^^^^^^^^^^^^^^^^^\n"
+        '  File "<scheduled cell 4>", line 2, in <module>\n'
+        "    helper(y)\n"
+        '  File "/home/anna/helpers.py", line 9, in helper\n'
+        "    open(path)\n"
+        "FileNotFoundError: data.csv\n"
+        "\n"
+        "During handling of the above exception, another exception occurred:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        f'  File "{PACKAGE_FILE}", line 190, in _run_python\n'
+        "    raise\n"
+        '  File "<scheduled cell 4>", line 4, in <module>\n'
+        "    raise ValueError('no data')\n"
+        "ValueError: no data"
+    )
+    shown = user_traceback(tb)
+    assert "jobproc" not in shown and "run_payload" not in shown
+    assert shown.count("Traceback (most recent call last):") == 2
+    for kept in (
+        "helper(y)",
+        "/home/anna/helpers.py",
+        "FileNotFoundError: data.csv",
+        "During handling",
+        "raise ValueError('no data')",
+        "ValueError: no data",
+    ):
+        assert kept in shown

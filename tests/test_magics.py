@@ -135,6 +135,18 @@ def test_wait_raises_what_the_cell_raised(ip):
     assert ip.user_ns["_job"].info().state == "failed"
 
 
+def test_a_failure_under_wait_shows_only_the_users_frames(ip, capsys):
+    ip.run_cell("def helper(x):\n    raise ValueError(f'bad lr {x}')\n")
+    capsys.readouterr()
+    result = ip.run_cell("%%schedule --wait\ny = 1\nhelper(y)\n")
+    assert isinstance(result.error_in_exec, ValueError)  # "Run all" stops here
+    shown = capsys.readouterr().out
+    assert "<scheduled cell" in shown and "helper(y)" in shown and "ValueError: bad lr 1" in shown
+    for own in ("jobproc.py", "runtime.py", "cells.py", "magics.py", "run_cell_magic"):
+        assert own not in shown, own
+    assert f"%dlsched logs {ip.user_ns['_job'].id}" in shown
+
+
 # -- inline mode --------------------------------------------------------------------------------
 
 
@@ -216,6 +228,9 @@ def test_a_usage_error_in_a_cell_prints_one_line_not_a_traceback(ip, capsys):
         ("cancel nosuchjob", "no job with id 'nosuchjob'"),
         ("logs abc --tail x", "invalid int value: 'x'"),
         ("queue --everything", "unrecognized arguments: --everything"),
+        ("attach nosuchjob", "no job with id 'nosuchjob'"),
+        ("outputs", "the following arguments are required: id"),
+        ("wait abc --out 1x", "--out '1x' is not a variable name"),
     ],
 )
 def test_dlsched_errors_are_one_line(ip, line, message):
@@ -307,3 +322,45 @@ def test_after_accepts_ids_that_start_with_a_digit(ip):
     ip.user_ns["dep"] = "9" + first.id[1:]
     result = ip.run_cell("%%schedule --after {dep}\n2\n")
     assert "is not a variable name" not in str(result.error_in_exec)
+
+
+def test_outputs_of_an_unfinished_job_says_to_wait(ip):
+    handle = dls.submit(time.sleep, 30, cpus=0.5, name="long")
+    with pytest.raises(UsageError, match=f"%dlsched wait {handle.id}"):
+        ip.run_line_magic("dlsched", f"outputs {handle.id}")
+    handle.cancel()
+
+
+def test_outputs_names_what_it_set_and_refuses_names_the_cell_did_not_send(ip, capsys):
+    schedule(ip, "--out a,b --wait", "a = 1\nb = 2")
+    job_id = ip.user_ns["_job"].id
+    del ip.user_ns["a"], ip.user_ns["b"]
+    capsys.readouterr()
+    ip.run_line_magic("dlsched", f"outputs {job_id}")
+    assert capsys.readouterr().out.strip() == "set in this kernel: a, b"
+    assert (ip.user_ns["a"], ip.user_ns["b"]) == (1, 2)
+    with pytest.raises(UsageError, match=r"did not send back c \(it sent back: a, b\)"):
+        ip.run_line_magic("dlsched", f"outputs {job_id} --out c")
+
+
+def test_attach_shows_the_live_line_and_brings_the_names_back_at_the_end(ip, tmp_path):
+    gate = tmp_path / "go"
+    ip.user_ns["gate"] = str(gate)
+    schedule(
+        ip,
+        "--out found",
+        "import os, time\nwhile not os.path.exists(gate):\n    time.sleep(0.05)\nfound = 'yes'",
+    )
+    job_id = ip.user_ns["_job"].id
+    magics = ip.magics_manager.registry["SchedulerMagics"]
+    magics.cell_views.clear()  # as in a new kernel: no status line knows the job
+    refresher.stop_all()
+    with capture_output() as shown:
+        ip.run_line_magic("dlsched", f"attach {job_id}")
+    assert "application/vnd.jupyter.widget-view+json" in shown.outputs[0].data
+    view = last_view(ip)
+    assert view.handle.id == job_id and not view.finished
+    gate.touch()
+    wait_for(lambda: not view.refresh(), what="the attached line to see the end")
+    assert "done in" in view.status.value and "found returned" in view.status.value
+    assert ip.user_ns["found"] == "yes"

@@ -62,7 +62,7 @@ def test_jobview_follows_a_job_from_queued_to_running_to_done(sched, tmp_path):
     wait_for(lambda: blocker.state == "running", what="the blocker to run")
     handle = sched.submit(hold_until, str(gate), gpus=1, name="trainer")
     view = JobView(handle, live=False)
-    wait_for(lambda: refreshed(view, "queued #1"), what="a queue position")
+    wait_for(lambda: refreshed(view, "queued · #1 in line"), what="a queue position")
     assert "GPU" in view.status.value  # it says why it waits
     assert view.cancel_button.layout.display != "none"
     assert view.bar.layout.display == "none"
@@ -148,14 +148,15 @@ def test_the_dashboard_shows_running_then_queued_jobs_and_acts_on_them(sched, tm
     assert ">running<" in board.rows[runner.id].cells["state"].value
     assert "70% loss 0.31" in board.rows[runner.id].cells["progress"].value
     assert "2 GPU" in board.rows[runner.id].cells["request"].value
-    assert board.rows[first.id].texts["progress"] == "waiting for 1 GPU · #1 in line"
+    assert board.rows[first.id].texts["progress"] == "#1 in line · waiting for 1 GPU"
+    assert ">normal<" in board.rows[first.id].cells["priority"].value
     # the GPU cards name the job on each GPU
     card_text = " ".join(card.value for card in board.gpu_cards.values())
     assert card_text.count("big-run") == 2 and "[simulated]" in card_text
     # ↑ and ↓ change the priority in the ledger
     board.rows[second.id].up_button.click()
     assert sched.info(second.id).priority == 60
-    assert board.rows[second.id].texts["priority"] == "60"
+    assert ">priority 60<" in board.rows[second.id].cells["priority"].value
     board.rows[first.id].down_button.click()
     assert sched.info(first.id).priority == 40
     # log shows the job's output
@@ -238,3 +239,168 @@ def _job(**changes) -> JobInfo:
 )
 def test_state_words_are_the_ones_ui_md_uses(changes, words):
     assert fmt.state_words(_job(**changes), now=824.0) == words
+
+
+# -- what a notebook keeps when the kernel is gone ----------------------------------------------
+
+
+def test_a_running_jobs_output_carries_a_plain_summary_with_the_attach_command(sched, tmp_path):
+    gate = tmp_path / "go"
+    handle = sched.submit(hold_until, str(gate), cpus=0.5, name=EVIL)
+    view = JobView(handle, live=False)
+    wait_for(lambda: refreshed(view, "running"), what="the job to run")
+    bundle = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle  # live while the kernel is
+    html, text = bundle["text/html"], bundle["text/plain"]
+    assert handle.id in text and "running" in text and f"%dlsched attach {handle.id}" in text
+    assert handle.id in html and "running" in html and f"%dlsched attach {handle.id}" in html
+    assert EVIL not in html and fmt.esc(EVIL) in html
+    gate.touch()
+    wait_for(lambda: refreshed(view, "done in"), what="the job to finish")
+    bundle = view._repr_mimebundle_()
+    # once ended, the output is plain HTML only: nothing to break when the kernel goes
+    assert "application/vnd.jupyter.widget-view+json" not in bundle
+    assert (
+        "done in" in bundle["text/html"] and "returned &#x27;trained&#x27;" in bundle["text/html"]
+    )
+    assert "<details><summary>output" in bundle["text/html"]
+    assert "epoch 1 loss 0.31" in bundle["text/html"]
+    assert "attach" not in bundle["text/plain"]
+
+
+def test_a_failed_jobs_summary_folds_the_users_traceback_only(sched):
+    handle = sched.submit(fail_loudly, cpus=0.5)
+    handle.wait(timeout=60)
+    view = JobView(handle, live=False)
+    html = view._repr_mimebundle_()["text/html"]
+    assert "<details><summary>traceback</summary>" in html
+    assert "fail_loudly" in html and "jobproc.py" not in html and "runtime.py" not in html
+    assert "&lt;b&gt;CUDA out of memory" in html and "<b>CUDA" not in html
+
+
+# -- GPU cards ----------------------------------------------------------------------------------
+
+
+def test_a_simulated_gpu_card_shows_allocation_labelled_as_allocated_with_drawn_bars(sched):
+    handle = sched.submit(time.sleep, 60, gpus=1, name="sleeper")
+    wait_for(lambda: handle.state == "running", what="the job to run")
+    board = dashboard(sched, live=False)
+    card = board.gpu_cards[handle.info().devices[0]].value
+    assert "[simulated]" in card and "sleeper" in card
+    assert "allocated" in card and "100%" in card and "16 GiB / 16 GiB" in card
+    assert "no utilisation readings" in card and "util" not in card.replace("utilisation", "")
+    assert card.count('class="dlsched-bar"') == 2
+    assert not any(block in card for block in "█░▁▂▃▄▅▆▇")  # bars are drawn, not typed
+    other = board.gpu_cards[1 - handle.info().devices[0]].value
+    assert "idle" in other and "0%" in other
+    board.close()
+    handle.cancel()
+
+
+def test_a_real_gpu_card_shows_measured_utilisation_as_bars_and_a_sparkline():
+    from jupyter_dlsched.pool import GpuInfo
+    from jupyter_dlsched.widgets.dashboard import gpu_card_html
+
+    gpu = GpuInfo(0, "GPU-x", "NVIDIA H200", 141 * 2**30, mem_used=96 * 2**30, util=87.0)
+    card = gpu_card_html(gpu, {}, [10.0, 50.0, 87.0])
+    assert "[simulated]" not in card and "allocated" not in card
+    assert "util" in card and "87%" in card and "96 GiB / 141 GiB" in card
+    assert card.count('class="dlsched-bar"') == 2 and 'class="dlsched-spark"' in card
+    assert "width:87.0%" in card
+
+
+# -- the timeline -------------------------------------------------------------------------------
+
+
+def test_timeline_labels_never_overlap_and_narrow_spans_get_none_or_a_cut_name():
+    from jupyter_dlsched.widgets.history import plan_labels
+
+    char = 5.0  # pixels per character; one unit is 100 pixels
+    spans = [
+        (0, 0.0, 2.0, "resnet-lr3"),  # 200 px: the whole name
+        (0, 2.0, 2.05, "tiny-one"),  # 5 px: no label
+        (0, 2.05, 2.5, "a-rather-long-job-name"),  # 45 px: cut
+        (1, 0.0, 3.0, "shared-a"),  # two spans at once on one GPU (fractional GPUs)
+        (1, 0.1, 3.0, "shared-b"),
+    ]
+    placed = plan_labels(spans, px_per_unit=100.0, char_px=char)
+    texts = {text for _, _, text in placed}
+    assert "resnet-lr3" in texts and "tiny-one" not in texts
+    cut = next(t for t in texts if t.startswith("a-r"))
+    assert cut.endswith("…") and (len(cut) + 1) * char <= 45
+    assert {"shared-a", "shared-b"} <= texts
+    for row in (0, 1):
+        on_row = sorted((x, t) for r, x, t in placed if r == row)
+        for (x1, t1), (x2, _) in zip(on_row, on_row[1:], strict=False):
+            assert x1 + (len(t1) + 1) * char / 100.0 <= x2 + 1e-9, (t1, x1, x2)
+
+
+def test_the_history_plot_draws_many_short_jobs(sched):
+    from jupyter_dlsched.widgets.history import render_png
+
+    jobs = [sched.submit(time.sleep, 0, gpus=1, name=f"short-{n}") for n in range(6)]
+    for job in jobs:
+        job.wait(timeout=60)
+    infos = [j.info() for j in jobs]
+    png = render_png({}, infos, [0, 1], time.time() - 600, simulated=frozenset({0, 1}))
+    assert png[:4] == b"\x89PNG"
+
+
+# -- one wording --------------------------------------------------------------------------------
+
+
+def test_queue_positions_close_up_at_once_after_a_cancel(sched):
+    blocker = sched.submit(time.sleep, 60, gpus=2, name="blocker")
+    wait_for(lambda: blocker.state == "running", what="the blocker to run")
+    line = [sched.submit(time.sleep, 0, gpus=1, name=f"in-line-{n}") for n in range(3)]
+    wait_for(lambda: line[2].info().position == 3, what="queue positions")
+    board = dashboard(sched, live=False)
+    last = JobView(line[2], live=False)
+    assert board.rows[line[2].id].texts["progress"].startswith("#3 in line")
+    board.rows[line[1].id].cancel_button.click()
+    # what the ledger says until the pool decides again may still be #3; the views renumber
+    assert board.rows[line[2].id].texts["progress"].startswith("#2 in line")
+    assert board.rows[line[0].id].texts["progress"].startswith("#1 in line")
+    last.refresh()
+    assert "queued · #2 in line" in last.status.value
+    board.close()
+    blocker.cancel()
+
+
+def test_renumber_closes_gaps_in_the_line_and_leaves_the_rest():
+    from jupyter_dlsched.words import renumber
+
+    jobs = [
+        _job(id="a", seq=1, position=1),
+        _job(id="c", seq=3, position=3),
+        _job(id="d", seq=4, position=None, waiting="waiting for job x to finish"),
+        _job(id="r", seq=5, state="running", position=None),
+    ]
+    fixed = {j.id: j.position for j in renumber(jobs)}
+    assert fixed == {"a": 1, "c": 2, "d": None, "r": None}
+
+
+@pytest.mark.parametrize(
+    ("priority", "words"),
+    [(0, "low"), (50, "normal"), (100, "high"), (1000, "urgent"), (60, "priority 60")],
+)
+def test_priorities_read_as_words_for_named_levels(priority, words):
+    assert fmt.priority_words(priority) == words
+
+
+def test_the_notebook_shows_by_its_short_name_with_the_full_path_on_hover():
+    job = _job(origin="/home/anna/work/sweep.ipynb")
+    assert fmt.owner_words(job) == "anna · sweep.ipynb"
+    assert fmt.owner_html(job) == (
+        '<span title="/home/anna/work/sweep.ipynb">anna · sweep.ipynb</span>'
+    )
+    assert fmt.owner_words(_job(origin="notebook")) == "anna"
+    evil = _job(origin=f"/tmp/{EVIL}.ipynb")
+    assert EVIL not in fmt.owner_html(evil)
+
+
+def test_the_wait_reason_reads_place_first_everywhere():
+    job = _job(position=2, waiting="waiting for 1 GPU")
+    assert fmt.wait_words(job) == "#2 in line · waiting for 1 GPU"
+    assert fmt.state_words(job) == "queued · #2 in line · waiting for 1 GPU"
+    assert fmt.wait_words(_job(state="running", position=2)) == ""

@@ -15,6 +15,7 @@ import ipywidgets as w
 from ..pool import GpuInfo, PoolInfo
 from ..store import ACTIVE, TERMINAL, WAITING, JobInfo
 from ..units import format_duration, parse_duration
+from ..words import renumber
 from . import format as fmt
 from .history import History, render_png
 from .live import refresher
@@ -40,39 +41,69 @@ MUTED = "color:var(--jp-ui-font-color2, #757575)"
 HEADER = '<div style="white-space:nowrap;overflow:hidden"><b>{}</b></div>'
 
 
-def _bar(share: float, width: int = 14) -> str:
-    return fmt.bar_text(max(0.0, min(1.0, share)), width)
+CARD_STYLE = (
+    "border:1px solid var(--jp-border-color2, #ccc);border-radius:4px;padding:4px 8px;"
+    "font-family:var(--jp-code-font-family, monospace);font-size:12px;line-height:1.6"
+)
+
+
+def _gpu_share(job: JobInfo) -> float:
+    """How much of each of its GPUs a job holds: a fraction, or all of each one."""
+    return job.gpus if 0 < job.gpus < 1 else 1.0
+
+
+def _granted_mem(job: JobInfo, index: int) -> int | None:
+    if job.placement and index in job.placement.gpus:
+        at = list(job.placement.gpus).index(index)
+        if at < len(job.placement.gpu_mem):
+            return int(job.placement.gpu_mem[at])
+    return None
 
 
 def gpu_card_html(gpu: GpuInfo, jobs: dict[str, JobInfo], recent_util: list[float]) -> str:
-    """The GPU card of UI.md as HTML (every name escaped)."""
+    """The GPU card of UI.md as HTML (every name escaped).
+
+    A real GPU shows what NVML measured (utilisation, memory in use). A simulated one has
+    nothing to measure: it shows what the scheduler allocated, labelled as allocated.
+    """
+    on_gpu = [jobs[j] for j in gpu.jobs if j in jobs]
+    colour = fmt.COLOURS["running"]
     sim = f' <span style="{MUTED}">[simulated]</span>' if gpu.simulated else ""
-    util = float(gpu.util or 0.0)
-    util_text = "–" if gpu.util is None else f"{util:.0f}%"
-    spark = fmt.sparkline(recent_util) if recent_util else ""
-    mem_share = gpu.mem_used / gpu.mem_total if gpu.mem_total else 0.0
     lines = [
         f"<b>GPU {gpu.index}</b>&nbsp; {fmt.esc(gpu.name)} · "
-        f"{fmt.esc(fmt.size(gpu.mem_total))}{sim}",
-        f"util {fmt.esc(spark)} {fmt.esc(util_text)} &nbsp; mem {_bar(mem_share)} "
-        f"{fmt.esc(fmt.size(gpu.mem_used))} / {fmt.esc(fmt.size(gpu.mem_total))}",
+        f"{fmt.esc(fmt.size(gpu.mem_total))}{sim}"
     ]
+    if gpu.simulated:
+        held = min(1.0, sum(_gpu_share(j) for j in on_gpu))
+        mem = sum(_granted_mem(j, gpu.index) or 0 for j in on_gpu)
+        mem_share = mem / gpu.mem_total if gpu.mem_total else 0.0
+        lines.append(
+            f"allocated {fmt.bar_html(held, colour, 80)} {held * 100:.0f}% &nbsp; "
+            f"mem allocated {fmt.bar_html(mem_share, colour, 80)} "
+            f"{fmt.esc(fmt.size(mem))} / {fmt.esc(fmt.size(gpu.mem_total))}"
+        )
+        lines.append(f'<span style="{MUTED}">no utilisation readings: a simulated GPU</span>')
+    else:
+        util_text = "–" if gpu.util is None else f"{float(gpu.util):.0f}%"
+        spark = fmt.spark_html(recent_util, colour=colour) if recent_util else ""
+        mem_share = gpu.mem_used / gpu.mem_total if gpu.mem_total else 0.0
+        lines.append(
+            f"util {spark} {fmt.bar_html(float(gpu.util or 0) / 100, colour, 80)} "
+            f"{fmt.esc(util_text)} &nbsp; mem {fmt.bar_html(mem_share, colour, 80)} "
+            f"{fmt.esc(fmt.size(gpu.mem_used))} / {fmt.esc(fmt.size(gpu.mem_total))}"
+        )
     entries: list[str] = []
     for job_id in gpu.jobs:
         job = jobs.get(job_id)
         if job is None:
             entries.append(fmt.esc(job_id))
             continue
-        granted = ""
-        if job.placement and gpu.index in job.placement.gpus:
-            at = list(job.placement.gpus).index(gpu.index)
-            if at < len(job.placement.gpu_mem):
-                granted = f" · {fmt.size(job.placement.gpu_mem[at])}"
-        gpus = f"{job.gpus:g} GPU"
+        granted = _granted_mem(job, gpu.index)
+        grant = f"{job.gpus:g} GPU" + (f" · {fmt.size(granted)}" if granted else "")
         entries.append(
             f"{fmt.coloured(job.state, fmt.esc(job.name))} "
-            f'<span style="{MUTED}">({fmt.esc(fmt.owner_words(job))})</span> '
-            f"{fmt.esc(gpus + granted)}"
+            f'<span style="{MUTED}">({fmt.owner_html(job)})</span> '
+            f"{fmt.esc(grant)}"
         )
     outside = [p for p in gpu.processes if p.job_id is None]
     if outside:
@@ -84,22 +115,18 @@ def gpu_card_html(gpu: GpuInfo, jobs: dict[str, JobInfo], recent_util: list[floa
         lines.append(("└─ " if n == len(entries) - 1 else "├─ ") + entry)
     if not entries:
         lines.append(f'<span style="{MUTED}">idle</span>')
-    return (
-        '<div class="dlsched-gpu" style="border:1px solid var(--jp-border-color2, #ccc);'
-        "border-radius:4px;padding:4px 8px;font-family:var(--jp-code-font-family, monospace);"
-        'font-size:12px;line-height:1.5">' + "<br>".join(lines) + "</div>"
-    )
+    return f'<div class="dlsched-gpu" style="{CARD_STYLE}">' + "<br>".join(lines) + "</div>"
 
 
 def host_card_html(pool: PoolInfo) -> str:
+    colour = fmt.COLOURS["running"]
     mem_share = pool.mem_used / pool.mem_total if pool.mem_total else 0.0
     gpu_note = "" if pool.gpus else f"<br>no GPUs ({fmt.esc(pool.gpu_error or 'none found')})"
     return (
-        '<div class="dlsched-host" style="border:1px solid var(--jp-border-color2, #ccc);'
-        "border-radius:4px;padding:4px 8px;font-family:var(--jp-code-font-family, monospace);"
-        'font-size:12px;line-height:1.5">'
-        f"<b>CPU</b> {pool.cpus} cores {_bar(pool.cpu_percent / 100)} {pool.cpu_percent:.0f}%<br>"
-        f"<b>RAM</b> {_bar(mem_share)} {fmt.esc(fmt.size(pool.mem_used))} / "
+        f'<div class="dlsched-host" style="{CARD_STYLE}">'
+        f"<b>CPU</b> {pool.cpus} cores {fmt.bar_html(pool.cpu_percent / 100, colour, 80)} "
+        f"{pool.cpu_percent:.0f}%<br>"
+        f"<b>RAM</b> {fmt.bar_html(mem_share, colour, 80)} {fmt.esc(fmt.size(pool.mem_used))} / "
         f"{fmt.esc(fmt.size(pool.mem_total))}{gpu_note}</div>"
     )
 
@@ -129,7 +156,7 @@ class QueueRow:
         )
         self.widgets: list[w.Widget] = [*self.cells.values(), self.actions]
         self.job: JobInfo | None = None
-        self.texts: dict[str, str] = {}  # each cell's words, as plain text
+        self.texts: dict[str, str] = {}  # each cell's tooltip: its words, as plain text
 
     @property
     def state(self) -> str:
@@ -137,12 +164,7 @@ class QueueRow:
 
     def update(self, job: JobInfo, now: float) -> None:
         self.job = job
-        why = " · ".join(
-            part
-            for part in (job.waiting, f"#{job.position} in line" if job.position else "")
-            if part
-        )
-        progress = fmt.progress_words(job) if job.state != "queued" else why
+        progress = fmt.wait_words(job) if job.state in WAITING else fmt.progress_words(job)
         waited = format_duration(fmt.waited_for(job, now))
         ran = format_duration(fmt.ran_for(job, now))
         # (html, tooltip): one line per row, the whole text on hover
@@ -151,10 +173,10 @@ class QueueRow:
             "id": (f"<code>{fmt.esc(job.id)}</code>", job.id),
             "name": (fmt.esc(job.name), job.name),
             "owner/notebook": (
-                fmt.esc(fmt.owner_words(job, short=True)),
-                f"{job.owner} · {job.origin}",
+                fmt.esc(fmt.owner_words(job)),
+                f"{job.owner} · {job.origin}" if job.origin else job.owner,
             ),
-            "priority": (fmt.esc(job.priority), str(job.priority)),
+            "priority": (fmt.esc(fmt.priority_words(job.priority)), f"priority {job.priority}"),
             "request": (fmt.esc(fmt.request_words(job)), fmt.request_words(job)),
             "waited": (fmt.esc(waited), waited),
             "ran": (fmt.esc(ran), ran),
@@ -217,6 +239,7 @@ class Dashboard(w.VBox):
         self.close_button.on_click(lambda _: self.close())
         self.cards = w.HBox(layout=w.Layout(flex_flow="row wrap", grid_gap="6px"))
         self.gpu_cards: dict[int, w.HTML] = {}
+        self.simulated_gpus: frozenset[int] = frozenset()
         self.host_card = w.HTML()
         # each table carries its own header row, so its columns line up with it
         self.headers = {
@@ -315,7 +338,8 @@ class Dashboard(w.VBox):
 
     def _refresh_queue(self, now: float) -> dict[str, JobInfo]:
         store = self.scheduler.store
-        active = store.jobs(states=ACTIVE)
+        # close the gaps a cancel leaves in the line at once, not at the pool's next decision
+        active = renumber(store.jobs(states=ACTIVE))
         finished = store.jobs(states=TERMINAL, newest_first=True, limit=self.recent)
         running = sorted((j for j in active if j.state == "running"), key=lambda j: -j.seq)
         waiting = sorted(
@@ -365,6 +389,7 @@ class Dashboard(w.VBox):
         missing = {g.jobs[i] for g in pool.gpus for i in range(len(g.jobs))} - set(jobs)
         if missing:
             jobs = {**jobs, **{j.id: j for j in self.scheduler.store.jobs(ids=sorted(missing))}}
+        self.simulated_gpus = frozenset(g.index for g in pool.gpus if g.simulated)
         cards: list[w.Widget] = []
         for gpu in pool.gpus:
             card = self.gpu_cards.get(gpu.index)
@@ -391,7 +416,9 @@ class Dashboard(w.VBox):
             for j in self.scheduler.store.jobs(newest_first=True, limit=200)
             if (j.finished or now) >= since
         ]
-        self.plot.value = render_png(lines, jobs, gpu_indices, since, now)
+        self.plot.value = render_png(
+            lines, jobs, gpu_indices, since, now, simulated=self.simulated_gpus
+        )
 
     def _refresh_log(self) -> None:
         if self.log_job is None:

@@ -12,7 +12,15 @@ from typing import Any
 
 from ..store import JobInfo
 from ..units import format_size
-from ..words import ran_for, state_words, waited_for  # noqa: F401  (used as fmt.*)
+from ..words import (  # noqa: F401  (used as fmt.*)
+    notebook_words,
+    owner_words,
+    priority_words,
+    ran_for,
+    state_words,
+    wait_words,
+    waited_for,
+)
 
 # JupyterLab theme variables (so themes work), with fallbacks for front ends without them
 COLOURS = {
@@ -36,7 +44,6 @@ ICONS = {
     "preempted": "↻",
 }
 CHIP_WORDS = {"succeeded": "done", "lost": "failed", "timeout": "failed"}
-BLOCKS = "▁▂▃▄▅▆▇█"
 
 
 def esc(value: object) -> str:
@@ -98,21 +105,33 @@ def progress_words(job: JobInfo) -> str:
     return f"{head} {metric}".strip()
 
 
-def bar_text(share: float | None, width: int = 10) -> str:
-    """``███████░░░`` for 0.7."""
-    if share is None:
-        return ""
-    filled = int(round(share * width))
-    return "█" * filled + "░" * (width - filled)
+def bar_html(share: float, colour: str = COLOURS["running"], width: int = 110) -> str:
+    """A horizontal bar filled to ``share`` (0..1), drawn with CSS (it scales with the theme)."""
+    share = max(0.0, min(1.0, share))
+    return (
+        f'<span class="dlsched-bar" style="display:inline-block;width:{width}px;height:9px;'
+        "vertical-align:middle;background:var(--jp-layout-color3, #ddd);border-radius:2px;"
+        f'overflow:hidden"><span style="display:block;height:100%;width:{share * 100:.1f}%;'
+        f'background:{colour}"></span></span>'
+    )
 
 
-def sparkline(values: list[float], maximum: float = 100.0) -> str:
-    """``▁▂▅▇▇█▇▆`` for a list of utilisation percentages."""
-    out = []
+def spark_html(
+    values: list[float], maximum: float = 100.0, colour: str = COLOURS["running"]
+) -> str:
+    """Recent readings as a row of thin columns (a sparkline), one per reading."""
+    columns = []
     for v in values:
-        level = 0 if maximum <= 0 else int(round(max(0.0, min(1.0, v / maximum)) * 7))
-        out.append(BLOCKS[level])
-    return "".join(out)
+        share = 0.0 if maximum <= 0 else max(0.0, min(1.0, v / maximum))
+        columns.append(
+            f'<span style="display:inline-block;width:4px;margin-right:1px;'
+            f"height:{max(1.0, share * 14):.0f}px;background:{colour};"
+            'vertical-align:bottom"></span>'
+        )
+    return (
+        '<span class="dlsched-spark" style="display:inline-flex;align-items:flex-end;'
+        f'height:14px;vertical-align:middle">{"".join(columns)}</span>'
+    )
 
 
 def devices_words(job: JobInfo) -> str:
@@ -125,14 +144,12 @@ def devices_words(job: JobInfo) -> str:
     return "GPUs " + ",".join(map(str, devices))
 
 
-def owner_words(job: JobInfo, short: bool = False) -> str:
-    """``"anna · notebook sweep.ipynb"`` (``"anna · sweep.ipynb"`` when ``short``)."""
-    if job.origin.endswith(".ipynb"):
-        notebook = job.origin.rsplit("/", 1)[-1]
-        return f"{job.owner} · {notebook}" if short else f"{job.owner} · notebook {notebook}"
-    if job.origin and job.origin not in ("notebook", "python", "-"):
-        return f"{job.owner} · {job.origin}"
-    return job.owner
+def owner_html(job: JobInfo) -> str:
+    """``anna · sweep.ipynb`` with the notebook's full path as a tooltip (escaped HTML)."""
+    words = owner_words(job)
+    if notebook_words(job.origin) and job.origin != notebook_words(job.origin):
+        return f'<span title="{esc(job.origin)}">{esc(words)}</span>'
+    return esc(words)
 
 
 def request_words(job: JobInfo) -> str:

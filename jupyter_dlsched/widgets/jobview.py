@@ -12,17 +12,21 @@ with the job's streamed output folded below it.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as w
 
+from ..cells import user_traceback
 from ..handle import JobHandle
-from ..store import TERMINAL, JobInfo
+from ..store import TERMINAL, WAITING, JobInfo
 from ..units import format_duration
+from ..words import renumber
 from . import format as fmt
 from .live import refresher
 
@@ -62,19 +66,57 @@ def remote_traceback(handle: JobHandle) -> str:
 
 
 def trim_traceback(tb: str) -> str:
-    """Drop the scheduler's own frames above a scheduled cell's first frame."""
-    lines = tb.splitlines()
-    for i, line in enumerate(lines):
-        if line.lstrip().startswith('File "<scheduled cell'):
-            return "\n".join([lines[0], *lines[i:]])
-    return tb
+    """Only the user's frames of a job's traceback (see ``cells.user_traceback``)."""
+    return user_traceback(tb)
+
+
+def value_html(value: Any) -> str:
+    """A cell's value as a notebook would show it, as one piece of HTML.
+
+    Its own HTML if it has one (a DataFrame's table), a PNG or JPEG picture (a figure),
+    else its escaped ``repr``.
+    """
+    data: dict[str, Any] = {}
+    try:
+        from IPython.core.interactiveshell import InteractiveShell
+
+        if InteractiveShell.initialized():
+            formatter = InteractiveShell.instance().display_formatter
+            if formatter is not None:
+                data, _ = formatter.format(value)
+    except Exception:  # a broken _repr_*_ must not cost the status line
+        data = {}
+    if isinstance(data.get("text/html"), str):
+        return f"<div>{data['text/html']}</div>"
+    for mime in ("image/png", "image/jpeg"):
+        picture = data.get(mime)
+        if isinstance(picture, bytes):
+            picture = base64.b64encode(picture).decode("ascii")
+        if isinstance(picture, str):
+            return f'<div><img src="data:{mime};base64,{fmt.esc(picture)}"></div>'
+    text = data.get("text/plain")
+    if not isinstance(text, str):
+        try:
+            text = repr(value)
+        except Exception as error:
+            text = f"<{type(value).__name__}: repr failed: {error}>"
+    return f'<pre style="margin:2px 0">{fmt.esc(text)}</pre>'
+
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+MUTED = "color:var(--jp-ui-font-color2, #757575)"
 
 
 class JobView(w.VBox):
     """A live view of one job; updates itself in the background until the job ends.
 
     >>> h = dls.submit(train, 1e-3, gpus=1)  # doctest: +SKIP
-    >>> dls.JobView(h)  # doctest: +SKIP
+    >>> dls.JobView(h).show()  # doctest: +SKIP
+
+    Shown with ``show()`` it also leaves a plain HTML and text summary in the output,
+    kept at the job's last state: a page reloaded after the kernel restarted shows that
+    (with the command that brings the live line back) instead of a broken widget. Once
+    the job has ended the output is only that summary, which needs no kernel at all.
     """
 
     def __init__(
@@ -93,6 +135,12 @@ class JobView(w.VBox):
         self.info: JobInfo | None = None
         self.summary = ""
         self.finished = False
+        self.display_id: str | None = None
+        self._published: tuple[str, bool] | None = None  # what the shown summary says
+        self._published_at = 0.0
+        self._tail = ""
+        self._traceback_text = ""
+        self._value_html = ""
         self._finish_lock = threading.Lock()
         self._refresh_lock = threading.RLock()
         self.status = w.HTML()
@@ -124,6 +172,115 @@ class JobView(w.VBox):
         if live and not self.finished:
             refresher.add(self)
 
+    # -- showing ------------------------------------------------------------------------------
+    def show(self) -> None:
+        """Display the view in the notebook, with an id that lets it update its summary."""
+        from IPython.display import display
+
+        with self._refresh_lock:
+            self.display_id = f"dlsched-{self.handle.id}-{uuid.uuid4().hex[:8]}"
+            self._published = self._publish_key()
+            self._published_at = time.time()
+            display(self, display_id=self.display_id)
+
+    def show_value(self, value: Any) -> None:
+        """Show a cell's value under the status line (and in the summary left behind)."""
+        self._value_html = value_html(value)
+        self.result_area.append_display_data(value)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        bundle = {"text/plain": self.summary_text(), "text/html": self.summary_html()}
+        if not self.finished:
+            # the live widget; front ends without its model (a restarted kernel) fall back
+            live = super()._repr_mimebundle_(**kwargs) or {}
+            if WIDGET_MIME in live:
+                bundle[WIDGET_MIME] = live[WIDGET_MIME]
+        return bundle
+
+    def _publish_key(self) -> tuple[str, bool]:
+        return (self.info.state if self.info else "", self.finished)
+
+    def _publish(self) -> None:
+        """Update the displayed output when the state changed (not on every tick: a front
+        end redraws the widget on each update)."""
+        if self.display_id is None or self._publish_key() == self._published:
+            return
+        from IPython.display import update_display
+
+        self._published = self._publish_key()
+        self._published_at = time.time()
+        update_display(self, display_id=self.display_id)
+
+    # -- the summary left in the notebook -------------------------------------------------------
+    def _line_words(self, info: JobInfo, now: float) -> str:
+        icon = fmt.ICONS.get(info.state, "•")
+        if info.state == "running":
+            words = (
+                f"running on {fmt.devices_words(info)} · {format_duration(fmt.ran_for(info, now))}"
+            )
+        elif info.state == "succeeded":
+            words = f"done in {format_duration(fmt.ran_for(info, now))}"
+            if self.summary:
+                words += f" · {self.summary}"
+        else:
+            words = fmt.state_words(info, now)
+        return f"{icon} {words}"
+
+    def summary_text(self) -> str:
+        """The status line as plain text, with how to see it live again while it runs."""
+        info = self.info
+        if info is None:
+            return f"job {self.handle.id}"
+        line = f"{self._line_words(info, time.time())} · {info.name} · {info.id}"
+        if not self.finished:
+            line += f" (as of {self._as_of()}; %dlsched attach {info.id} shows it live)"
+        return line
+
+    def _as_of(self) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(self._published_at or time.time()))
+
+    def summary_html(self) -> str:
+        """The status line, value, traceback and output tail as plain HTML (no widgets)."""
+        info = self.info
+        if info is None:
+            return fmt.esc(f"job {self.handle.id}")
+        parts = [f"<div>{self._status_html(info, time.time())}</div>"]
+        if not self.finished:
+            parts.append(
+                f'<div style="{MUTED};font-size:90%">as of {self._as_of()} · if this line '
+                "has stopped moving (the kernel restarted), "
+                f"<code>%dlsched attach {fmt.esc(info.id)}</code> shows it live again</div>"
+            )
+        if self._value_html:
+            parts.append(self._value_html)
+        if self._traceback_text:
+            parts.append(
+                "<details><summary>traceback</summary>"
+                '<pre style="max-height:24em;overflow:auto;margin:0;'
+                f'color:var(--jp-error-color1, #d32f2f)">{fmt.esc(self._traceback_text)}</pre>'
+                "</details>"
+            )
+        if self._tail:
+            parts.append(
+                f"<details><summary>output (last {len(self._tail.splitlines())} lines)"
+                f"</summary>{fmt.log_html(self._tail)}</details>"
+            )
+        if self.finished and self._sent_names(info):
+            parts.append(
+                f'<div style="{MUTED};font-size:90%">after a kernel restart, '
+                f"<code>%dlsched wait {fmt.esc(info.id)}</code> brings the names back</div>"
+            )
+        return f'<div class="dlsched-jobview-summary">{"".join(parts)}</div>'
+
+    def _sent_names(self, info: JobInfo) -> bool:
+        """Whether a scheduled cell sent ``--out`` names back (which a new kernel can fetch)."""
+        if info.state != "succeeded" or info.kind != "cell" or info.inline:
+            return False
+        try:
+            return bool(getattr(self.handle.result(timeout=0), "outputs", None))
+        except Exception:
+            return False
+
     # -- actions ------------------------------------------------------------------------------
     def cancel(self) -> None:
         """What the Cancel button does."""
@@ -153,7 +310,7 @@ class JobView(w.VBox):
             return self._refresh()
 
     def _refresh(self) -> bool:
-        info = self.handle.info()
+        info = self._read()
         self.info = info
         now = time.time()
         if info.state in TERMINAL and not self.finished:
@@ -168,36 +325,30 @@ class JobView(w.VBox):
             fmt.esc(fmt.progress_words(info)) if info.state == "running" else ""
         )
         self.cancel_button.layout.display = "none" if info.state in TERMINAL else ""
-        tail = read_log_tail(self.handle)
+        # the job runner prints a failure's traceback to the log with its own frames
+        tail = user_traceback(read_log_tail(self.handle))
         if tail:
+            self._tail = tail
             self.output.layout.display = ""
             self.output.set_title(0, f"output (last {len(tail.splitlines())} lines)")
             self.log_html.value = fmt.log_html(tail)
+        self._publish()
         return info.state not in TERMINAL
 
+    def _read(self) -> JobInfo:
+        info = self.handle.info()
+        if info.state in WAITING and info.position:
+            # the ledger's place in line lags a cancel ahead of it until the pool decides again
+            store = self.handle._scheduler.store
+            line = renumber(store.jobs(states=list(WAITING)))
+            info = next((j for j in line if j.id == info.id), info)
+        return info
+
     def _status_html(self, info: JobInfo, now: float) -> str:
-        icon = fmt.ICONS.get(info.state, "•")
-        if info.state == "queued":
-            words = "queued"
-            if info.position:
-                words += f" #{info.position}"
-            if info.waiting:
-                words += f" — {info.waiting}"
-        elif info.state == "running":
-            words = (
-                f"running on {fmt.devices_words(info)} · {format_duration(fmt.ran_for(info, now))}"
-            )
-        elif info.state == "succeeded":
-            words = f"done in {format_duration(fmt.ran_for(info, now))}"
-            if self.summary:
-                words += f" · {self.summary}"
-        else:
-            words = fmt.state_words(info, now)
         who = f"{info.name} · {info.id}"
         return (
-            f"{fmt.coloured(info.state, fmt.esc(f'{icon} {words}'))}"
-            f' <span style="color:var(--jp-ui-font-color2, #757575)">'
-            f"&nbsp;{fmt.esc(who)}</span>"
+            f"{fmt.coloured(info.state, fmt.esc(self._line_words(info, now)))}"
+            f' <span style="{MUTED}">&nbsp;{fmt.esc(who)}</span>'
         )
 
     def _finish(self, info: JobInfo) -> None:
@@ -214,6 +365,7 @@ class JobView(w.VBox):
             self.summary = self._result_summary()
         if info.state in ("failed", "lost", "timeout"):
             tb = trim_traceback(remote_traceback(self.handle)) or info.reason
+            self._traceback_text = tb
             self.traceback.value = (
                 '<pre style="max-height:24em;overflow:auto;margin:0;'
                 f'color:var(--jp-error-color1, #d32f2f)">{fmt.esc(tb)}</pre>'

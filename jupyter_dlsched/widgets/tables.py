@@ -7,6 +7,7 @@ import time
 from ..pool import PoolInfo
 from ..store import ACTIVE, WAITING, JobInfo
 from ..units import format_duration
+from ..words import renumber
 from . import format as fmt
 from .dashboard import gpu_card_html, host_card_html
 
@@ -37,18 +38,16 @@ class QueueSnapshot:
     """The queue at one moment; shows as a table."""
 
     def __init__(self, jobs: list[JobInfo], now: float | None = None) -> None:
-        self.jobs = queue_order(jobs)
+        self.jobs = queue_order(renumber(jobs))
         self.now = time.time() if now is None else now
 
     def _cells(self, job: JobInfo) -> list[str]:
-        progress = fmt.progress_words(job)
-        if job.state in WAITING:
-            progress = fmt.state_words(job, self.now).removeprefix("queued").lstrip(" ·")
+        progress = fmt.wait_words(job) if job.state in WAITING else fmt.progress_words(job)
         return [
             job.id,
             job.name,
             fmt.owner_words(job),
-            str(job.priority),
+            fmt.priority_words(job.priority),
             fmt.request_words(job),
             format_duration(fmt.waited_for(job, self.now)),
             format_duration(fmt.ran_for(job, self.now)),
@@ -62,6 +61,7 @@ class QueueSnapshot:
         rows = []
         for job in self.jobs:
             cells = [fmt.chip(job.state), *(fmt.esc(c) for c in self._cells(job))]
+            cells[3] = fmt.owner_html(job)  # the short name, the full path on hover
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         return (
             f'<table class="dlsched-queue"><thead><tr>{head}</tr></thead>'
