@@ -25,7 +25,7 @@ from .errors import (
 )
 from .handle import JobHandle
 from .pool import GpuInfo, PoolInfo
-from .runtime import checkpoint_requested, progress
+from .runtime import DataNotStaged, checkpoint_requested, data, progress
 from .scheduler import Scheduler
 from .store import JobInfo
 
@@ -124,6 +124,11 @@ def job(
     return lambda f: JobFunction(f, resources)
 
 
+def cache_info() -> dict[str, Any]:
+    """The staging cache of the default scheduler: size, entries, hits, what is being staged."""
+    return default_scheduler().cache_info()
+
+
 def dashboard(**options: Any) -> Any:
     """The ipywidgets panel: pool, queue and utilisation history."""
     from .widgets import dashboard as make_dashboard
@@ -152,6 +157,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 __all__ = [
+    "DataNotStaged",
     "DlschedError",
     "GpuInfo",
     "JobError",
@@ -166,9 +172,11 @@ __all__ = [
     "PoolInfo",
     "Scheduler",
     "SpecError",
+    "cache_info",
     "cancel",
     "checkpoint_requested",
     "dashboard",
+    "data",
     "default_scheduler",
     "get",
     "job",

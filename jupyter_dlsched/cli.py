@@ -109,6 +109,15 @@ def _whole_number(text: str) -> int:
         ) from None
 
 
+def _stage_in_pair(text: str) -> tuple[str, str]:
+    name, sep, source = text.partition("=")
+    if not sep or not name.strip() or not source.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=PATH such as train=/mnt/share/train, got {text!r}"
+        )
+    return name.strip(), source.strip()
+
+
 def _duration(text: str) -> float:
     try:
         return parse_duration(text.strip(), "--since")
@@ -336,6 +345,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             "retries": args.retries,
             "after": args.after.split(",") if args.after else None,
             "preemptible": args.preemptible or None,
+            "stage_in": dict(args.stage_in) if args.stage_in else None,
         }.items()
         if v is not None
     }
@@ -469,6 +479,14 @@ def build_parser() -> _Parser:
     s.add_argument("--retries", type=_whole_number)
     s.add_argument("--after", help="comma-separated job ids that must succeed first")
     s.add_argument("--preemptible", action="store_true")
+    s.add_argument(
+        "--stage-in",
+        action="append",
+        type=_stage_in_pair,
+        metavar="NAME=PATH",
+        help="stage PATH (or a URL) into the local cache before the job starts; the job "
+        "reads it from $DLSCHED_DATA_NAME (repeatable)",
+    )
     s.add_argument(
         "--wait",
         action="store_true",

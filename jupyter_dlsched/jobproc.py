@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import private
-from .runtime import run_payload
+from .runtime import DATA_ENV_PREFIX, run_payload
 from .store import JobInfo, Store
 
 PR_SET_PDEATHSIG = 1
@@ -38,6 +38,11 @@ def job_environment(job: JobInfo, store: Store, context: dict[str, Any]) -> dict
         env["DLSCHED_GPU_MEM"] = ",".join(map(str, placement.gpu_mem))
     else:
         env.pop("DLSCHED_GPU_MEM", None)
+    for name in [k for k in env if k.startswith(DATA_ENV_PREFIX)]:
+        env.pop(name)  # the submitter's own inputs, when it is a job itself
+    if job.stage_in:
+        for name, path in store.job_data_paths(job.id).items():
+            env[DATA_ENV_PREFIX + name.upper()] = path
     threads = str(max(1, int(job.cpus)))
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[name] = threads

@@ -29,7 +29,7 @@ DEFAULT_PRELOAD = "numpy"
 
 
 _stamp: tuple[float, str] = (0.0, "")
-_CODE_FOLDERS = ("", "policy", "backends")  # what a supervisor and its job run
+_CODE_FOLDERS = ("", "policy", "backends", "staging")  # what supervisors and stagers run
 
 
 def _code_stamp() -> str:
@@ -60,13 +60,18 @@ def socket_name(home: str | os.PathLike[str]) -> bytes:
     return b"\0dlsched-" + hashlib.sha1(key.encode()).hexdigest()[:20].encode()
 
 
-def request_start(home: str | os.PathLike[str], job_id: str, timeout: float = 2.0) -> bool:
-    """Ask the launcher to start the supervisor of ``job_id``; False if none answers."""
+def request_start(
+    home: str | os.PathLike[str], job_id: str, timeout: float = 2.0, verb: str = "start"
+) -> bool:
+    """Ask the launcher to start the supervisor of ``job_id``; False if none answers.
+
+    ``verb="stage"`` starts the stager of a staging (``job_id`` is its source id).
+    """
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout)
             conn.connect(socket_name(home))
-            conn.sendall(f"start {job_id}\n".encode())
+            conn.sendall(f"{verb} {job_id}\n".encode())
             reply = conn.recv(64)
     except OSError:
         return False
@@ -110,16 +115,27 @@ def spawn_launcher(home: str | os.PathLike[str]) -> None:
     )
 
 
-def spawn_supervisor(home: str | os.PathLike[str], job_id: str) -> None:
-    """The slow path: a fresh interpreter runs the supervisor."""
+def spawn_supervisor(
+    home: str | os.PathLike[str], job_id: str, module: str = "jupyter_dlsched.worker"
+) -> None:
+    """The slow path: a fresh interpreter runs the supervisor (or ``module``)."""
     subprocess.Popen(
-        [sys.executable, "-m", "jupyter_dlsched.worker", "--home", str(home), job_id],
+        [sys.executable, "-m", module, "--home", str(home), job_id],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
         close_fds=True,
     )
+
+
+def launch_stager(home: str | os.PathLike[str], source_id: str) -> None:
+    """Start the stager of an armed staging: forked by the launcher, else a fresh interpreter."""
+    if os.environ.get("DLSCHED_FAST_START", "1") != "0" and request_start(
+        home, source_id, verb="stage"
+    ):
+        return
+    spawn_supervisor(home, source_id, module="jupyter_dlsched.staging.stager")
 
 
 def serve(home: str, idle_exit: float = IDLE_EXIT) -> int:
@@ -138,6 +154,7 @@ def serve(home: str, idle_exit: float = IDLE_EXIT) -> int:
             except Exception:
                 pass
     from . import jobproc, worker  # noqa: F401  (preload the supervisor and job runner)
+    from .staging import stager  # noqa: F401  (and the stager)
 
     jobproc.libc()
 
@@ -163,27 +180,32 @@ def serve(home: str, idle_exit: float = IDLE_EXIT) -> int:
                 if verb == "stop":
                     conn.sendall(b"ok\n")
                     return 0
-                if verb != "start" or not job_id:
+                if verb not in ("start", "stage") or not job_id:
                     conn.sendall(b"bad request\n")
                     continue
                 pid = os.fork()
                 if pid == 0:
                     server.close()
                     conn.close()
-                    _become_supervisor(home, job_id)
+                    _become_supervisor(home, job_id, verb)
                 conn.sendall(f"ok {pid}\n".encode())
             except OSError:
                 continue
 
 
-def _become_supervisor(home: str, job_id: str) -> None:
+def _become_supervisor(home: str, job_id: str, verb: str = "start") -> None:
     code = 1
     try:
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        from .worker import supervise
+        if verb == "stage":
+            from .staging.stager import stage
 
-        code = supervise(home, job_id)
+            code = stage(home, job_id)
+        else:
+            from .worker import supervise
+
+            code = supervise(home, job_id)
     finally:
         os._exit(code)
 

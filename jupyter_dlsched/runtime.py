@@ -1,7 +1,8 @@
-"""Calls made from inside a running job: progress reports and checkpoint requests.
+"""Calls made from inside a running job: progress reports, checkpoint requests, staged data.
 
-Outside a job (no ``DLSCHED_JOB_ID``) they are harmless no-ops, so the same
-training function runs unchanged in a plain notebook cell.
+Outside a job (no ``DLSCHED_JOB_ID``) progress and checkpoint requests are
+harmless no-ops, so the same training function runs unchanged in a plain
+notebook cell; ``data()`` says there is no staged input there.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .errors import DlschedError
+
 JOB_ID_ENV = "DLSCHED_JOB_ID"
 HOME_ENV = "DLSCHED_HOME"
 STOP_FILE = "stop-requested"
+#: ``DLSCHED_DATA_<NAME>``: the local path of a job's staged input ``name``
+DATA_ENV_PREFIX = "DLSCHED_DATA_"
 
 # set by in-kernel (--inline) runs, where the environment is the kernel's
 _current: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
@@ -105,6 +110,42 @@ def progress(done: float, total: float | None = None, **metrics: float) -> None:
     _store(home).update(
         job_id,
         progress={"done": float(done), "total": total, "metrics": clean, "at": now},
+    )
+
+
+class DataNotStaged(DlschedError, LookupError):
+    """``dls.data(name)`` outside a job, or for an input the job did not declare."""
+
+
+def data(name: str) -> Path:
+    """The local path of this job's staged input ``name`` (declared with ``stage_in``).
+
+    >>> h = dls.submit(train, stage_in={"train": "/mnt/share/imagenet/train"})  # doctest: +SKIP
+    >>> # inside train():
+    >>> dls.data("train")  # doctest: +SKIP
+    PosixPath('/home/me/.local/share/jupyter/dlsched/cache/3f2a.../train')
+
+    The same path is in the job's environment as ``DLSCHED_DATA_TRAIN``. The
+    files are shared with other jobs through the cache: read them, do not change them.
+    """
+    job = current_job()
+    if job is None:
+        raise DataNotStaged(
+            f"dls.data({name!r}) is only known inside a job: submit the function with "
+            f"stage_in={{{name!r}: PATH}} and call dls.data({name!r}) from it"
+        )
+    job_id, home = job
+    if _current.get() is None:  # a job process: its environment holds the paths
+        path = os.environ.get(DATA_ENV_PREFIX + name.upper())
+        if path:
+            return Path(path)
+    paths = _store(home).job_data_paths(job_id)
+    if name in paths:
+        return Path(paths[name])
+    known = ", ".join(repr(n) for n in sorted(paths)) or "none"
+    raise DataNotStaged(
+        f"job {job_id} has no staged input {name!r} (its inputs: {known}); "
+        f"declare it with stage_in={{{name!r}: PATH}}"
     )
 
 

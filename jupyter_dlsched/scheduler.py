@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import launcher
 from . import tick as tick_steps
 from .backends import Backend, make_backend
 from .errors import JobNotFound, LedgerUnavailable, SpecError
@@ -30,7 +31,8 @@ from .inline import InlineRunner
 from .policy import Decisions, Policy, get_policy
 from .pool import PoolInfo, idle_capacity, probe
 from .settings import Settings
-from .spec import build_spec, parse_priority, pickle_payload
+from .spec import JobSpec, build_spec, parse_priority, pickle_payload
+from .staging import StagingGate
 from .store import TERMINAL, WAITING, JobInfo, Store
 
 log = logging.getLogger("jupyter_dlsched")
@@ -49,6 +51,7 @@ RESOURCE_ARGS = (
     "after",
     "distributed",
     "env",
+    "stage_in",
 )
 # variables that describe the submitting kernel, not the job
 _ENV_DROP = ("DLSCHED_JOB_ID", "DLSCHED_DEVICES", "DLSCHED_GPU_MEM", "CUDA_VISIBLE_DEVICES")
@@ -98,12 +101,16 @@ class Scheduler:
         grace: float | None = None,
         policy_params: dict[str, Any] | None = None,
         probe_pool: bool = True,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_max: int | str | None = None,
         **backend_options: Any,
     ) -> None:
         self.store = Store(home)
         self.home = self.store.home
         self._policy_object: Policy | None = None
         self._write_settings(policy, lease_ttl, grace, policy_params)
+        if cache_dir is not None or cache_max is not None:
+            self.configure_cache(folder=cache_dir, max_size=cache_max)
         self.backend = make_backend(
             backend or os.environ.get("DLSCHED_BACKEND", "local"), self, **backend_options
         )
@@ -182,6 +189,35 @@ class Scheduler:
     def inventory(self) -> dict[str, Any]:
         return dict(self.store.get_meta(self.inventory_key) or self.refresh_inventory())
 
+    def configure_cache(
+        self,
+        folder: str | os.PathLike[str] | None = None,
+        max_size: int | str | None = None,
+        ahead: int | None = None,
+        max_rate: int | str | None = None,
+    ) -> dict[str, Any]:
+        """Set where staged data is cached and how much (ledger-wide; unset ones keep theirs).
+
+        >>> s.configure_cache(folder="/scratch/dlsched-cache", max_size="500GiB")  # doctest: +SKIP
+
+        ``ahead``: how many of the next jobs in the queue get their data staged;
+        ``max_rate``: bytes per second staging may read (spares a shared file server).
+        """
+        from .staging import configure
+
+        configure(self.store, folder, max_size, ahead, max_rate)
+        return self.cache_info()
+
+    def cache_info(self) -> dict[str, Any]:
+        """The staging cache: folder, cap, bytes, entries, hits, what is being staged.
+
+        >>> s.cache_info()  # doctest: +SKIP
+        {'folder': '.../cache', 'max_bytes': ..., 'bytes': 209715200, 'entries': 1, 'hits': 3, ...}
+        """
+        from .staging import cache_info
+
+        return cache_info(self.store)
+
     # -- submitting ------------------------------------------------------------------------
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> JobHandle:
@@ -246,6 +282,7 @@ class Scheduler:
             origin=origin(),
             **resources,
         )
+        self._check_stage_in(spec)
         files["context.json"] = json.dumps(submit_context()).encode()
         job_id = self.store.new_id()
         if inline_fn is not None:
@@ -264,6 +301,15 @@ class Scheduler:
         self.wake()
         return handle
 
+    def _check_stage_in(self, spec: JobSpec) -> None:
+        if spec.stage_in and self.backend.name != "local":
+            raise SpecError(
+                "stage_in",
+                spec.stage_in,
+                f"no stage_in with the {self.backend.name} backend: data is staged into this "
+                "machine's cache, for local jobs only",
+            )
+
     def map(
         self, fn: Callable[..., Any], items: Iterable[Any], **resources: Any
     ) -> list[JobHandle]:
@@ -281,6 +327,7 @@ class Scheduler:
             origin=origin(),
             **resources,
         )
+        self._check_stage_in(spec)
         fn_pickle = pickle_payload({"fn": fn})
         context = json.dumps(submit_context()).encode()
         batch = [
@@ -442,9 +489,13 @@ class Scheduler:
         )
         decisions: Decisions | None = None
         reaped: list[JobInfo] = []
+        gate: StagingGate | None = None
         if (waiting or expired) and due:
             settings = self.settings
             policy = self.policy()
+            if backend == "local":
+                # jobs whose inputs are not staged yet wait; the next ones get stagers
+                policy = gate = StagingGate(self.store, policy, uid=self.uid)
             inventory = self.inventory
             # NVML is read before taking the write lock, never while holding it
             job_pids = [
@@ -473,6 +524,8 @@ class Scheduler:
             self._decide_again = min(wake, now + REDECIDE_EVERY)
         for job in reaped:
             self.backend.reap(job)
+        for source_id in gate.armed if gate is not None else ():
+            launcher.launch_stager(self.home, source_id)
         self._launch_mine(now, [s.job_id for s in decisions.starts] if decisions else [])
         return decisions
 

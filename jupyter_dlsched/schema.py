@@ -5,15 +5,16 @@ Pure definitions; ``store.py`` does the reading and writing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -32,6 +33,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "lost": frozenset(),
 }
 _ID = re.compile(r"^[a-z0-9]{4,16}$")
+_SOURCE_ID = re.compile(r"^[0-9a-f]{24}$")
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
 
 MIGRATIONS: list[str] = [
@@ -112,7 +114,54 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN peak_gpu_mem INTEGER;
     CREATE INDEX jobs_finished ON jobs(finished);
     """,
+    # version 3: data staged into a node-local cache while a job waits (see staging/)
+    """
+    ALTER TABLE jobs ADD COLUMN stage_in TEXT NOT NULL DEFAULT '{}';
+    CREATE TABLE job_inputs(
+        job_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        source TEXT NOT NULL,
+        source_id TEXT NOT NULL,
+        added REAL NOT NULL,
+        key TEXT,
+        PRIMARY KEY(job_id, name)
+    );
+    CREATE INDEX job_inputs_source ON job_inputs(source_id);
+    CREATE INDEX job_inputs_key ON job_inputs(key);
+    CREATE INDEX job_inputs_unstaged ON job_inputs(job_id) WHERE key IS NULL;
+    CREATE TABLE stagings(
+        source_id TEXT PRIMARY KEY,
+        source TEXT NOT NULL,
+        uid INTEGER NOT NULL,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        stager_pid INTEGER,
+        host TEXT,
+        lease_expires REAL,
+        started REAL,
+        done_bytes INTEGER NOT NULL DEFAULT 0,
+        total_bytes INTEGER,
+        rate REAL,
+        note TEXT
+    );
+    CREATE TABLE cache_entries(
+        key TEXT PRIMARY KEY,
+        source TEXT NOT NULL,
+        path TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        files INTEGER NOT NULL,
+        checksum TEXT NOT NULL,
+        created REAL NOT NULL,
+        last_used REAL NOT NULL,
+        hits INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX cache_entries_lru ON cache_entries(last_used);
+    """,
 ]
+
+
+def source_id(uid: int, source: str) -> str:
+    """The id of one user's staging of one source (its row in ``stagings``)."""
+    return hashlib.sha256(f"{uid}\0{source}".encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)
@@ -169,6 +218,8 @@ class JobInfo:
     cpu_time: float | None = None
     peak_rss: int | None = None
     peak_gpu_mem: int | None = None
+    # inputs staged while the job waits: name -> source (a path or URL)
+    stage_in: dict[str, str] = field(default_factory=dict)
 
     @property
     def gpu_hours(self) -> float:
@@ -223,6 +274,7 @@ class JobInfo:
             "waiting": self.waiting,
             "backend": self.backend,
             "inline": self.inline,
+            "stage_in": self.stage_in,
             "usage": {
                 "gpu_hours": self.gpu_hours,
                 "cpu_time": self.cpu_time,
@@ -248,7 +300,7 @@ def _row_to_info(row: sqlite3.Row) -> JobInfo:
             value = Placement.from_json(json.loads(value)) if value else None
         elif name == "progress":
             value = json.loads(value) if value else None
-        elif name == "env":
+        elif name in ("env", "stage_in"):
             value = json.loads(value) if value else {}
         values[name] = value
     return JobInfo(**values)

@@ -6,6 +6,7 @@ Every bad input raises ``SpecError`` naming the field, the value and what is all
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 import unicodedata
@@ -42,6 +43,15 @@ MAX_NAME = 200
 KINDS = ("function", "cell", "command")
 #: What a job id looks like (the ledger's ids are 8 letters and digits; 32 leaves room).
 _JOB_ID = re.compile(r"^[A-Za-z0-9]{1,32}$")
+#: An input's name becomes ``DLSCHED_DATA_<NAME>`` in the job's environment.
+_INPUT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+MAX_INPUTS = 32
+MAX_SOURCE = 4096
+STAGE_IN_HELP = (
+    "a dict of input names (letters, digits, _) to a local path or a URL fsspec can open, "
+    "e.g. {'train': '/mnt/share/imagenet/train'}"
+)
 
 
 def parse_priority(value: object) -> int:
@@ -100,6 +110,8 @@ class JobSpec:
     distributed: bool = False
     origin: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    #: inputs staged into the node-local cache before the job starts: name -> source
+    stage_in: dict[str, str] = field(default_factory=dict)
 
 
 def build_spec(
@@ -121,6 +133,7 @@ def build_spec(
     distributed: object = False,
     origin: str = "",
     env: dict[str, str] | None = None,
+    stage_in: object = None,
     now: float | None = None,
 ) -> JobSpec:
     """Validate a request against the shape of this pool (``capacity`` of an idle machine)."""
@@ -155,6 +168,7 @@ def build_spec(
         distributed=bool(distributed),
         origin=_printable(origin),
         env=_env(env),
+        stage_in=parse_stage_in(stage_in),
     )
 
 
@@ -278,6 +292,44 @@ def _env(env: object) -> dict[str, str]:
         if not key or "=" in key or "\0" in text or any("\ud800" <= c <= "\udfff" for c in text):
             raise SpecError("env", {key: value}, allowed)
     return dict(env)
+
+
+def parse_stage_in(value: object) -> dict[str, str]:
+    """Check a job's declared inputs; local paths become absolute (the job may run elsewhere).
+
+    >>> parse_stage_in({"train": "/data/train", "labels": "s3://bucket/labels.csv"})
+    {'train': '/data/train', 'labels': 's3://bucket/labels.csv'}
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_INPUTS:
+        raise SpecError("stage_in", value, f"{STAGE_IN_HELP}, with at most {MAX_INPUTS} inputs")
+    inputs: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for name, source in value.items():
+        if not isinstance(name, str) or not _INPUT_NAME.match(name):
+            raise SpecError(
+                "stage_in",
+                name,
+                "an input name of letters, digits and _ (not starting with a digit)",
+            )
+        if name.upper() in seen:
+            raise SpecError(
+                "stage_in",
+                name,
+                f"names that differ in more than case ({seen[name.upper()]!r} is already "
+                f"DLSCHED_DATA_{name.upper()})",
+            )
+        seen[name.upper()] = name
+        if isinstance(source, os.PathLike):
+            source = os.fspath(source)
+        if not isinstance(source, str):
+            raise SpecError(f"stage_in[{name!r}]", source, "a local path or a URL (a string)")
+        text = check_text(source, f"stage_in[{name!r}]", max_len=MAX_SOURCE)
+        if not _URL.match(text):
+            text = os.path.abspath(os.path.expanduser(text))
+        inputs[name] = text
+    return inputs
 
 
 def pickle_payload(payload: dict[str, Any]) -> bytes:

@@ -74,7 +74,7 @@ def supervise(home: str | os.PathLike[str], job_id: str) -> int:
     outcome = _monitor(store, job, pids, settings, folder)
     _record(store, job, outcome, folder)
     store.close()
-    _tick_after(home)
+    tick_after(home)
     return 0
 
 
@@ -374,8 +374,8 @@ def _record_end(
         pass  # the job was reaped (lease expired) while this supervisor was stalled
 
 
-def _tick_after(home: str | os.PathLike[str]) -> None:
-    """Start whatever can start now that this job's resources are free."""
+def tick_after(home: str | os.PathLike[str]) -> None:
+    """Start whatever can start now that a job's resources (or its data) are ready."""
     if not (Path(home) / "ledger.sqlite").exists():
         return  # the state folder was removed while the job ran: nothing to schedule
     try:
