@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,6 @@ from jupyter_dlsched.sim import (
     SimulationError,
     TraceError,
     TraceJob,
-    cli,
     compare,
     load_csv,
     load_philly,
@@ -215,33 +216,71 @@ def test_compare_keeps_policy_order_and_plots(tmp_path):
     assert "avg JCT h" in str(table).splitlines()[0]
 
 
-def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dlsched")
-    cli.add_parser(parser.add_subparsers(dest="command"))
-    return cli.run(parser.parse_args(argv))
+def dlsched_sim(*args: str) -> subprocess.CompletedProcess[str]:
+    """``dlsched sim ARGS`` through the installed console script, as a user runs it."""
+    script = Path(sys.executable).with_name("dlsched")
+    command = str(script) if script.exists() else shutil.which("dlsched")
+    assert command, "the dlsched console script is not installed"
+    return subprocess.run(
+        [command, "sim", *args], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
-def test_cli_prints_one_row_per_policy(tmp_path, capsys):
+def test_cli_prints_one_row_per_policy(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("0,1,10\n0,2,5\n1,1,2\n")
-    assert _cli(["sim", str(trace), "--gpus", "2", "--policy", "fifo,fifo-ff"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    done = dlsched_sim(str(trace), "--gpus", "2", "--policy", "fifo,fifo-ff")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("3 jobs on 2 GPUs, replayed in ")
     assert [line.split()[0] for line in lines[2:]] == ["fifo", "fifo-ff"]
+    assert done.stderr == ""
 
 
-def test_cli_json_is_machine_readable(tmp_path, capsys):
+def test_cli_json_is_machine_readable(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("0,1,10\n0,2,5\n1,1,2\n")
-    assert _cli(["sim", str(trace), "--gpus", "2", "--policy", "fifo", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    done = dlsched_sim(str(trace), "--gpus", "2", "--policy", "fifo", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
     assert out["rows"][0]["avg_jct"] == pytest.approx(41 / 3)
+    assert (out["jobs"], out["gpus"], out["dropped"]) == (3, 2, [])
 
 
-def test_cli_reports_a_bad_policy_without_a_traceback(tmp_path, capsys):
+def test_cli_reports_a_bad_policy_without_a_traceback(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("0,1,10\n")
-    assert _cli(["sim", str(trace), "--gpus", "1", "--policy", "lottery"]) == 2
-    assert "policy='lottery'" in capsys.readouterr().err
+    done = dlsched_sim(str(trace), "--gpus", "1", "--policy", "fifo,lottery")
+    assert done.returncode == 2
+    assert done.stderr.startswith("dlsched sim: --policy 'lottery' is not a policy; choose from")
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_cli_filters_a_philly_trace_and_credits_it(tmp_path):
+    trace = tmp_path / "philly.csv"
+    trace.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-10-02 00:00:00,3600.0,1,3600.0,aa\n"
+        "2017-10-02 01:00:00,3600.0,2,7200.0,aa\n"
+        "2017-10-02 00:30:00,60.0,1,60.0,bb\n"
+        "2017-10-03 00:00:00,60.0,1,60.0,aa\n"
+    )
+    options = "--gpus 2 --policy fifo --cluster aa --start 2017-10-02 --end 2017-10-03 --json"
+    done = dlsched_sim(str(trace), *options.split())
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    # the two aa jobs of 2 October run one after the other: JCT 1 h each
+    assert out["jobs"] == 2 and out["rows"][0]["avg_jct"] == pytest.approx(3600.0)
+    assert out["attribution"].startswith("Microsoft Philly traces")
+
+
+def test_cli_saves_the_plot_where_asked(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,1,10\n0,2,5\n1,1,2\n")
+    png = tmp_path / "sim.png"
+    done = dlsched_sim(str(trace), "--gpus", "2", "--policy", "fifo,srtf", "--plot", str(png))
+    assert done.returncode == 0, done.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_replays_free_gpu_count_is_recounted_for_other_gpus():

@@ -12,7 +12,15 @@ The simulator drives the very policy objects the live scheduler uses
 from .engine import JobOutcome, SimResult, SimulationError, simulate
 from .metrics import jain_index, percentile, summarize
 from .report import Comparison, compare, format_table, plot_jct_cdf, plot_utilisation
-from .trace import PHILLY_ATTRIBUTION, TraceError, TraceJob, load_csv, load_philly, load_trace
+from .trace import (
+    PHILLY_ATTRIBUTION,
+    Trace,
+    TraceError,
+    TraceJob,
+    load_csv,
+    load_philly,
+    load_trace,
+)
 
 __all__ = [
     "PHILLY_ATTRIBUTION",
@@ -20,6 +28,7 @@ __all__ = [
     "JobOutcome",
     "SimResult",
     "SimulationError",
+    "Trace",
     "TraceError",
     "TraceJob",
     "compare",

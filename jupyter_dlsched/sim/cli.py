@@ -1,28 +1,39 @@
 """``dlsched sim TRACE --gpus N --policy a,b,c``: compare policies on a trace from the shell.
 
-``jupyter_dlsched.cli`` mounts this with ``add_parser(subparsers)`` and calls
-``run(args)``.
+``jupyter_dlsched.cli`` mounts this with ``add_parser(subparsers)``, which sets
+``run`` as the command's handler, and calls ``args.run(args)``.
+
+Options are read as text and checked here rather than by ``argparse`` types, so
+that every bad value ends in one line, ``dlsched sim: <what is wrong>``, and
+exit status 2, like every other input error of the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ..errors import DlschedError
 from ..policy import POLICIES, GittinsPolicy, get_policy
 from ..policy.base import Policy
+from .engine import MAX_GPUS
 from .report import compare
-from .trace import PHILLY_ATTRIBUTION, TraceJob, load_trace
+from .trace import PHILLY_ATTRIBUTION, Trace, TraceJob, load_trace
 
 DEFAULT_POLICIES = "fifo,fifo-ff,priority,sjf,las,gittins,srtf"
 
 
+class SimOptionError(DlschedError, ValueError):
+    """A ``dlsched sim`` option has a value the simulator cannot use; the message names it."""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``sim`` command to an ``argparse`` sub-parser collection."""
+    """Add the ``sim`` command to an ``argparse`` sub-parser collection; it runs ``run``."""
     p = subparsers.add_parser(
         "sim",
         help="replay a job trace under several policies and compare them",
@@ -35,29 +46,29 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("trace", help="trace file (Philly CSV or plain CSV)")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs in the simulated pool")
+    p.add_argument("--gpus", required=True, help="GPUs in the simulated pool (>= 1)")
     p.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
         help=f"comma-separated policies, from {', '.join(POLICIES)} (default: {DEFAULT_POLICIES})",
     )
-    p.add_argument("--nodes", type=int, default=1, help="split the GPUs over this many nodes")
+    p.add_argument("--nodes", default="1", help="split the GPUs evenly over this many nodes")
     p.add_argument("--cluster", help="Philly virtual cluster(s) to keep, comma-separated")
     p.add_argument("--start", help="keep jobs submitted from this time (2017-10-01 [HH:MM:SS])")
     p.add_argument("--end", help="keep jobs submitted before this time")
-    p.add_argument("--max-gpus", type=int, help="drop jobs asking for more GPUs (default: --gpus)")
-    p.add_argument("--sample", type=float, help="keep this fraction (<=1) or count (>1) of jobs")
-    p.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    p.add_argument(
+        "--max-gpus", help="drop jobs asking for more GPUs (default: --gpus); drops are reported"
+    )
+    p.add_argument("--sample", help="keep this fraction (<=1) or count (>1) of jobs")
+    p.add_argument("--seed", default="0", help="seed of --sample (default 0)")
     p.add_argument(
         "--restart-overhead",
-        type=float,
-        default=30.0,
+        default="30",
         help="seconds a preempted job loses when it starts again (default 30)",
     )
     p.add_argument(
         "--grace",
-        type=float,
-        default=0.0,
+        default="0",
         help="seconds a preempted job keeps its GPUs before letting go (default 0)",
     )
     p.add_argument(
@@ -72,11 +83,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--plot", metavar="PNG", help="also save JCT CDFs and utilisation to PNG")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``dlsched sim`` with parsed ``args``; 0 on success, 2 on a usage error."""
+    """Run ``dlsched sim`` with parsed ``args``; 0 on success, 2 on a usage or input error."""
     try:
         return _run(args)
     except DlschedError as exc:
@@ -85,50 +97,174 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    filters: dict[str, Any] = {"max_gpus": args.max_gpus or args.gpus, "seed": args.seed}
-    if args.cluster:
-        filters["cluster"] = args.cluster.split(",")
-    if args.start:
-        filters["start"] = args.start
-    if args.end:
-        filters["end"] = args.end
-    if args.sample is not None:
-        filters["sample"] = args.sample if args.sample <= 1 else int(args.sample)
-    jobs = load_trace(args.trace, **filters)
-    if not jobs:
-        print("dlsched sim: no jobs in the trace match the filters", file=sys.stderr)
-        return 2
-    names = [n.strip() for n in args.policy.split(",") if n.strip()]
-    policies = [_policy(name, jobs, args.gittins_prior) for name in names]
-    limits = args.time_limits
-    time_limits: str | float | None = (
-        None if limits == "none" else limits if limits == "exact" else float(limits)
+    # every option is checked before the trace is read, so a typo costs no loading time
+    gpus = _whole(args.gpus, "--gpus", minimum=1)
+    if gpus > MAX_GPUS:
+        raise SimOptionError(f"--gpus {gpus} is more than the {MAX_GPUS} GPUs the simulator models")
+    nodes = _whole(args.nodes, "--nodes", minimum=1)
+    if gpus % nodes:
+        raise SimOptionError(f"--nodes {nodes} does not split --gpus {gpus} evenly")
+    max_gpus = gpus if args.max_gpus is None else _whole(args.max_gpus, "--max-gpus", minimum=1)
+    if max_gpus > gpus:
+        raise SimOptionError(
+            f"--max-gpus {max_gpus} is more than --gpus {gpus}: such jobs could never start; "
+            f"give at most {gpus}"
+        )
+    restart_overhead = _seconds(args.restart_overhead, "--restart-overhead")
+    grace = _seconds(args.grace, "--grace")
+    time_limits = _time_limits(args.time_limits)
+    sample = None if args.sample is None else _sample(args.sample)
+    seed = _whole(args.seed, "--seed", minimum=None)
+    names = _policy_names(args.policy)
+    if args.plot:
+        _check_plot_path(args.plot)
+
+    clusters = [c.strip() for c in (args.cluster or "").split(",") if c.strip()] or None
+    jobs = load_trace(
+        args.trace,
+        cluster=clusters,
+        start=args.start,
+        end=args.end,
+        max_gpus=max_gpus,
+        sample=sample,
+        seed=seed,
     )
+    dropped = jobs.dropped_lines()
+    if not jobs:
+        raise SimOptionError(_nothing_left(args, jobs))
+    policies = [_policy(name, jobs, args.gittins_prior) for name in names]
     began = time.perf_counter()
     table = compare(
         jobs,
         policies,
-        args.gpus,
-        nodes=args.nodes,
-        restart_overhead=args.restart_overhead,
-        grace=args.grace,
+        gpus,
+        nodes=nodes,
+        restart_overhead=restart_overhead,
+        grace=grace,
         time_limits=time_limits,
     )
     seconds = time.perf_counter() - began
-    philly = any(j.id.startswith("philly-") for j in jobs[:1])
+    philly = jobs.format == "philly"
     if args.json:
-        out = {"trace": args.trace, "jobs": len(jobs), "gpus": args.gpus, "rows": table.rows}
+        out: dict[str, Any] = {
+            "trace": args.trace,
+            "jobs": len(jobs),
+            "gpus": gpus,
+            "dropped": [{"jobs": n, "reason": why} for why, n in jobs.dropped.items()],
+            "rows": table.rows,
+        }
         if philly:
             out["attribution"] = PHILLY_ATTRIBUTION
         print(json.dumps(out, indent=2))
     else:
-        print(f"{len(jobs)} jobs on {args.gpus} GPUs, replayed in {seconds:.1f} s")
+        print(f"{_count(len(jobs), 'job')} on {_count(gpus, 'GPU')}, replayed in {seconds:.1f} s")
+        for line in dropped:
+            print(line)
         print(table)
         if philly:
             print(f"Trace: {PHILLY_ATTRIBUTION}")
     if args.plot:
         _save_plot(table, args.plot)
     return 0
+
+
+def _nothing_left(args: argparse.Namespace, jobs: Trace) -> str:
+    if jobs.dropped:
+        return f"no jobs in {args.trace} left to replay: " + "; ".join(jobs.dropped_lines())
+    chosen = [
+        f"{option} {value}"
+        for option, value in (
+            ("--cluster", args.cluster),
+            ("--start", args.start),
+            ("--end", args.end),
+        )
+        if value
+    ]
+    if chosen:
+        return f"no jobs in {args.trace} match {', '.join(chosen)}"
+    return f"{args.trace} holds no jobs"
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
+def _number(text: str, option: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SimOptionError(f"{option} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise SimOptionError(f"{option} {text} is invalid: expected a finite number")
+    return value
+
+
+def _whole(text: str, option: str, minimum: int | None) -> int:
+    value = _number(text, option)
+    if not value.is_integer() or (minimum is not None and value < minimum):
+        at_least = "" if minimum is None else f" >= {minimum}"
+        raise SimOptionError(f"{option} {text} is invalid: expected a whole number{at_least}")
+    return int(value)
+
+
+def _seconds(text: str, option: str) -> float:
+    value = _number(text, option)
+    if value < 0:
+        raise SimOptionError(f"{option} {text} is invalid: expected seconds >= 0")
+    return value
+
+
+def _time_limits(text: str) -> str | float | None:
+    if text in ("exact", "none"):
+        return None if text == "none" else text
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = math.nan
+    if not math.isfinite(factor) or factor <= 0:
+        raise SimOptionError(
+            f"--time-limits {text!r} is invalid: expected exact, none, or a factor > 0 such as 2"
+        )
+    return factor
+
+
+def _sample(text: str) -> float | int:
+    value = _number(text, "--sample")
+    if value <= 0 or (value > 1 and not value.is_integer()):
+        raise SimOptionError(
+            f"--sample {text} is invalid: expected a fraction in (0, 1] or a whole count > 1"
+        )
+    return value if value <= 1 else int(value)
+
+
+def _policy_names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise SimOptionError(f"--policy names no policy; choose from {', '.join(POLICIES)}")
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise SimOptionError(
+            f"--policy {unknown[0]!r} is not a policy; choose from {', '.join(POLICIES)}"
+        )
+    return names
+
+
+def _check_plot_path(text: str) -> None:
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(text)
+    if path.is_dir():
+        raise SimOptionError(f"--plot {text} is a folder; give a file such as {path / 'sim.png'}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise SimOptionError(f"--plot {text}: the folder {folder} does not exist; create it first")
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lstrip(".").lower()
+    if suffix and suffix not in kinds:
+        raise SimOptionError(
+            f"--plot {text}: matplotlib cannot write .{suffix} files; use one of "
+            + ", ".join(f".{k}" for k in sorted(kinds))
+        )
 
 
 def _policy(name: str, jobs: list[TraceJob], prior: bool) -> Policy:
@@ -147,5 +283,9 @@ def _save_plot(table: Any, path: str) -> None:
     table.plot_jct_cdf(ax=top)
     table.plot_utilisation(ax=bottom)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise SimOptionError(f"--plot {path}: cannot write it ({exc.strerror or exc})") from None
+    finally:
+        plt.close(fig)

@@ -29,6 +29,9 @@ from .trace import TraceJob
 
 _FINISH, _RELEASE, _WAKE = 0, 1, 2
 
+# the replay keeps a record per GPU; past this a pool is a typo that would exhaust memory
+MAX_GPUS = 100_000
+
 
 @dataclass(frozen=True)
 class _PoolCapacity(Capacity):
@@ -131,6 +134,16 @@ class _Replay:
         if gpus < 1 or nodes < 1 or gpus % nodes:
             raise SimulationError(
                 f"gpus={gpus}, nodes={nodes}: need at least one GPU, split evenly over the nodes"
+            )
+        if gpus > MAX_GPUS:
+            raise SimulationError(f"gpus={gpus}: the simulator models at most {MAX_GPUS} GPUs")
+        for name, value in (("restart_overhead", restart_overhead), ("grace", grace)):
+            if not _is_seconds(value):
+                raise SimulationError(f"{name}={value!r} is invalid: expected seconds >= 0")
+        if time_limits not in ("exact", "none", None) and not _is_factor(time_limits):
+            raise SimulationError(
+                f"time_limits={time_limits!r} is invalid: expected 'exact', None "
+                "or a factor > 0 such as 2.0"
             )
         too_big = [j for j in jobs if j.gpus > gpus]
         if too_big:
@@ -360,3 +373,16 @@ class _Replay:
         self.remaining[seq] = max(0.0, self.remaining[seq] - progress)
         self.preemptions[seq] += 1
         self._enqueue(seq, preempted=True)
+
+
+def _is_seconds(value: object) -> bool:
+    # nan compares false with everything, so it would stall the clock: finite only
+    return isinstance(value, int | float) and math.isfinite(value) and value >= 0
+
+
+def _is_factor(value: object) -> bool:
+    try:
+        factor = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(factor) and factor > 0
