@@ -20,7 +20,6 @@ import argparse
 import errno
 import fnmatch
 import json
-import math
 import os
 import sqlite3
 import sys
@@ -32,6 +31,7 @@ from typing import Any, NoReturn
 
 from .errors import DlschedError, LedgerUnavailable
 from .history import history_table, period_words, totals_by_owner
+from .options import add_resource_flags, flag_resources
 from .scheduler import Scheduler
 from .schema import ACTIVE, STATES, JobInfo
 from .store import default_home
@@ -109,15 +109,6 @@ def _whole_number(text: str) -> int:
         ) from None
 
 
-def _stage_in_pair(text: str) -> tuple[str, str]:
-    name, sep, source = text.partition("=")
-    if not sep or not name.strip() or not source.strip():
-        raise argparse.ArgumentTypeError(
-            f"expected NAME=PATH such as train=/mnt/share/train, got {text!r}"
-        )
-    return name.strip(), source.strip()
-
-
 def _duration(text: str) -> float:
     try:
         return parse_duration(text.strip(), "--since")
@@ -125,16 +116,6 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"expected a duration such as 12h or 30d, got {text!r}"
         ) from None
-
-
-def _finite_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a number such as 2 or 0.5, got {text!r}")
-    return value
 
 
 def _state_list(allowed: Iterable[str]) -> Callable[[str], list[str]]:
@@ -329,26 +310,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         argv = argv[1:]
     if not argv:
         raise CommandError("give the command after --, e.g. dlsched submit -- python x.py")
-    gpus = args.gpus
-    if gpus is not None and gpus.is_integer():
-        gpus = int(gpus)
-    resources = {
-        k: v
-        for k, v in {
-            "gpus": gpus,
-            "gpu_mem": args.gpu_mem,
-            "cpus": args.cpus,
-            "mem": args.mem,
-            "priority": args.priority,
-            "name": args.name,
-            "time_limit": args.time_limit,
-            "retries": args.retries,
-            "after": args.after.split(",") if args.after else None,
-            "preemptible": args.preemptible or None,
-            "stage_in": dict(args.stage_in) if args.stage_in else None,
-        }.items()
-        if v is not None
-    }
+    resources = flag_resources(args)
     with _scheduler(args) as s:
         job_id = s.submit_command(argv, **resources).id
         if not args.wait:
@@ -469,24 +431,7 @@ def build_parser() -> _Parser:
     q.set_defaults(run=cmd_queue)
 
     s = add("submit", "run a command as a job: dlsched submit --gpus 1 -- python train.py")
-    s.add_argument("--gpus", type=_finite_number, help="whole GPUs, or a fraction of one")
-    s.add_argument("--gpu-mem", help="GPU memory, e.g. 8GiB")
-    s.add_argument("--cpus", type=_finite_number)
-    s.add_argument("--mem", help="memory, e.g. 16GiB")
-    s.add_argument("--priority", help="an integer or low, normal, high, urgent")
-    s.add_argument("--name")
-    s.add_argument("--time-limit", help="e.g. 90s, 30m, 2h")
-    s.add_argument("--retries", type=_whole_number)
-    s.add_argument("--after", help="comma-separated job ids that must succeed first")
-    s.add_argument("--preemptible", action="store_true")
-    s.add_argument(
-        "--stage-in",
-        action="append",
-        type=_stage_in_pair,
-        metavar="NAME=PATH",
-        help="stage PATH (or a URL) into the local cache before the job starts; the job "
-        "reads it from $DLSCHED_DATA_NAME (repeatable)",
-    )
+    add_resource_flags(s)  # the same set as dls.submit's keywords and %%schedule's flags
     s.add_argument(
         "--wait",
         action="store_true",

@@ -32,13 +32,10 @@ from IPython.display import display
 from .cells import CellResult, UnpicklableVariable, capture, execute, run_cell, user_traceback
 from .errors import DlschedError, JobNotFound
 from .handle import JobHandle
+from .options import add_resource_flags, flag_resources, flags_usage
 from .store import JobInfo
 
-SCHEDULE_USAGE = (
-    "%%schedule [--gpus N|0.5] [--gpu-mem SIZE] [--cpus N] [--mem SIZE] [--priority P] "
-    "[--name NAME] [--time-limit DURATION] [--after ID,...] [--preemptible] [--distributed] "
-    "[--out a,b] [--wait] [--inline]"
-)
+SCHEDULE_USAGE = f"%%schedule {flags_usage()} [--out a,b] [--wait] [--inline]"
 DLSCHED_USAGE = (
     "%dlsched queue [--all] | pool | dashboard | cancel ID | logs ID [--tail N] | "
     "priority ID P | wait ID [--out a,b] | outputs ID [--out a,b] | attach ID"
@@ -73,16 +70,7 @@ def _items(text: str | None) -> list[str]:
 
 def schedule_parser() -> _Parser:
     p = _Parser("%%schedule", SCHEDULE_USAGE)
-    p.add_argument("--gpus")
-    p.add_argument("--gpu-mem", dest="gpu_mem")
-    p.add_argument("--cpus")
-    p.add_argument("--mem")
-    p.add_argument("--priority")
-    p.add_argument("--name")
-    p.add_argument("--time-limit", dest="time_limit")
-    p.add_argument("--after")
-    p.add_argument("--preemptible", action="store_true")
-    p.add_argument("--distributed", action="store_true")
+    add_resource_flags(p)  # the same set as dls.submit's keywords and dlsched submit's flags
     p.add_argument("--out")
     p.add_argument("--wait", action="store_true")
     p.add_argument("--inline", action="store_true")
@@ -252,33 +240,19 @@ class SchedulerMagics(Magics):
     def schedule(self, line: str, cell: str) -> Any:
         """Run this cell as a job: ``%%schedule --gpus 1 --priority high --out model``.
 
-        Flags: --gpus N|0.5, --gpu-mem SIZE, --cpus N, --mem SIZE, --priority P,
-        --name NAME, --time-limit DURATION, --after ID,..., --preemptible,
-        --distributed (one process per granted GPU, as torchrun; rank 0's names come back),
-        --out a,b (names that come back into the notebook when the job succeeds),
+        Flags: every resource option of ``dls.submit`` (``options.RESOURCE_OPTIONS``:
+        --gpus N|0.5, --gpu-mem SIZE, --cpus N, --mem SIZE, --priority P, --name NAME,
+        --deadline WHEN, --time-limit DURATION, --retries N, --after ID,..., --preemptible,
+        --distributed (one process per granted GPU; rank 0's names come back),
+        --stage-in NAME=PATH), and --out a,b (names that come back into the notebook when the job succeeds),
         --wait (block until it ends), --inline (run in a kernel thread with the
         notebook's namespace). The handle of the job is kept in ``_job``.
         """
         args = schedule_parser().parse_args(_split(line, "%%schedule", SCHEDULE_USAGE))
         out = _names(args.out, "--out")
-        after = _items(args.after) if args.after else None
-        if args.after and not after:
-            raise UsageError("%%schedule: --after needs job ids, e.g. --after k3x9m2ab,q8r2m4za")
-        resources: dict[str, Any] = {
-            key: getattr(args, key)
-            for key in ("gpus", "gpu_mem", "cpus", "mem", "priority", "name", "time_limit")
-            if getattr(args, key) is not None
-        }
-        if after:
-            resources["after"] = after
-        if args.preemptible:
-            resources["preemptible"] = True
-        if args.distributed:
-            if args.inline:
-                raise UsageError(
-                    "%%schedule: --distributed starts processes; it cannot be --inline"
-                )
-            resources["distributed"] = True
+        resources = flag_resources(args)
+        if args.distributed and args.inline:
+            raise UsageError("%%schedule: --distributed starts processes; it cannot be --inline")
         shell = self.shell
         if shell is None:
             raise UsageError("%%schedule runs inside IPython")

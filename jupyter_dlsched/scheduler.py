@@ -28,6 +28,7 @@ from .backends import Backend, make_backend
 from .errors import JobNotFound, LedgerUnavailable, SpecError
 from .handle import JobHandle, job_exception
 from .inline import InlineRunner
+from .options import RESOURCE_ARGS
 from .policy import Decisions, Policy, get_policy
 from .pool import PoolInfo, idle_capacity, probe
 from .settings import Settings
@@ -37,22 +38,6 @@ from .store import TERMINAL, WAITING, JobInfo, Store
 
 log = logging.getLogger("jupyter_dlsched")
 
-RESOURCE_ARGS = (
-    "gpus",
-    "gpu_mem",
-    "cpus",
-    "mem",
-    "priority",
-    "name",
-    "deadline",
-    "time_limit",
-    "retries",
-    "preemptible",
-    "after",
-    "distributed",
-    "env",
-    "stage_in",
-)
 # variables that describe the submitting kernel, not the job
 _ENV_DROP = ("DLSCHED_JOB_ID", "DLSCHED_DEVICES", "DLSCHED_GPU_MEM", "CUDA_VISIBLE_DEVICES")
 UNLAUNCHED_GRACE = 2.0

@@ -188,7 +188,7 @@ def test_cancel_stops_an_inline_cell_at_its_next_python_instruction(ip):
     [
         ("--gpu 1", "1", "unrecognized arguments: --gpu 1"),
         ("--gpus", "1", "argument --gpus: expected one argument"),
-        ("--gpus many", "1", "gpus='many' is invalid"),
+        ("--gpus many", "1", "argument --gpus: expected a number such as 2 or 0.5, got 'many'"),
         ("--gpus 8", "1", "this pool has 2"),
         ("--mem lots", "1", "mem='lots' is invalid"),
         ("--priority extreme", "1", "priority='extreme' is invalid"),
