@@ -32,7 +32,7 @@ from .options import RESOURCE_ARGS
 from .policy import Decisions, Policy, get_policy
 from .pool import PoolInfo, idle_capacity, probe
 from .settings import Settings
-from .spec import JobSpec, build_spec, parse_priority, pickle_payload
+from .spec import build_spec, parse_priority, pickle_payload
 from .staging import StagingGate
 from .store import TERMINAL, WAITING, JobInfo, Store
 
@@ -160,6 +160,9 @@ class Scheduler:
     def policy(self) -> Policy:
         if self._policy_object is not None:
             return self._policy_object
+        decides = self.backend.policy()
+        if decides is not None:
+            return decides
         s = self.settings
         return get_policy(s.policy, **(s.policy_params or {}))
 
@@ -267,7 +270,7 @@ class Scheduler:
             origin=origin(),
             **resources,
         )
-        self._check_stage_in(spec)
+        self.backend.check(spec)
         files["context.json"] = json.dumps(submit_context()).encode()
         job_id = self.store.new_id()
         if inline_fn is not None:
@@ -286,15 +289,6 @@ class Scheduler:
         self.wake()
         return handle
 
-    def _check_stage_in(self, spec: JobSpec) -> None:
-        if spec.stage_in and self.backend.name != "local":
-            raise SpecError(
-                "stage_in",
-                spec.stage_in,
-                f"no stage_in with the {self.backend.name} backend: data is staged into this "
-                "machine's cache, for local jobs only",
-            )
-
     def map(
         self, fn: Callable[..., Any], items: Iterable[Any], **resources: Any
     ) -> list[JobHandle]:
@@ -312,7 +306,7 @@ class Scheduler:
             origin=origin(),
             **resources,
         )
-        self._check_stage_in(spec)
+        self.backend.check(spec)
         fn_pickle = pickle_payload({"fn": fn})
         context = json.dumps(submit_context()).encode()
         batch = [
@@ -490,6 +484,7 @@ class Scheduler:
                 ).fetchall()
             ]
             external = self.backend.external_gpu_mem(job_pids)
+            self.backend.before_reap()
             with self.store.transaction() as wdb:
                 now = time.time() if fixed_now is None else fixed_now
                 reaped = tick_steps.reap(self.store, wdb, backend, now)

@@ -5,9 +5,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
+from ..errors import SpecError
+
 if TYPE_CHECKING:
+    from ..policy import Policy
     from ..pool import PoolInfo
     from ..scheduler import Scheduler
+    from ..spec import JobSpec
     from ..store import JobInfo
 
 
@@ -15,6 +19,9 @@ class Backend(ABC):
     """Runs allocated jobs. Read top to bottom, a job's life here is:
 
     1. ``inventory()`` — the pool's shape, stored in the ledger for every participant;
+       ``check(spec)`` — refuse at submit what this backend cannot run;
+       ``policy()`` — a backend that decides by itself (SLURM) replaces the policy;
+       ``before_reap()`` — each tick, before expired leases are reaped;
     2. ``launch(job)`` — the policy allocated ``job`` (state ``running``); start it.
        Whatever runs it must claim the job, renew its lease and record its end;
     3. ``cancel(job)`` — the user cancelled a running job (``cancel_requested`` is set);
@@ -38,6 +45,24 @@ class Backend(ABC):
     @abstractmethod
     def launch(self, job: JobInfo) -> None:
         """Start an allocated job."""
+
+    def check(self, spec: JobSpec) -> None:
+        """Raise ``SpecError`` for a request this backend cannot run, before it is stored."""
+        if spec.stage_in:
+            raise SpecError(
+                "stage_in",
+                spec.stage_in,
+                f"no stage_in with the {self.name} backend: data is staged into this "
+                "machine's cache, for local jobs only",
+            )
+
+    def policy(self) -> Policy | None:
+        """The policy to use instead of the ledger's (None: the ledger's)."""
+        return None
+
+    def before_reap(self) -> None:
+        """Called by each tick just before it reaps jobs whose lease expired."""
+        return None
 
     def cancel(self, job: JobInfo) -> None:
         """Deliver a cancel to a running job (the ledger flag is already set)."""

@@ -12,6 +12,7 @@ import psutil
 
 from .. import launcher
 from ..pool import PoolInfo, inventory_json, probe, usable_cores
+from ..spec import JobSpec
 from ..store import JobInfo
 from .base import Backend
 
@@ -29,6 +30,9 @@ class LocalBackend(Backend):
         super().__init__(scheduler)
         self.fast_start = fast_start and os.environ.get("DLSCHED_FAST_START", "1") != "0"
         self._launcher_spawned_at = -1e9
+
+    def check(self, spec: JobSpec) -> None:
+        return None  # stage_in included: staged into this machine's cache
 
     def inventory(self) -> dict[str, Any]:
         info = probe(usage=False, max_age=0)

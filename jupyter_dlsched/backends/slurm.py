@@ -40,6 +40,7 @@ from ..errors import SpecError
 from ..policy import Decisions, QueuedJob, RunningJob
 from ..pool import GpuInfo, PoolInfo
 from ..resources import Capacity
+from ..spec import JobSpec
 from ..store import JobInfo
 from ..units import parse_size
 from .base import Backend
@@ -50,6 +51,11 @@ ACCOUNT_ENV = "DLSCHED_SLURM_ACCOUNT"
 QOS_ENV = "DLSCHED_SLURM_QOS"
 EXTRA_ENV = "DLSCHED_SLURM_EXTRA"
 GPU_MEM_ENV = "DLSCHED_SLURM_GPU_MEM"
+NO_SHARDS = (
+    "a whole number of GPUs: this SLURM partition offers no GPU shards "
+    "(GresTypes=shard), so a share of a GPU cannot be requested; ask for "
+    "gpus=1, or ask the admins for shards"
+)
 # sinfo does not report GPU memory; shares and gpu_mem requests need a card size
 DEFAULT_GPU_MEM = 16 * 2**30
 TOOLS = ("sbatch", "squeue", "scancel", "sinfo", "scontrol")
@@ -193,9 +199,16 @@ class SlurmBackend(Backend):
 
     def bind(self, scheduler: Any) -> None:
         super().bind(scheduler)
-        # SLURM decides which job starts: the scheduler's tick only records why jobs wait
-        scheduler._policy_object = self.slurm_policy
         self.monitor.start()
+
+    def policy(self) -> SlurmPolicy:
+        # SLURM decides which job starts: the scheduler's tick only records why jobs wait
+        return self.slurm_policy
+
+    def check(self, spec: JobSpec) -> None:
+        super().check(spec)  # no stage_in: the cache is on this machine
+        if 0 < spec.request.gpus < 1 and not self._shards_per_gpu():
+            raise SpecError("gpus", spec.request.gpus, NO_SHARDS)
 
     # -- the pool ----------------------------------------------------------------------------
 
@@ -290,6 +303,10 @@ class SlurmBackend(Backend):
 
     # -- what a job asks SLURM for ------------------------------------------------------------
 
+    def _shards_per_gpu(self) -> int:
+        assert self.scheduler is not None
+        return int(self.scheduler.inventory.get("shards_per_gpu") or 0)
+
     def sbatch_options(self, job: JobInfo) -> list[str]:
         """The sbatch options of ``job``'s request (``SpecError`` for what SLURM cannot give)."""
         assert self.scheduler is not None
@@ -303,15 +320,9 @@ class SlurmBackend(Backend):
                 options.append(f"{flag}={value}")
         tasks = 1
         if 0 < job.gpus < 1:
-            per_gpu = int(self.scheduler.inventory.get("shards_per_gpu") or 0)
+            per_gpu = self._shards_per_gpu()
             if not per_gpu:
-                raise SpecError(
-                    "gpus",
-                    job.gpus,
-                    "a whole number of GPUs: this SLURM partition offers no GPU shards "
-                    "(GresTypes=shard), so a share of a GPU cannot be requested; ask for "
-                    "gpus=1, or ask the admins for shards",
-                )
+                raise SpecError("gpus", job.gpus, NO_SHARDS)
             options.append(f"--gres=shard:{max(1, math.floor(job.gpus * per_gpu))}")
         elif job.gpus >= 1:
             whole = int(job.gpus)
@@ -340,11 +351,10 @@ class SlurmBackend(Backend):
     def reap(self, job: JobInfo) -> None:
         self.monitor.reap(job)
 
-    def external_gpu_mem(self, job_pids: list[int | None]) -> dict[int, int]:
-        # called by the tick just before it reaps expired leases: take over the jobs of
-        # a participant that went away first, so their SLURM jobs are not counted lost
+    def before_reap(self) -> None:
+        # take over the jobs of a participant that went away first, so their SLURM jobs
+        # are not counted lost when their leases are reaped
         self.monitor.adopt()
-        return {}
 
     def close(self) -> None:
         self.monitor.close()
