@@ -36,7 +36,7 @@ from .scheduler import Scheduler
 from .schema import ACTIVE, STATES, JobInfo
 from .store import default_home
 from .units import parse_duration
-from .words import state_words
+from .words import owner_words, priority_words, state_words
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -206,15 +206,15 @@ def cmd_queue(args: argparse.Namespace) -> int:
         else:
             print("no jobs" if args.all else "no queued or running jobs (--all shows finished)")
         return EXIT_OK
-    rows = [("ID", "NAME", "OWNER", "PRI", "REQUEST", "DEVICES", "STATE")]
+    rows = [("ID", "NAME", "OWNER", "PRIORITY", "REQUEST", "DEVICES", "STATE")]
     for j in jobs:
         devices = ",".join(map(str, j.devices)) or "-"
         rows.append(
             (
                 j.id,
                 j.name[:24],
-                j.owner,
-                str(j.priority),
+                owner_words(j),
+                priority_words(j.priority),
                 j.request.describe(),
                 devices,
                 state_words(j),
