@@ -404,3 +404,25 @@ def test_the_wait_reason_reads_place_first_everywhere():
     assert fmt.wait_words(job) == "#2 in line · waiting for 1 GPU"
     assert fmt.state_words(job) == "queued · #2 in line · waiting for 1 GPU"
     assert fmt.wait_words(_job(state="running", position=2)) == ""
+
+
+def read_staged(name: str) -> str:
+    return (Path(dls.data(name)) / "x.txt").read_text()
+
+
+def test_the_dashboard_shows_the_data_cache_once_it_is_used(sched, tmp_path):
+    board = dashboard(sched, live=False)
+    try:
+        board.refresh(force=True)
+        assert "data cache" not in board.host_card.value, "an unused cache stays out of sight"
+        source = tmp_path / "set"
+        source.mkdir()
+        (source / "x.txt").write_text("staged")
+        assert sched.submit(read_staged, "d", stage_in={"d": str(source)}).result(60) == "staged"
+        sched.submit(read_staged, "d", stage_in={"d": str(source)}).result(60)
+        board.refresh(force=True)
+        card = board.host_card.value
+        assert "data cache" in card
+        assert "1 entry" in card and "1 hits" in card
+    finally:
+        board.close()

@@ -118,7 +118,7 @@ def gpu_card_html(gpu: GpuInfo, jobs: dict[str, JobInfo], recent_util: list[floa
     return f'<div class="dlsched-gpu" style="{CARD_STYLE}">' + "<br>".join(lines) + "</div>"
 
 
-def host_card_html(pool: PoolInfo) -> str:
+def host_card_html(pool: PoolInfo, cache: dict[str, Any] | None = None) -> str:
     colour = fmt.COLOURS["running"]
     mem_share = pool.mem_used / pool.mem_total if pool.mem_total else 0.0
     gpu_note = "" if pool.gpus else f"<br>no GPUs ({fmt.esc(pool.gpu_error or 'none found')})"
@@ -127,7 +127,26 @@ def host_card_html(pool: PoolInfo) -> str:
         f"<b>CPU</b> {pool.cpus} cores {fmt.bar_html(pool.cpu_percent / 100, colour, 80)} "
         f"{pool.cpu_percent:.0f}%<br>"
         f"<b>RAM</b> {fmt.bar_html(mem_share, colour, 80)} {fmt.esc(fmt.size(pool.mem_used))} / "
-        f"{fmt.esc(fmt.size(pool.mem_total))}{gpu_note}</div>"
+        f"{fmt.esc(fmt.size(pool.mem_total))}{gpu_note}{cache_html(cache)}</div>"
+    )
+
+
+def cache_html(cache: dict[str, Any] | None) -> str:
+    """The stage-in cache in one line (nothing until it has been used)."""
+    if not cache or not (cache.get("entries") or cache.get("staging") or cache.get("misses")):
+        return ""
+    share = cache["bytes"] / cache["max_bytes"] if cache.get("max_bytes") else 0.0
+    staging = len(cache.get("staging") or [])
+    words = [
+        f"{cache['entries']} entr{'y' if cache['entries'] == 1 else 'ies'}",
+        f"{cache.get('hits', 0)} hits",
+    ]
+    if staging:
+        words.append(f"staging {staging}")
+    return (
+        f"<br><b>data cache</b> {fmt.bar_html(share, fmt.COLOURS['running'], 80)} "
+        f"{fmt.esc(fmt.size(cache['bytes']))} / {fmt.esc(fmt.size(cache.get('max_bytes')))}"
+        f" · {fmt.esc(' · '.join(words))}"
     )
 
 
@@ -399,7 +418,7 @@ class Dashboard(w.VBox):
             if card.value != value:
                 card.value = value
             cards.append(card)
-        self.host_card.value = host_card_html(pool)
+        self.host_card.value = host_card_html(pool, self.scheduler.cache_info())
         cards.append(self.host_card)
         if tuple(self.cards.children) != tuple(cards):
             self.cards.children = tuple(cards)
