@@ -120,7 +120,7 @@ def round_trips(root: Path, n: int) -> list[RoundTrip]:
     with simulated("1x16GiB"), scheduler_home(root, "roundtrip") as s:
         results.append(
             RoundTrip(
-                "jupyter-dlsched", timed_calls(lambda: s.submit(noop, 1, cpus=0.01).result(), n)
+                "jupyter-dlsched", timed_calls(lambda: s.submit(noop, 1, cpus=1 / 64).result(), n)
             )
         )
 
@@ -204,9 +204,9 @@ def running_spans(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
 
 def dispatch_gaps(root: Path, n: int) -> list[float]:
     with simulated("1x16GiB"), scheduler_home(root, "gap") as s:
-        s.submit(noop, cpus=0.01, gpus=1).result()  # launcher and caches warm
+        s.submit(noop, cpus=1 / 64, gpus=1).result()  # launcher and caches warm
         first = s.store.events()[-1]["seq"]
-        handles = [s.submit(noop, i, gpus=1, cpus=0.01) for i in range(n)]
+        handles = [s.submit(noop, i, gpus=1, cpus=1 / 64) for i in range(n)]
         for h in handles:
             h.result(timeout=300)
         spans = running_spans(s.store.events(since=first))
@@ -275,10 +275,10 @@ def drain_dlsched(root: Path, n: int) -> tuple[list[float], list[float], list[fl
     and the job's last ledger state change → the next job's ``running``."""
     stamps = root / "dlsched-stamps"
     with simulated("1x16GiB"), scheduler_home(root, "drain") as s:
-        s.submit_command(["true"], gpus=1, cpus=0.01).result()  # launcher warm
-        hold = s.submit_command(["sleep", "0.5"], gpus=1, cpus=0.01)
+        s.submit_command(["true"], gpus=1, cpus=1 / 64).result()  # launcher warm
+        hold = s.submit_command(["sleep", "0.5"], gpus=1, cpus=1 / 64)
         handles = [
-            s.submit_command([sys.executable, "-c", STAMP, str(stamps)], gpus=1, cpus=0.01)
+            s.submit_command([sys.executable, "-c", STAMP, str(stamps)], gpus=1, cpus=1 / 64)
             for _ in range(n)
         ]
         hold.result(timeout=60)
@@ -301,7 +301,7 @@ def policy_snapshot(n: int) -> tuple[list[Any], list[Any], Any]:
     from jupyter_dlsched.resources import Capacity, Placement, Request
 
     now = time.time()
-    request = Request(gpus=1, cpus=0.01)
+    request = Request(gpus=1, cpus=1 / 64)
     capacity = Capacity.empty(8, 16 * GIB, 2, 64 * GIB)
     running = []
     for i in range(8):
@@ -379,7 +379,7 @@ def _spec(s: Any) -> Any:
         default_name="queued",
         origin="benchmark",
         gpus=1,
-        cpus=0.01,
+        cpus=1 / 64,
     )
 
 
@@ -404,7 +404,7 @@ def full_ticks(root: Path, n: int, repeats: int, profile: Path | None) -> tuple[
 def mass_submit(root: Path, n: int, budget: float, profile: Path | None) -> tuple[int, float]:
     """Jobs submitted through ``.map`` and the time it took (``budget`` s at most, roughly)."""
     with simulated("1x16GiB"), scheduler_home(root, "map") as s:
-        hold = s.submit_command(["sleep", "600"], gpus=1, cpus=0.01)
+        hold = s.submit_command(["sleep", "600"], gpus=1, cpus=1 / 64)
         deadline = time.monotonic() + 30
         while s.info(hold.id).state != "running" and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -417,9 +417,9 @@ def mass_submit(root: Path, n: int, budget: float, profile: Path | None) -> tupl
             chunk = range(submitted, n if fits else min(n, submitted + 250))
             t = time.perf_counter()
             if profiler is not None:
-                profiler.runcall(s.map, noop, chunk, gpus=1, cpus=0.01)
+                profiler.runcall(s.map, noop, chunk, gpus=1, cpus=1 / 64)
             else:
-                s.map(noop, chunk, gpus=1, cpus=0.01)
+                s.map(noop, chunk, gpus=1, cpus=1 / 64)
             elapsed += time.perf_counter() - t
             submitted += len(chunk)
         if profiler is not None and profile is not None:
