@@ -48,6 +48,23 @@ def period_words(seconds: float) -> str:
     return format_duration(seconds)
 
 
+def usage_words(job: JobInfo) -> str:
+    """What a finished job used, in one line: ``0.68 GPU-hours · CPU 39m 10s · peak RAM 3.1 GiB``.
+
+    Figures that were not measured (peak GPU memory on simulated GPUs) are left out.
+    """
+    words = []
+    if job.gpus:
+        words.append(f"{job.gpu_hours:.2f} GPU-hours")
+    if job.cpu_time is not None:
+        words.append(f"CPU {cpu_words(job.cpu_time)}")
+    if job.peak_rss:
+        words.append(f"peak RAM {format_size(job.peak_rss)}")
+    if job.peak_gpu_mem:
+        words.append(f"peak GPU memory {format_size(job.peak_gpu_mem)}")
+    return " · ".join(words)
+
+
 def _ran(job: JobInfo) -> float | None:
     if job.started is None or job.finished is None:
         return None

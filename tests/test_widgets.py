@@ -426,3 +426,19 @@ def test_the_dashboard_shows_the_data_cache_once_it_is_used(sched, tmp_path):
         assert "1 entry" in card and "1 hits" in card
     finally:
         board.close()
+
+
+def burn_a_little_cpu() -> int:
+    start = time.process_time()
+    while time.process_time() - start < 0.2:
+        pass
+    return 1
+
+
+def test_a_finished_jobs_view_says_what_it_used(sched):
+    handle = sched.submit(burn_a_little_cpu, gpus=1)
+    assert handle.result(timeout=60) == 1
+    html = JobView(handle, live=False)._repr_mimebundle_()["text/html"]
+    assert "used: " in html
+    assert "GPU-hours" in html and "CPU " in html and "peak RAM" in html
+    assert "peak GPU memory" not in html, "simulated GPUs: not measured, so not shown"

@@ -24,6 +24,7 @@ import ipywidgets as w
 
 from ..cells import user_traceback
 from ..handle import JobHandle
+from ..history import usage_words
 from ..store import TERMINAL, WAITING, JobInfo
 from ..units import format_duration
 from ..words import renumber
@@ -265,6 +266,9 @@ class JobView(w.VBox):
                 f"<details><summary>output (last {len(self._tail.splitlines())} lines)"
                 f"</summary>{fmt.log_html(self._tail)}</details>"
             )
+        used = usage_words(info) if self.finished else ""
+        if used:
+            parts.append(f'<div style="{MUTED};font-size:90%">used: {fmt.esc(used)}</div>')
         if self.finished and self._sent_names(info):
             parts.append(
                 f'<div style="{MUTED};font-size:90%">after a kernel restart, '
