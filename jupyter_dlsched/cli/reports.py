@@ -1,0 +1,116 @@
+"""Commands that read the queue: ``dlsched status``, ``queue`` and ``history``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+
+from ..history import history_table, period_words, totals_by_owner
+from ..schema import ACTIVE, JobInfo
+from ..words import owner_words, priority_words, state_words
+from .common import EXIT_OK, _flatten, _name_matches, _print_json, _scheduler
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _scheduler(args) as s:
+        s.tick()
+        status = s.status()
+        pool = s.pool()
+    if args.json:
+        _print_json({**status, "pool": pool.to_json()})
+        return EXIT_OK
+    counts = status["counts"]
+    gpus = status["gpus"]
+    sim = f" ({gpus['simulated']} simulated)" if gpus["simulated"] else ""
+    print(
+        f"GPU {gpus['busy']}/{gpus['total']}{sim} busy · {counts['running']} running · "
+        f"{counts['queued'] + counts['preempted']} queued · policy {status['policy']}"
+    )
+    print(repr(pool))
+    return EXIT_OK
+
+
+def _queue_order(jobs: list[JobInfo]) -> list[JobInfo]:
+    """Running (newest first), then waiting in line order, then finished newest first."""
+    running = sorted((j for j in jobs if j.state == "running"), key=lambda j: -j.seq)
+    waiting = sorted(
+        (j for j in jobs if j.state in ("queued", "preempted")),
+        key=lambda j: (j.position or 10**9, j.seq),
+    )
+    finished = sorted((j for j in jobs if j.state not in ACTIVE), key=lambda j: -j.seq)
+    return [*running, *waiting, *finished]
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    states = _flatten(args.state)
+    with _scheduler(args) as s:
+        s.tick()
+        owner = s.owner if args.mine else args.user
+        wanted = states or (None if args.all else list(ACTIVE))
+        jobs = [j for j in s.jobs(state=wanted, owner=owner) if _name_matches(args.name, j.name)]
+    jobs = _queue_order(jobs)
+    if args.json:
+        _print_json([j.to_json() for j in jobs])
+        return EXIT_OK
+    if not jobs:
+        if states or owner or args.name:
+            print("no jobs match" + ("" if args.all or states else " (--all includes finished)"))
+        else:
+            print("no jobs" if args.all else "no queued or running jobs (--all shows finished)")
+        return EXIT_OK
+    rows = [("ID", "NAME", "OWNER", "PRIORITY", "REQUEST", "DEVICES", "STATE")]
+    for j in jobs:
+        devices = ",".join(map(str, j.devices)) or "-"
+        rows.append(
+            (
+                j.id,
+                j.name[:24],
+                owner_words(j),
+                priority_words(j.priority),
+                j.request.describe(),
+                devices,
+                state_words(j),
+            )
+        )
+    _print_table(rows)
+    return EXIT_OK
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    since = time.time() - args.since
+    with _scheduler(args) as s:
+        owner = s.owner if args.mine else args.user
+        jobs = [
+            j
+            for j in s.store.finished_jobs(since=since, owner=owner)
+            if _name_matches(args.name, j.name)
+        ]
+    totals = totals_by_owner(jobs)
+    shown = jobs[: args.limit]
+    if args.json:
+        _print_json(
+            {
+                "since": since,
+                "jobs": [j.to_json() for j in shown],
+                "totals": [t.to_json() for t in totals],
+            }
+        )
+        return EXIT_OK
+    period = period_words(args.since)
+    if not jobs:
+        print(f"no jobs finished in the last {period}")
+        return EXIT_OK
+    _print_table(history_table(shown))
+    if len(shown) < len(jobs):
+        print(f"... {len(jobs) - len(shown)} more (-n/--limit shows more)")
+    print(f"\nin the last {period}:")
+    for total in totals:
+        print("  " + total.words())
+    return EXIT_OK
