@@ -89,6 +89,8 @@ export interface IStatus {
   policy: string;
   counts: { [state: string]: number };
   gpus: { total: number; busy: number };
+  /** The server's clock when it answered (epoch seconds). */
+  time?: number;
   [key: string]: unknown;
 }
 

@@ -161,11 +161,12 @@ export function lastMetric(job: IJob): string {
   return `${name} ${text}`;
 }
 
+/** Four significant digits, no trailing zeros ("0.31", "1235"), as the Python widgets write. */
 function formatNumber(value: number): string {
   if (Number.isInteger(value)) {
     return String(value);
   }
-  return Math.abs(value) >= 100 ? value.toFixed(0) : value.toPrecision(3);
+  return String(Number(value.toPrecision(4)));
 }
 
 export const PRIORITY_NAMES: { [value: number]: string } = {
@@ -175,8 +176,30 @@ export const PRIORITY_NAMES: { [value: number]: string } = {
   1000: 'urgent'
 };
 
+/**
+ * How a priority reads everywhere: the word for a named level, else the number with its label,
+ * e.g. "high", "normal", "priority 75" (as `priority_words` in words.py).
+ */
 export function priorityText(priority: number): string {
-  return PRIORITY_NAMES[priority] ?? String(priority);
+  return PRIORITY_NAMES[priority] ?? `priority ${priority}`;
+}
+
+/** "anna · sweep.ipynb": the owner and the last part of where the job came from. */
+export function ownerText(job: IJob): string {
+  const origin = originName(job.origin);
+  return origin ? `${job.owner} · ${origin}` : job.owner;
+}
+
+/** Origins that say what submitted a job but name no notebook or program (as words.py). */
+const NO_PLACE = ['', 'notebook', 'python', '-'];
+
+/** The file name of a notebook path ("/home/anna/exp/sweep.ipynb" -> "sweep.ipynb"). */
+export function originName(origin: string | null): string {
+  if (origin === null || NO_PLACE.includes(origin)) {
+    return '';
+  }
+  const trimmed = origin.replace(/\/+$/, '');
+  return trimmed.slice(trimmed.lastIndexOf('/') + 1);
 }
 
 /** The next priority step up or down (low < normal < high < urgent, numbers in between). */

@@ -6,14 +6,15 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, MainAreaWidget, Notification, WidgetTracker } from '@jupyterlab/apputils';
+import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { IJob } from './api';
-import { formatDuration, ranFor } from './format';
 import { createLogWidget, JobLogView } from './logview';
 import { SchedulerModel } from './model';
+import { FinishNotifier } from './notify';
 import { SchedulerSidebar } from './sidebar';
 import { SchedulerStatus } from './statusbar';
 
@@ -34,16 +35,19 @@ namespace CommandIDs {
   export const openLog = 'dlsched:open-log';
 }
 
+const PLUGIN_ID = 'jupyter-dlsched:plugin';
+
 const plugin: JupyterFrontEndPlugin<void> = {
-  id: 'jupyter-dlsched:plugin',
+  id: PLUGIN_ID,
   description: 'GPU job queue, utilisation and logs from the jupyter-dlsched scheduler.',
   autoStart: true,
-  optional: [ILayoutRestorer, IStatusBar, ICommandPalette],
+  optional: [ILayoutRestorer, IStatusBar, ICommandPalette, ISettingRegistry],
   activate: (
     app: JupyterFrontEnd,
     restorer: ILayoutRestorer | null,
     statusBar: IStatusBar | null,
-    palette: ICommandPalette | null
+    palette: ICommandPalette | null,
+    settingRegistry: ISettingRegistry | null
   ) => {
     const model = new SchedulerModel();
     const tracker = new WidgetTracker<MainAreaWidget<JobLogView>>({ namespace: 'dlsched-log' });
@@ -104,24 +108,31 @@ const plugin: JupyterFrontEndPlugin<void> = {
       });
     }
 
-    model.jobFinished.connect((_, job: IJob) => notify(job, openLog));
+    const notifier = new FinishNotifier({
+      openLog: id => void openLog(id),
+      showJobs: () => {
+        app.shell.activateById(sidebar.id);
+        sidebar.showRecent();
+      }
+    });
+    model.jobsFinished.connect((_, jobs: IJob[]) => notifier.add(jobs));
+    if (settingRegistry) {
+      const apply = (settings: ISettingRegistry.ISettings) => {
+        notifier.enabled = settings.get('notifyFinished').composite as boolean;
+        notifier.groupWindow = settings.get('groupWindow').composite as number;
+      };
+      settingRegistry
+        .load(PLUGIN_ID)
+        .then(settings => {
+          apply(settings);
+          settings.changed.connect(apply);
+        })
+        .catch(reason => {
+          // Without its settings the extension still works, with the defaults.
+          console.warn(`jupyter-dlsched: could not load settings (${reason}); using defaults`);
+        });
+    }
   }
 };
-
-function notify(job: IJob, openLog: (id: string) => Promise<unknown>): void {
-  const actions = [{ label: 'Show log', callback: () => void openLog(job.id) }];
-  if (job.state === 'succeeded') {
-    const ran = formatDuration(ranFor(job, job.finished ?? Date.now() / 1000), false);
-    Notification.success(`Job ${job.name} (${job.id}) done in ${ran}`, {
-      autoClose: 8000,
-      actions
-    });
-  } else {
-    Notification.error(`Job ${job.name} (${job.id}) failed: ${job.reason || job.state}`, {
-      autoClose: false,
-      actions
-    });
-  }
-}
 
 export default plugin;

@@ -20,7 +20,12 @@ export class JobLogView extends Widget {
     this.addClass('jp-dlsched-log');
     this._header = h('div', { className: 'jp-dlsched-log-header' });
     this._pre = h('pre', { className: 'jp-dlsched-log-text', attrs: { 'aria-live': 'off' } });
-    this.node.append(this._header, this._pre);
+    this._empty = h(
+      'p',
+      { className: 'jp-dlsched-log-empty jp-dlsched-muted' },
+      'loading the log…'
+    );
+    this.node.append(this._header, this._empty, this._pre);
     this._poll = new Poll({
       factory: () => this._fetch(),
       frequency: { interval: 1000, backoff: true, max: 30 * 1000 },
@@ -35,12 +40,21 @@ export class JobLogView extends Widget {
   }
 
   private async _fetch(): Promise<void> {
-    const job = await requestAPI<IJob>(jobPath(this.jobId));
-    const params =
-      this._offset === null
-        ? query({ tail: INITIAL_TAIL_LINES })
-        : query({ offset: this._offset });
-    const chunk = await requestAPI<ILogChunk>(jobPath(this.jobId, `/log${params}`));
+    let job: IJob;
+    let chunk: ILogChunk;
+    try {
+      job = await requestAPI<IJob>(jobPath(this.jobId));
+      const params =
+        this._offset === null
+          ? query({ tail: INITIAL_TAIL_LINES })
+          : query({ offset: this._offset });
+      chunk = await requestAPI<ILogChunk>(jobPath(this.jobId, `/log${params}`));
+    } catch (error) {
+      this._empty.textContent = `Could not read the log: ${(error as Error).message ?? error}`;
+      this._empty.hidden = false;
+      // Rejecting makes the Poll back off until the server answers again.
+      throw error;
+    }
     this._renderHeader(job);
     if (chunk.text) {
       const atBottom =
@@ -52,7 +66,11 @@ export class JobLogView extends Widget {
       }
     }
     this._offset = chunk.next_offset;
-    if (isFinished(job.state) && chunk.next_offset >= chunk.size) {
+    const finished = isFinished(job.state);
+    // A blank page reads as broken; say plainly that the job has not printed anything.
+    this._empty.textContent = finished ? 'the job printed nothing' : 'no output yet';
+    this._empty.hidden = this._pre.textContent !== '';
+    if (finished && chunk.next_offset >= chunk.size) {
       // Nothing more will be written: stop following.
       this._poll.dispose();
     }
@@ -76,6 +94,7 @@ export class JobLogView extends Widget {
 
   private _header: HTMLElement;
   private _pre: HTMLPreElement;
+  private _empty: HTMLElement;
   private _poll: Poll;
   private _offset: number | null = null;
 }

@@ -23,6 +23,8 @@ import { isFinished } from './format';
 const HISTORY_LENGTH = 60;
 /** Finished jobs shown under "recent". */
 const RECENT_LIMIT = 20;
+/** Seconds a job's end may precede the previous look and still count as new. */
+const LOOK_MARGIN_S = 5;
 
 export type Connection = 'connecting' | 'ok' | 'missing' | 'unreachable';
 
@@ -45,9 +47,9 @@ export class SchedulerModel {
     return this._changed;
   }
 
-  /** A job owned by this user reached a final state while we watched. */
-  get jobFinished(): ISignal<this, IJob> {
-    return this._jobFinished;
+  /** Jobs owned by this user that reached a final state since the previous look (never empty). */
+  get jobsFinished(): ISignal<this, IJob[]> {
+    return this._jobsFinished;
   }
 
   get connection(): Connection {
@@ -98,7 +100,7 @@ export class SchedulerModel {
       this._status = status;
       this._pool = pool;
       this._record(pool);
-      this._notifyTransitions(status.user, active.jobs, recent.jobs);
+      this._notifyTransitions(status, active.jobs, recent.jobs);
       this._active = active.jobs;
       this._recent = recent.jobs;
       this._connection = 'ok';
@@ -172,23 +174,38 @@ export class SchedulerModel {
     }
   }
 
-  private _notifyTransitions(user: string, active: IJob[], recent: IJob[]): void {
-    const firstLook = this._lastStates.size === 0 && !this._looked;
+  private _notifyTransitions(status: IStatus, active: IJob[], recent: IJob[]): void {
+    const firstLook = !this._looked;
     this._looked = true;
+    // Server time of the previous look, so clocks of browser and server never get compared.
+    const since = this._lastLookAt;
+    this._lastLookAt = status.time ?? null;
     const seen = new Map<string, string>();
+    const finished: IJob[] = [];
     for (const job of [...active, ...recent]) {
       seen.set(job.id, job.state);
-      const before = this._lastStates.get(job.id);
-      if (
-        !firstLook &&
-        job.owner === user &&
-        isFinished(job.state) &&
-        job.state !== 'cancelled' &&
-        before !== undefined &&
-        !isFinished(before as IJob['state'])
-      ) {
-        this._jobFinished.emit(job);
+      if (firstLook || job.owner !== status.user || !isFinished(job.state)) {
+        continue;
       }
+      if (job.state === 'cancelled') {
+        continue;
+      }
+      const before = this._lastStates.get(job.id);
+      // A quick job can be submitted and end between two looks; it is new if it ended after the
+      // previous look (with a margin for the answers of one look being read at slightly
+      // different moments).
+      const endedSinceLastLook =
+        before === undefined &&
+        since !== null &&
+        job.finished !== null &&
+        job.finished >= since - LOOK_MARGIN_S;
+      if ((before !== undefined && !isFinished(before as IJob['state'])) || endedSinceLastLook) {
+        finished.push(job);
+      }
+    }
+    if (finished.length) {
+      // One signal per look: jobs that ended together are announced together.
+      this._jobsFinished.emit(finished);
     }
     // Jobs we watched that left both lists (more than RECENT_LIMIT finished at once) are
     // forgotten; remembering only what is visible keeps this map bounded.
@@ -197,7 +214,7 @@ export class SchedulerModel {
 
   private _poll: Poll;
   private _changed = new Signal<this, void>(this);
-  private _jobFinished = new Signal<this, IJob>(this);
+  private _jobsFinished = new Signal<this, IJob[]>(this);
   private _connection: Connection = 'connecting';
   private _error = '';
   private _status: IStatus | null = null;
@@ -208,6 +225,7 @@ export class SchedulerModel {
   private _cpuHistory: number[] = [];
   private _lastStates = new Map<string, string>();
   private _looked = false;
+  private _lastLookAt: number | null = null;
 }
 
 export namespace SchedulerModel {

@@ -1,5 +1,8 @@
 /**
  * The left-sidebar panel: GPU cards, CPU/RAM, the queue and recent jobs.
+ *
+ * The panel is built once; each poll patches it. Job rows are kept by id and only their texts
+ * change, so a focused button or a hovered row survives the next poll.
  */
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
@@ -11,6 +14,7 @@ import {
   formatDuration,
   lastMetric,
   nextPriority,
+  ownerText,
   priorityText,
   progressFraction,
   ranFor,
@@ -31,6 +35,36 @@ export class SchedulerSidebar extends Widget {
     this.addClass('jp-dlsched-sidebar');
     this.id = 'jupyter-dlsched-sidebar';
     this.title.caption = 'GPU job scheduler';
+
+    const actions: JobRow.IActions = {
+      openLog: id => this._openLog(id),
+      cancel: job => void this._cancel(job),
+      bump: (job, direction) => void this._bump(job, direction)
+    };
+    this._queue = new JobList(actions, true, 'Nothing queued or running.');
+    this._recent = new JobList(actions, false, 'No finished jobs yet.');
+    this._queueTitle = h('h3', {});
+    this._queueBox = h(
+      'section',
+      { className: 'jp-dlsched-section jp-dlsched-queue' },
+      this._queueTitle,
+      this._queue.node
+    );
+    this._recentTitle = h('summary', {});
+    this._recentBox = h(
+      'details',
+      { className: 'jp-dlsched-section jp-dlsched-recent' },
+      this._recentTitle,
+      this._recent.node
+    );
+    this.node.append(
+      this._header,
+      this._messageBox,
+      this._gpuBox,
+      this._hostBox,
+      this._queueBox,
+      this._recentBox
+    );
     this._model.changed.connect(this._render, this);
     this._render();
   }
@@ -40,75 +74,51 @@ export class SchedulerSidebar extends Widget {
     super.dispose();
   }
 
+  /** Unfold "recent", where jobs that just finished are listed. */
+  showRecent(): void {
+    this._recentBox.open = true;
+  }
+
   private _render(): void {
     const model = this._model;
     const now = Date.now() / 1000;
-    const root = this.node;
-    const scroll = root.querySelector('.jp-dlsched-queue-scroll');
-    const scrollLeft = scroll ? scroll.scrollLeft : 0;
-    root.replaceChildren();
 
     const status = model.status;
-    root.appendChild(
-      h(
-        'header',
-        { className: 'jp-dlsched-header' },
-        h('h2', {}, 'GPU scheduler'),
-        status
-          ? h(
-              'span',
-              { className: 'jp-dlsched-muted' },
-              `policy ${status.policy} · you are ${status.user}`
-            )
-          : null
-      )
-    );
+    this._header.replaceChildren(h('h2', {}, 'GPU scheduler'));
+    if (status) {
+      this._header.appendChild(
+        h(
+          'span',
+          { className: 'jp-dlsched-muted' },
+          `policy ${status.policy} · you are ${status.user}`
+        )
+      );
+    }
 
-    if (model.connection !== 'ok') {
-      root.appendChild(this._message());
-      if (model.connection !== 'unreachable' || !model.pool) {
-        return;
-      }
+    // Redrawn only when it changes: an alert that is re-created is read out again.
+    const messageKey = model.connection === 'ok' ? '' : `${model.connection}\n${model.error}`;
+    if (messageKey !== this._messageKey) {
+      this._messageKey = messageKey;
+      this._messageBox.replaceChildren(...(messageKey ? [this._message()] : []));
+    }
+    // Unreachable after a first answer: keep showing the last known state under the warning.
+    const showData =
+      model.connection === 'ok' || (model.connection === 'unreachable' && model.pool !== null);
+    for (const part of [this._gpuBox, this._hostBox, this._queueBox, this._recentBox]) {
+      part.hidden = !showData;
+    }
+    if (!showData) {
+      return;
     }
 
     if (model.pool) {
-      root.appendChild(this._gpus(model.pool, model.active));
-      root.appendChild(this._host(model.pool));
+      this._gpuBox.replaceChildren(...this._gpus(model.pool, model.active));
+      this._hostBox.replaceChildren(...this._host(model.pool));
     }
-
-    root.appendChild(
-      h(
-        'section',
-        { className: 'jp-dlsched-section jp-dlsched-queue' },
-        h('h3', {}, `Queue (${model.active.length})`),
-        model.active.length
-          ? h(
-              'div',
-              { className: 'jp-dlsched-queue-scroll' },
-              this._table(model.active, now, true)
-            )
-          : h('p', { className: 'jp-dlsched-muted' }, 'Nothing queued or running.')
-      )
-    );
-
-    const recent = h(
-      'details',
-      { className: 'jp-dlsched-section jp-dlsched-recent' },
-      h('summary', {}, `recent (${model.recent.length})`),
-      model.recent.length
-        ? h('div', { className: 'jp-dlsched-queue-scroll' }, this._table(model.recent, now, false))
-        : h('p', { className: 'jp-dlsched-muted' }, 'No finished jobs yet.')
-    );
-    recent.open = this._recentOpen;
-    recent.addEventListener('toggle', () => {
-      this._recentOpen = recent.open;
-    });
-    root.appendChild(recent);
-
-    const newScroll = root.querySelector('.jp-dlsched-queue-scroll');
-    if (newScroll) {
-      newScroll.scrollLeft = scrollLeft;
-    }
+    this._queueTitle.textContent = `Queue (${model.active.length})`;
+    this._queue.update(model.active, now);
+    this._recentTitle.textContent = `recent (${model.recent.length})`;
+    this._recent.update(model.recent, now);
   }
 
   private _message(): HTMLElement {
@@ -128,14 +138,10 @@ export class SchedulerSidebar extends Widget {
     );
   }
 
-  private _gpus(pool: IPool, active: IJob[]): HTMLElement {
-    const section = h(
-      'section',
-      { className: 'jp-dlsched-section jp-dlsched-gpus' },
-      h('h3', {}, `GPUs (${pool.gpus.length})`)
-    );
+  private _gpus(pool: IPool, active: IJob[]): HTMLElement[] {
+    const parts: HTMLElement[] = [h('h3', {}, `GPUs (${pool.gpus.length})`)];
     if (!pool.gpus.length) {
-      section.appendChild(
+      parts.push(
         h(
           'p',
           { className: 'jp-dlsched-muted' },
@@ -145,9 +151,9 @@ export class SchedulerSidebar extends Widget {
     }
     const byId = new Map(active.map(job => [job.id, job]));
     for (const gpu of pool.gpus) {
-      section.appendChild(this._gpuCard(gpu, byId));
+      parts.push(this._gpuCard(gpu, byId));
     }
-    return section;
+    return parts;
   }
 
   private _gpuCard(gpu: IGpu, jobs: Map<string, IJob>): HTMLElement {
@@ -210,9 +216,12 @@ export class SchedulerSidebar extends Widget {
           'li',
           {
             className: 'jp-dlsched-link',
-            title: [job ? `${job.name} (${ownerText(job)})` : id, ...holds, 'click for the log'].join(
-              ' · '
-            ),
+            // the full notebook path here, where the line itself shows only its file name
+            title: [
+              job ? `${job.name} (${[job.owner, job.origin].filter(Boolean).join(' · ')})` : id,
+              ...holds,
+              'click for the log'
+            ].join(' · '),
             onClick: () => this._openLog(id)
           },
           h('span', {}, job ? job.name : id),
@@ -238,11 +247,9 @@ export class SchedulerSidebar extends Widget {
     return card;
   }
 
-  private _host(pool: IPool): HTMLElement {
+  private _host(pool: IPool): HTMLElement[] {
     const mem = pool.memory;
-    return h(
-      'section',
-      { className: 'jp-dlsched-section jp-dlsched-host' },
+    return [
       h(
         'div',
         { className: 'jp-dlsched-row' },
@@ -261,110 +268,7 @@ export class SchedulerSidebar extends Widget {
         bar(mem.total ? mem.used / mem.total : 0),
         h('span', { className: 'jp-dlsched-value' }, `${formatBytes(mem.used)} / ${formatBytes(mem.total)}`)
       )
-    );
-  }
-
-  private _table(jobs: IJob[], now: number, active: boolean): HTMLTableElement {
-    const head = h(
-      'tr',
-      {},
-      ...['state', 'job', 'priority', 'request', 'waited', 'ran', 'progress'].map(text =>
-        h('th', {}, text)
-      ),
-      h('th', { className: 'jp-dlsched-actions' }, '')
-    );
-    const body = h('tbody');
-    for (const job of jobs) {
-      body.appendChild(this._row(job, now, active));
-    }
-    return h('table', { className: 'jp-dlsched-table' }, h('thead', {}, head), body);
-  }
-
-  private _row(job: IJob, now: number, active: boolean): HTMLTableRowElement {
-    const words = stateWords(job, now);
-    const fraction = progressFraction(job);
-    const metric = lastMetric(job);
-    const actions = h('td', { className: 'jp-dlsched-actions' });
-    if (active) {
-      actions.appendChild(
-        this._button('✕', `Cancel job ${job.id}`, 'cancel', () => void this._cancel(job))
-      );
-      actions.appendChild(
-        this._button('↑', 'Raise priority', 'raise', () => void this._bump(job, 1))
-      );
-      actions.appendChild(
-        this._button('↓', 'Lower priority', 'lower', () => void this._bump(job, -1))
-      );
-    }
-    actions.appendChild(this._button('log', 'Open the log', 'log', () => this._openLog(job.id)));
-
-    return h(
-      'tr',
-      {
-        className: `jp-dlsched-job jp-dlsched-state-${stateTone(job.state)}`,
-        data: { jobId: job.id, state: job.state },
-        onClick: () => this._openLog(job.id)
-      },
-      h(
-        'td',
-        {},
-        h(
-          'span',
-          { className: `jp-dlsched-chip jp-dlsched-chip-${stateTone(job.state)}`, title: words },
-          stateChip(job.state)
-        ),
-        h('div', { className: 'jp-dlsched-why' }, stateDetail(job, now))
-      ),
-      h(
-        'td',
-        { className: 'jp-dlsched-job-cell' },
-        h('div', { className: 'jp-dlsched-name', title: job.name }, job.name),
-        h(
-          'div',
-          { className: 'jp-dlsched-muted' },
-          h('span', { className: 'jp-dlsched-id' }, job.id),
-          ` · ${ownerText(job)}`
-        )
-      ),
-      h('td', {}, priorityText(job.priority)),
-      h('td', {}, requestText(job)),
-      h('td', {}, formatDuration(waitedFor(job, now), false)),
-      h('td', {}, formatDuration(ranFor(job, now))),
-      h(
-        'td',
-        {},
-        fraction === null ? null : bar(fraction),
-        h(
-          'span',
-          { className: 'jp-dlsched-muted' },
-          [fraction === null ? '' : `${Math.round(fraction * 100)}%`, metric].filter(Boolean).join(' ')
-        )
-      ),
-      actions
-    );
-  }
-
-  private _button(
-    text: string,
-    title: string,
-    action: string,
-    onClick: () => void
-  ): HTMLButtonElement {
-    const button = h(
-      'button',
-      {
-        className: 'jp-dlsched-button',
-        title,
-        data: { action },
-        attrs: { type: 'button', 'aria-label': title }
-      },
-      text
-    );
-    button.addEventListener('click', event => {
-      event.stopPropagation();
-      onClick();
-    });
-    return button;
+    ];
   }
 
   private async _cancel(job: IJob): Promise<void> {
@@ -399,11 +303,230 @@ export class SchedulerSidebar extends Widget {
 
   private _model: SchedulerModel;
   private _openLog: (id: string) => void;
-  private _recentOpen = false;
+  private _header = h('header', { className: 'jp-dlsched-header' });
+  private _messageBox = h('div', {});
+  private _messageKey = '';
+  private _gpuBox = h('section', { className: 'jp-dlsched-section jp-dlsched-gpus' });
+  private _hostBox = h('section', { className: 'jp-dlsched-section jp-dlsched-host' });
+  private _queue: JobList;
+  private _queueBox: HTMLElement;
+  private _queueTitle: HTMLElement;
+  private _recent: JobList;
+  private _recentTitle: HTMLElement;
+  private _recentBox: HTMLDetailsElement;
 }
 
-function ownerText(job: IJob): string {
-  return job.origin ? `${job.owner} · ${job.origin}` : job.owner;
+/** A list of job rows kept by id: rows are patched in place and moved only when out of order. */
+class JobList {
+  constructor(
+    private _actions: JobRow.IActions,
+    private _active: boolean,
+    emptyText: string
+  ) {
+    this._empty = h('p', { className: 'jp-dlsched-muted' }, emptyText);
+    this.node = h('div', { className: 'jp-dlsched-jobs', attrs: { role: 'list' } }, this._empty);
+  }
+
+  readonly node: HTMLElement;
+
+  update(jobs: IJob[], now: number): void {
+    const keep = new Set(jobs.map(job => job.id));
+    for (const [id, row] of this._rows) {
+      if (!keep.has(id)) {
+        row.node.remove();
+        this._rows.delete(id);
+      }
+    }
+    this._empty.hidden = jobs.length > 0;
+    let before: Element | null = this._empty.nextElementSibling;
+    for (const job of jobs) {
+      let row = this._rows.get(job.id);
+      if (!row) {
+        row = new JobRow(this._actions, this._active);
+        this._rows.set(job.id, row);
+      }
+      row.update(job, now);
+      if (row.node !== before) {
+        // Moving a row that holds focus would blur it, so only rows out of place move.
+        this.node.insertBefore(row.node, before);
+      } else {
+        before = before.nextElementSibling;
+      }
+    }
+  }
+
+  private _empty: HTMLElement;
+  private _rows = new Map<string, JobRow>();
+}
+
+/**
+ * One job in two lines, readable at the sidebar's default width:
+ *
+ *   [running] resnet-lr3                 ████░░ 70%
+ *   k3f9x2ab · anna · sweep.ipynb · high · 1 GPU · 2 CPU · ran 3m 12s · loss 0.31  ✕ ↑ ↓ log
+ *
+ * and, for a job that waits or failed, why, on a line of its own.
+ */
+class JobRow {
+  constructor(actions: JobRow.IActions, active: boolean) {
+    this._actions = actions;
+    this._chip = h('span', { className: 'jp-dlsched-chip' });
+    this._name = h('button', {
+      className: 'jp-dlsched-name',
+      attrs: { type: 'button' }
+    });
+    this._progress = h('span', { className: 'jp-dlsched-progress' });
+    this._why = h('div', { className: 'jp-dlsched-why' });
+    this._meta = h('div', { className: 'jp-dlsched-meta' });
+    const buttons = h('span', { className: 'jp-dlsched-actions' });
+    if (active) {
+      buttons.append(
+        button('✕', 'Cancel this job', 'cancel', () => this._actions.cancel(this._job!)),
+        button('↑', 'Raise its priority a step', 'raise', () =>
+          this._actions.bump(this._job!, 1)
+        ),
+        button('↓', 'Lower its priority a step', 'lower', () =>
+          this._actions.bump(this._job!, -1)
+        )
+      );
+    }
+    buttons.append(
+      button('log', 'Open the log', 'log', () => this._actions.openLog(this._job!.id))
+    );
+    this._buttons = buttons;
+    this.node = h(
+      'div',
+      { className: 'jp-dlsched-job', attrs: { role: 'listitem' } },
+      h('div', { className: 'jp-dlsched-line' }, this._chip, this._name, this._progress),
+      this._meta,
+      this._why
+    );
+    this.node.addEventListener('click', () => this._actions.openLog(this._job!.id));
+  }
+
+  readonly node: HTMLElement;
+
+  update(job: IJob, now: number): void {
+    this._job = job;
+    const tone = stateTone(job.state);
+    const node = this.node;
+    node.className = `jp-dlsched-job jp-dlsched-state-${tone}`;
+    node.dataset.jobId = job.id;
+    node.dataset.state = job.state;
+
+    const words = stateWords(job, now);
+    this._chip.className = `jp-dlsched-chip jp-dlsched-chip-${tone}`;
+    setText(this._chip, stateChip(job.state));
+    this._chip.title = words;
+    setText(this._name, job.name);
+    this._name.title = `${job.name}: open the log`;
+
+    const fraction = progressFraction(job);
+    if (fraction === null) {
+      // Without a total there is no bar, only how far it got (as the Python widgets say it).
+      const step = job.progress ? `step ${job.progress.done}` : '';
+      if (this._progress.textContent !== step || this._progress.childElementCount) {
+        this._progress.replaceChildren(step);
+      }
+      this._progress.title = '';
+    } else {
+      const percent = `${Math.round(fraction * 100)}%`;
+      const p = job.progress!;
+      this._progress.title = `${p.done} of ${p.total}`;
+      const fill = this._progress.querySelector<HTMLElement>('.jp-dlsched-bar-fill');
+      if (fill) {
+        fill.style.width = percent;
+        setText(this._progress.lastElementChild!, percent);
+      } else {
+        this._progress.replaceChildren(bar(fraction), h('span', {}, percent));
+      }
+    }
+
+    const origin = job.origin ?? '';
+    const waited = formatDuration(waitedFor(job, now), false);
+    const ran = ranFor(job, now);
+    const items: [string, string, string][] = [
+      ['id', job.id, `job id ${job.id}`],
+      ['owner', ownerText(job), origin ? `${job.owner} · ${origin}` : job.owner],
+      ['priority', priorityText(job.priority), `priority ${job.priority}`],
+      ['request', requestText(job), 'what the job asked for'],
+      ['waited', `waited ${waited}`, 'time in the queue'],
+      ['ran', ran === null ? '' : `ran ${formatDuration(ran)}`, 'time running'],
+      ['metric', lastMetric(job), 'the last metric reported with dls.progress']
+    ];
+    this._patchMeta(items);
+
+    // The reason a job waits or failed; running and done jobs show their times above.
+    const detail = ['queued', 'failed', 'preempted'].includes(tone) ? stateDetail(job, now) : '';
+    setText(this._why, detail);
+    this._why.hidden = !detail;
+  }
+
+  private _patchMeta(items: [string, string, string][]): void {
+    if (!this._metaParts.size) {
+      for (const [key] of items) {
+        const part = h('span', { className: `jp-dlsched-meta-item jp-dlsched-${key}` });
+        this._metaParts.set(key, part);
+        this._meta.appendChild(part);
+      }
+      this._meta.appendChild(this._buttons);
+    }
+    for (const [key, text, title] of items) {
+      const part = this._metaParts.get(key)!;
+      setText(part, text);
+      part.title = title;
+      part.hidden = !text;
+    }
+  }
+
+  private _actions: JobRow.IActions;
+  private _job: IJob | null = null;
+  private _chip: HTMLElement;
+  private _name: HTMLButtonElement;
+  private _progress: HTMLElement;
+  private _meta: HTMLElement;
+  private _metaParts = new Map<string, HTMLElement>();
+  private _buttons: HTMLElement;
+  private _why: HTMLElement;
+}
+
+namespace JobRow {
+  export interface IActions {
+    openLog: (id: string) => void;
+    cancel: (job: IJob) => void;
+    bump: (job: IJob, direction: 1 | -1) => void;
+  }
+}
+
+function button(
+  text: string,
+  title: string,
+  action: string,
+  onClick: () => void
+): HTMLButtonElement {
+  const node = h(
+    'button',
+    {
+      className: 'jp-dlsched-button',
+      title,
+      data: { action },
+      attrs: { type: 'button', 'aria-label': title }
+    },
+    text
+  );
+  node.addEventListener('click', event => {
+    // The row itself opens the log; a button does only its own thing.
+    event.stopPropagation();
+    onClick();
+  });
+  return node;
+}
+
+/** Change a text only when it differs, so an unchanged row causes no DOM mutation. */
+function setText(node: Element, text: string): void {
+  if (node.textContent !== text) {
+    node.textContent = text;
+  }
 }
 
 export namespace SchedulerSidebar {

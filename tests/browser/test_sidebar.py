@@ -55,7 +55,7 @@ def open_sidebar(page: Any) -> Any:
 
 
 def row(job_id: str, state: str) -> str:
-    return f'#jupyter-dlsched-sidebar tr[data-job-id="{job_id}"][data-state="{state}"]'
+    return f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{job_id}"][data-state="{state}"]'
 
 
 def test_sidebar_shows_the_queue_and_cancelling_moves_it(
