@@ -49,6 +49,14 @@ class GpuInfo:
     jobs: list[str] = field(default_factory=list)
 
     @property
+    def reading(self) -> float:
+        """Percent for a utilisation line: measured on a real GPU, the memory allocated on a
+        simulated one (which views label as allocated)."""
+        if self.simulated:
+            return 100.0 * min(1.0, self.mem_used / self.mem_total) if self.mem_total else 0.0
+        return float(self.util or 0.0)
+
+    @property
     def external_mem(self) -> int:
         """Memory held by processes the scheduler did not start."""
         return sum(p.used_mem for p in self.processes if p.job_id is None)

@@ -411,7 +411,9 @@ class Scheduler:
                         gpu.mem_used += granted
         for gpu in info.gpus:
             if gpu.simulated:
-                gpu.util = 100.0 * min(1.0, gpu.mem_used / gpu.mem_total) if gpu.mem_total else 0
+                # nothing measures a simulated GPU: its memory in use is what was allocated,
+                # and it has no utilisation reading (views say "allocated", never "util")
+                gpu.util = None
         return info
 
     def status(self) -> dict[str, Any]:

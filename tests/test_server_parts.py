@@ -70,11 +70,11 @@ def a_pool() -> PoolInfo:
     gpu = GpuInfo(
         index=0,
         uuid="SIM-0",
-        name="Simulated GPU",
+        name="NVIDIA H200",
         mem_total=16 << 30,
         mem_used=5 << 30,
         util=40.0,
-        simulated=True,
+        simulated=False,
         processes=[GpuProcess(pid=10, used_mem=4 << 30, job_id="abcd"), GpuProcess(11, 1 << 30)],
         jobs=["abcd"],
     )
@@ -117,6 +117,15 @@ def test_the_sampler_keeps_only_the_retention_window(tmp_path: Path) -> None:
     # samples at 1000, 1061, ..., 1549; the last prune dropped everything before 1549 - 120
     assert sorted({row["time"] for row in store.samples()}) == [1488.0, 1549.0]
     assert sampler.samples_taken == 10
+
+
+def test_a_simulated_gpu_is_sampled_as_the_memory_allocated_and_marked_so() -> None:
+    pool = a_pool()
+    gpu = pool.gpus[0]
+    gpu.simulated, gpu.util, gpu.processes = True, None, []
+    (row,) = [r for r in pool_rows(pool, now=100.0) if r[1] == "gpu:0"]
+    assert row[2] == 100.0 * 5 / 16, "the line of a simulated GPU is its allocated memory"
+    assert row[5] == {"allocated": ["abcd"], "simulated": True}
 
 
 def test_long_history_is_thinned_per_source_so_every_source_stays(home: Path) -> None:

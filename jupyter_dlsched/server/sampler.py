@@ -41,7 +41,10 @@ def pool_rows(pool: PoolInfo, now: float) -> list[SampleRow]:
             data["jobs"] = per_job
         if gpu.jobs:
             data["allocated"] = list(gpu.jobs)
-        rows.append((now, f"gpu:{gpu.index}", gpu.util, gpu.mem_used, gpu.mem_total, data or None))
+        if gpu.simulated:
+            data["simulated"] = True  # its line is the memory allocated, not a measurement
+        util = gpu.reading if gpu.simulated else gpu.util
+        rows.append((now, f"gpu:{gpu.index}", util, gpu.mem_used, gpu.mem_total, data or None))
     rows.append((now, "cpu", pool.cpu_percent, None, None, None))
     rows.append((now, "ram", None, pool.mem_used, pool.mem_total, None))
     return rows

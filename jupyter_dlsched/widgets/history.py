@@ -29,7 +29,7 @@ class History:
     def record(self, pool: PoolInfo, now: float) -> None:
         """Keep a reading of the pool (used when the ledger has no samples)."""
         for gpu in pool.gpus:
-            self._own.append((now, gpu.index, float(gpu.util or 0.0)))
+            self._own.append((now, gpu.index, gpu.reading))
 
     def series(self, store: Any, since: float) -> tuple[dict[int, list[tuple[float, float]]], str]:
         """Utilisation lines per GPU since ``since``, and where they came from."""

@@ -178,18 +178,39 @@ export class SchedulerSidebar extends Widget {
             )
           : null
       ),
+      // a simulated GPU has nothing to measure: it shows what was allocated, labelled so
+      gpu.simulated
+        ? h(
+            'div',
+            { className: 'jp-dlsched-row jp-dlsched-muted' },
+            h('span', { className: 'jp-dlsched-label' }, 'util'),
+            h('span', { className: 'jp-dlsched-value' }, 'not measured (simulated)')
+          )
+        : h(
+            'div',
+            { className: 'jp-dlsched-row' },
+            h('span', { className: 'jp-dlsched-label' }, 'util'),
+            sparkline(this._model.history(gpu.index)),
+            h(
+              'span',
+              { className: 'jp-dlsched-value' },
+              gpu.util === null ? '–' : `${Math.round(util)}%`
+            )
+          ),
       h(
         'div',
         { className: 'jp-dlsched-row' },
-        h('span', { className: 'jp-dlsched-label' }, 'util'),
-        sparkline(this._model.history(gpu.index)),
-        h('span', { className: 'jp-dlsched-value' }, gpu.util === null ? '–' : `${Math.round(util)}%`)
-      ),
-      h(
-        'div',
-        { className: 'jp-dlsched-row' },
-        h('span', { className: 'jp-dlsched-label' }, 'mem'),
-        bar(memFraction, memFraction > 0.9 ? 'jp-dlsched-bar-hot' : ''),
+        gpu.simulated
+          ? h(
+              'span',
+              {
+                className: 'jp-dlsched-label',
+                title: 'GPU memory allocated to jobs (a simulated GPU is not measured)'
+              },
+              'alloc'
+            )
+          : h('span', { className: 'jp-dlsched-label' }, 'mem'),
+        bar(memFraction, memFraction > 0.9 && !gpu.simulated ? 'jp-dlsched-bar-hot' : ''),
         h(
           'span',
           { className: 'jp-dlsched-value' },
