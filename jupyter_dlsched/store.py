@@ -439,6 +439,20 @@ class Store:
             args.append(int(limit))
         return [_row_to_info(r) for r in self.db.execute(sql, args)]
 
+    @staticmethod
+    def finished_sizes(
+        db: sqlite3.Connection, backend: str, limit: int
+    ) -> list[tuple[str, str, float, float]]:
+        """``(owner, name, attained GPU-seconds, finished)`` of the last ``limit`` jobs that
+        ran to their end on ``backend``, oldest first: what a learning policy learns from."""
+        rows = db.execute(
+            "SELECT owner, name, attained, finished FROM jobs WHERE backend=? "
+            "AND state IN ('succeeded','failed','timeout') AND finished IS NOT NULL "
+            "ORDER BY seq DESC LIMIT ?",
+            (backend, int(limit)),
+        ).fetchall()
+        return [(r[0], r[1], float(r[2] or 0.0), float(r[3])) for r in reversed(rows)]
+
     def count_jobs(self) -> dict[str, int]:
         """Number of jobs in each state."""
         counts = {state: 0 for state in STATES}

@@ -11,14 +11,14 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from .policy import Decisions, Policy, QueuedJob, RunningJob
+from .policy import Decisions, FinishedJob, Policy, QueuedJob, RunningJob
 from .resources import Capacity, GpuFree, Placement, Request
 from .store import TERMINAL, JobInfo, Store
 
 CLAIM_GRACE = 30.0  # seconds an allocated job may wait for its supervisor to claim it
 
 _COLUMNS = (
-    "id, seq, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
+    "id, seq, name, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
     "attained, preemptions, gpus, gpu_mem, cpus, mem, after, attempts, position, waiting, "
     "placement, job_pid, preempt_requested, cancel_requested"
 )
@@ -98,6 +98,17 @@ def decide(
         queued.append(_queued(row))
     active = [_running(r, now) for r in running if r["placement"]]
     capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
+    learn = getattr(policy, "learn", None)
+    if callable(learn):
+        # a learning policy (gittins) ranks by the sizes of jobs that ran to their end here
+        window = int(getattr(policy, "window", 2000))
+        learn(
+            [
+                FinishedJob(owner, name, size, finished)
+                for owner, name, size, finished in store.finished_sizes(db, backend, window)
+            ],
+            replace=True,
+        )
     decisions = policy(queued, active, capacity, now)
     for start in decisions.starts:
         store.transition_in(
@@ -196,6 +207,7 @@ def _queued(row: sqlite3.Row) -> QueuedJob:
         preemptible=bool(row["preemptible"]),
         attained=row["attained"],
         preemptions=row["preemptions"],
+        name=row["name"],
     )
 
 
@@ -212,6 +224,7 @@ def _running(row: sqlite3.Row, now: float) -> RunningJob:
         time_limit=row["time_limit"],
         preemptible=bool(row["preemptible"]),
         attained=row["attained"],
+        name=row["name"],
         # already asked to stop: its devices are about to be free, pick no new victim for it
         stopping=bool(row["preempt_requested"] or row["cancel_requested"]),
     )

@@ -62,6 +62,7 @@ def test_every_policy_is_registered_and_built_by_name():
         "fifo",
         "fifo-ff",
         "sjf",
+        "sjf-gputime",
         "fair",
         "las",
         "gittins",

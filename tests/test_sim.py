@@ -208,12 +208,12 @@ def test_compare_keeps_policy_order_and_plots(tmp_path):
     matplotlib.use("Agg")
     jobs = [TraceJob(f"j{i}", float(i), 1, 3.0 + i) for i in range(8)]
     table = compare(jobs, ["srtf", "fifo", "las"], gpus=2)
-    assert [row["policy"] for row in table.rows] == ["srtf", "fifo", "las"]
+    assert [row["policy"] for row in table.rows] == ["srtf (oracle)", "fifo", "las"]
     ax = table.plot_jct_cdf()
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["srtf", "fifo", "las"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["srtf (oracle)", "fifo", "las"]
     assert ax.get_xscale() == "log"
     assert table.plot_utilisation().get_lines()
-    assert "avg JCT h" in str(table).splitlines()[0]
+    assert "avg JCT s" in str(table).splitlines()[0]  # seconds-long jobs, in seconds
 
 
 def dlsched_sim(*args: str) -> subprocess.CompletedProcess[str]:
@@ -301,3 +301,100 @@ def test_the_utilisation_plot_averages_busy_gpus_over_equal_spans():
 
     # 2 GPUs busy from 1 to 3 s, in four 1-second spans
     assert _binned([(0.0, 0), (1.0, 2), (3.0, 0)], 4.0, 4) == [0.0, 2.0, 2.0, 0.0]
+
+
+# shares of a GPU, placed by the live placement code
+#
+# 1 GPU. a and b use half a GPU for 10 s each, c the whole GPU for 10 s, all at 0.
+# a and b share the GPU 0-10; c waits for it to be empty: 10-20.
+
+
+def test_two_half_gpu_jobs_share_one_gpu_and_a_whole_job_waits_for_both():
+    trace = [
+        TraceJob("a", 0, 0.5, 10.0),
+        TraceJob("b", 0, 0.5, 10.0),
+        TraceJob("c", 0, 1, 10.0),
+    ]
+    result = simulate(trace, "fifo", gpus=1)
+    assert finishes(result) == {"a": 10.0, "b": 10.0, "c": 20.0}
+    assert summarize(result)["utilisation"] == pytest.approx(1.0)  # 0.5*10*2 + 10 of 1*20
+
+
+def test_shares_that_do_not_fit_together_wait_for_each_other():
+    trace = [TraceJob("a", 0, 0.7, 10.0), TraceJob("b", 0, 0.5, 10.0)]
+    assert finishes(simulate(trace, "fifo", gpus=1)) == {"a": 10.0, "b": 20.0}
+
+
+def test_a_gpu_milli_column_is_a_share_of_one_gpu(tmp_path):
+    path = tmp_path / "pods.csv"
+    path.write_text("submit_time,num_gpus,duration,gpu_milli,name\n0,1,10,500,a\n0,1,10,500,b\n")
+    jobs = load_csv(path)
+    assert [(j.gpus, j.name) for j in jobs] == [(0.5, "a"), (0.5, "b")]
+    assert sorted(finishes(simulate(jobs, "fifo", gpus=1)).values()) == [10.0, 10.0]
+
+
+@pytest.mark.parametrize(
+    ("row", "fragment"),
+    [
+        ("0,2.7,10", "num_gpus='2.7' is invalid"),
+        ("0,2.7,10", "write 3 if it held 3 GPUs"),
+        ("0,0,10", "num_gpus='0' is invalid"),
+    ],
+)
+def test_a_gpu_count_that_is_neither_a_share_nor_whole_is_refused_never_truncated(
+    tmp_path, row, fragment
+):
+    path = tmp_path / "t.csv"
+    path.write_text(f"0,1,10\n{row}\n")
+    with pytest.raises(TraceError, match="line 2") as caught:
+        load_csv(path)
+    assert fragment in str(caught.value)
+
+
+def test_a_share_of_several_gpus_is_refused_with_the_reason(tmp_path):
+    path = tmp_path / "pods.csv"
+    path.write_text("submit_time,num_gpus,duration,gpu_milli\n0,2,10,500\n")
+    with pytest.raises(TraceError, match="line 2: gpu_milli='500' with num_gpus=2"):
+        load_csv(path)
+
+
+def test_a_trace_job_takes_a_share_but_not_a_part_of_several_gpus():
+    assert TraceJob("s", 0, 0.25, 4.0).gpu_time == 1.0
+    with pytest.raises(TraceError, match="gpus=2.7 is invalid"):
+        TraceJob("t", 0, 2.7, 4.0)
+
+
+# metrics: every wait, useful work, units that fit
+
+
+def test_queueing_counts_the_wait_after_a_preemption():
+    # srtf at 1: a (20 GPU-s) takes r's GPU; r waits 1-11 and ends at 110
+    trace = [TraceJob("r", 0, 1, 100.0), TraceJob("a", 1, 2, 10.0), TraceJob("b", 1, 1, 50.0)]
+    result = simulate(trace, "srtf", gpus=2, restart_overhead=0)
+    r = next(j for j in result.jobs if j.id == "r")
+    assert (r.first_wait, r.queueing_delay, r.preemptions) == (0.0, 10.0, 1)
+
+
+def test_utilisation_leaves_restart_overhead_out():
+    trace = [TraceJob("r", 0, 1, 100.0), TraceJob("a", 1, 2, 10.0), TraceJob("b", 1, 1, 50.0)]
+    result = simulate(trace, "srtf", gpus=2, restart_overhead=5)
+    row = summarize(result)
+    work = 100.0 + 20.0 + 50.0
+    assert result.busy_gpu_seconds == pytest.approx(work + 5.0)  # r paid 5 s on restart
+    assert row["utilisation"] == pytest.approx(work / (2 * row["makespan"]))
+
+
+def test_the_table_shows_short_traces_in_seconds_and_long_ones_in_hours():
+    short = compare([TraceJob("a", 0, 1, 30.0)], ["fifo"], gpus=1)
+    long = compare([TraceJob("a", 0, 1, 36000.0)], ["fifo"], gpus=1)
+    assert str(short).splitlines()[0].split()[1:4] == ["avg", "JCT", "s"]
+    assert "30.00" in str(short)
+    assert "avg JCT h" in str(long) and "10.00" in str(long)
+
+
+def test_rows_say_when_a_policy_read_what_only_a_replay_knows():
+    trace = [TraceJob("a", 0, 1, 30.0), TraceJob("b", 0, 1, 10.0)]
+    labels = [r["policy"] for r in compare(trace, ["sjf", "srtf", "las"], gpus=1).rows]
+    assert labels == ["sjf (exact limits)", "srtf (oracle)", "las"]
+    guessed = compare(trace, ["sjf"], gpus=1, time_limits=2.0).rows
+    assert guessed[0]["policy"] == "sjf"

@@ -345,7 +345,8 @@ def _assert_replayable(jobs: list[TraceJob], path: Path) -> None:
     for job in jobs:
         assert math.isfinite(job.submit) and job.submit >= 0
         assert math.isfinite(job.duration) and job.duration >= 0
-        assert isinstance(job.gpus, int) and job.gpus >= 1
+        # whole GPUs, or a share of one GPU; never part of several (2.7 is refused)
+        assert (isinstance(job.gpus, int) and job.gpus >= 1) or 0 < job.gpus < 1
     submits = [j.submit for j in jobs]
     assert submits == sorted(submits)
     assert not submits or submits[0] == 0.0

@@ -1,8 +1,9 @@
 """Scheduling policies: pure functions from a snapshot to decisions.
 
 Built in (``POLICIES``): ``priority`` (default), ``fifo``, ``fifo-ff``,
-``sjf``, ``fair``, ``las``, ``gittins`` and the simulator-only oracle
-``srtf``. ``docs/policies.md`` says when to pick which.
+``sjf`` (by declared duration), ``sjf-gputime`` (by declared GPU-time),
+``fair``, ``las``, ``gittins`` (learns job sizes online) and the
+simulator-only oracle ``srtf``. ``docs/policies.md`` says when to pick which.
 
 >>> policy = get_policy("priority")
 >>> policy.name
@@ -18,6 +19,7 @@ from typing import Any
 
 from .base import (
     Decisions,
+    FinishedJob,
     Policy,
     Preempt,
     PresortedQueue,
@@ -37,6 +39,11 @@ from .sjf import SjfPolicy
 from .srtf import SrtfPolicy
 
 
+def _sjf_gputime(**params: Any) -> SjfPolicy:
+    params.setdefault("by_gpu_time", True)
+    return SjfPolicy(**params)
+
+
 def _fifo_ff(**params: Any) -> FifoPolicy:
     params.setdefault("skip", True)
     params.setdefault("name", "fifo-ff")
@@ -48,6 +55,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "fifo": FifoPolicy,
     "fifo-ff": _fifo_ff,
     "sjf": SjfPolicy,
+    "sjf-gputime": _sjf_gputime,
     "fair": FairPolicy,
     "las": LasPolicy,
     "gittins": GittinsPolicy,
@@ -76,6 +84,7 @@ __all__ = [
     "Decisions",
     "FairPolicy",
     "FifoPolicy",
+    "FinishedJob",
     "GittinsPolicy",
     "LasPolicy",
     "Policy",

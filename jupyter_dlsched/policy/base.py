@@ -34,6 +34,7 @@ class QueuedJob:
     # True run time still needed, in seconds. Only the simulator knows it (the
     # oracle ``srtf`` policy reads it); the live scheduler leaves it ``None``.
     remaining: float | None = None
+    name: str = ""  # the job's name: learning policies group finished jobs by owner and name
 
     @property
     def gpu_count(self) -> float:
@@ -60,6 +61,7 @@ class RunningJob:
     # Already asked to stop (preempted, inside its grace period): not a victim
     # again, and its resources count as about to be free.
     stopping: bool = False
+    name: str = ""
 
     @property
     def expected_end(self) -> float | None:
@@ -74,6 +76,29 @@ class RunningJob:
         if self.remaining is None:
             return None
         return max(0.0, self.remaining - max(0.0, now - self.started))
+
+
+@dataclass(frozen=True)
+class FinishedJob:
+    """A job that ran to its end: what a learning policy may know about the past.
+
+    ``size`` is the GPU-service it used in all (GPUs × seconds over all its
+    runs). The live scheduler builds these from the ledger's finished jobs, the
+    simulator from jobs that finished before the moment of the decision; no
+    policy ever sees the size of a job that has not finished.
+
+    >>> FinishedJob(owner="ana", name="resnet", size=7200.0, finished=10.0).key
+    ('ana', 'resnet')
+    """
+
+    owner: str
+    name: str
+    size: float
+    finished: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.owner, self.name)
 
 
 @dataclass(frozen=True)
@@ -114,9 +139,13 @@ class Policy(Protocol):
     """Anything with a ``name`` that maps a snapshot to decisions.
 
     Optional attributes callers look for: ``preempt_grace`` (seconds a
-    preempted job gets between SIGTERM and SIGKILL) and ``queue_key`` (a
+    preempted job gets between SIGTERM and SIGKILL), ``queue_key`` (a
     function of one queued job that orders the queue and never changes while
-    the job waits; see ``PresortedQueue``).
+    the job waits, unless ``model_version`` changes; see ``PresortedQueue``),
+    ``learn(finished)`` (a policy that learns job sizes: the caller passes jobs
+    that have finished, each once; ``model_version`` counts how often what it
+    learnt changed its ranking) and ``oracle`` (True when it reads the true
+    remaining run time, which only the simulator has).
     """
 
     name: str

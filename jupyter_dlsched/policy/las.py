@@ -27,6 +27,8 @@ class LasPolicy(RankedPolicy):
     * ``thresholds=(3600, 36000)``: level boundaries in GPU-seconds (1 and 10 GPU-hours);
     * ``promote_after=None``: seconds after submission when a job goes ahead of
       every younger one and is no longer preempted (a starvation guard); ``None``: never;
+    * ``promote_share=1.0``: the most of the GPUs promoted jobs may hold; below 1
+      the oldest jobs get a lane of that share and the rest stays ranked;
     * ``preempt=True``: a waiting job stops running jobs of a lower level
       (more service); only jobs submitted with ``preemptible=True``;
     * ``preempt_grace=30``: seconds a preempted job gets to checkpoint;
@@ -38,6 +40,7 @@ class LasPolicy(RankedPolicy):
 
     thresholds: tuple[float, ...] = (3600.0, 36000.0)
     promote_after: float | None = None
+    promote_share: float = 1.0
     preempt: bool = True
     preempt_grace: float = 30.0
     skip: bool = True

@@ -65,6 +65,8 @@ class PriorityPolicy:
     preempt: bool = False
     preempt_grace: float = 30.0
     name: str = "priority"
+    #: backfill reads declared time limits (the simulator says when those are true durations)
+    reads_time_limits = True
 
     def effective_priority(self, job: QueuedJob, now: float) -> float:
         if self.aging_interval <= 0:

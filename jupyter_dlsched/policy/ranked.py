@@ -11,12 +11,11 @@ fit (skipping a job that does not fit, unless ``skip`` is off), and, when
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from ..resources import Capacity
+from ..resources import Capacity, Placement
 from .base import (
     Decisions,
     Preempt,
@@ -91,35 +90,92 @@ class RankedPolicy:
         ordered: Sequence[QueuedJob] = queued if fast else sorted(queued, key=self.queue_key)
         lean = fast and gpu_only(queued)
         promote_after = getattr(self, "promote_after", None)
-        cutoff = -math.inf
+        promoted: set[str] = set()  # waiting jobs that go first, oldest first
+        protected: set[str] = set()  # running jobs nobody may preempt
         promotion: float | None = None
         if promote_after is not None and ordered:
-            # jobs in the system longer than promote_after go first, oldest first
-            cutoff = now - promote_after
-            old = [j for j in ordered if j.submitted <= cutoff]
-            if old:
-                old.sort(key=submit_order)
-                rest = [j for j in ordered if j.submitted > cutoff]
-                ordered = old + rest
+            ordered, promotion = self._promote(
+                ordered, running, capacity, now - promote_after, promoted, protected
+            )
+        if self.preempt and ordered:
+            victims, wake = self.rank_running(running, now)
+            if protected:
+                victims = [v for v in victims if v[2].id not in protected]
+            first = ordered[0]
+            best = -math.inf if first.id in promoted else self.queued_rank(first)
+            if victims and best < max(-v[0] for v in victims):
+                smallest = smallest_size(queued) if lean else 0
+                self._plan_by_rank(ordered, running, victims, capacity, out, promoted, smallest)
             else:
-                rest = list(ordered)
-            if rest:
-                promotion = min(j.submitted for j in rest) + promote_after
+                self._first_fit(queued, ordered, capacity, lean, out)
+            if wake is not None:
+                out.wake_at = wake
+        else:
+            self._first_fit(queued, ordered, capacity, lean, out)
+        if promotion is not None and promotion > now:
+            out.wake_at = promotion if out.wake_at is None else min(out.wake_at, promotion)
+        return out
+
+    def _promote(
+        self,
+        ordered: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        capacity: Capacity,
+        cutoff: float,
+        promoted: set[str],
+        protected: set[str],
+    ) -> tuple[Sequence[QueuedJob], float | None]:
+        """The starvation guard: jobs submitted before ``cutoff`` go first, oldest first.
+
+        With ``promote_share`` below 1 they hold at most that share of the GPUs
+        (running promoted jobs count first): a lane in submit order for the
+        oldest jobs beside the ranked order, like a multi-level feedback queue
+        whose aged jobs get a bounded share, so the tail is bounded without
+        handing the whole pool to a backlog of old jobs. Returns the new order
+        and when the next waiting job becomes old.
+        """
+        share = float(getattr(self, "promote_share", 1.0))
+        budget = share * len(capacity.gpus) if share < 1 else math.inf
+        for r in sorted((r for r in running if r.submitted <= cutoff), key=lambda r: r.seq):
+            if r.request.gpus > budget:
+                break
+            budget -= r.request.gpus
+            protected.add(r.id)
+        old = sorted((j for j in ordered if j.submitted <= cutoff), key=submit_order)
+        for j in old:
+            if j.request.gpus > budget:
+                break
+            budget -= j.request.gpus
+            promoted.add(j.id)
+        rest = [j for j in ordered if j.id not in promoted] if promoted else list(ordered)
+        after = float(getattr(self, "promote_after", 0.0))
+        young = [j.submitted for j in rest if j.submitted > cutoff]
+        promotion = min(young) + after if young else None
+        if promoted:
+            return [j for j in old if j.id in promoted] + rest, promotion
+        return ordered, promotion
+
+    def _first_fit(
+        self,
+        queued: Sequence[QueuedJob],
+        ordered: Sequence[QueuedJob],
+        capacity: Capacity,
+        lean: bool,
+        out: Decisions,
+    ) -> None:
+        """Start jobs in queue order while they fit; nobody is preempted."""
         room = Room(capacity)
         waiting: list[QueuedJob] = []
         blocked: QueuedJob | None = None
-        looked = len(ordered)
         # lean: count the sizes still waiting, to stop as soon as none of them fits
         sizes = dict(queued.sizes) if lean and queued.sizes else {}  # type: ignore[attr-defined]
         smallest = smallest_size(queued) if lean else 0
-        for i, job in enumerate(ordered):
+        for job in ordered:
             if lean and room.whole < smallest:
-                looked = i  # nothing further can start: leave the rest unexamined
-                break
+                break  # nothing further can start: leave the rest unexamined
             if blocked is not None and not self.skip:
                 if lean:
-                    looked = i  # strict order: nothing behind a blocked head starts
-                    break
+                    break  # strict order: nothing behind a blocked head starts
                 waiting.append(job)
                 continue
             placement = room.place(job.request)
@@ -142,57 +198,76 @@ class RankedPolicy:
                     out.waiting[job.id] = self.blocked_reason(blocked)
                 else:
                     out.waiting[job.id] = describe_shortfall(job.request, room.capacity)
-        if self.preempt and (waiting or looked < len(ordered)):
-            left = itertools.chain(waiting, itertools.islice(ordered, looked, None))
-            self._plan_preemptions(left, running, room, now, out, cutoff)
-        if promotion is not None and promotion > now:
-            out.wake_at = promotion if out.wake_at is None else min(out.wake_at, promotion)
-        return out
 
-    def _plan_preemptions(
+    def _plan_by_rank(
         self,
-        waiting: Iterable[QueuedJob],
+        ordered: Sequence[QueuedJob],
         running: Sequence[RunningJob],
-        room: Room,
-        now: float,
+        victims: list[tuple[float, int, RunningJob]],
+        capacity: Capacity,
         out: Decisions,
-        cutoff: float = -math.inf,
+        promoted: set[str],
+        smallest: int,
     ) -> None:
-        """Stop the worst-ranked running jobs for the most urgent waiting ones.
+        """Choose the jobs that should hold the pool, by rank, then act on the difference.
 
-        Waiting jobs come in key order, which is also rank order, so the walk
-        ends at the first waiting job that no running job ranks below.
+        Queued jobs and possible victims are walked together, best rank first (a
+        running job before a queued one of equal rank, so equals never stop each
+        other). Each takes its share of a plan of the pool in which every possible
+        victim has let go; a running job whose devices a better-ranked job took is
+        preempted. A planned job starts at once if it fits in what is free now,
+        else it waits for its victims. So a lower-ranked job never takes devices a
+        higher-ranked one needs (textbook SRTF / LAS), and nobody is stopped for a
+        job that could not start anyway.
         """
-        plan = room.copy()
+        now_room = Room(capacity)
+        plan = Room(capacity)
         for r in running:
             if r.stopping:
                 plan.give_back(r.placement)
-        victims, out.wake_at = self.rank_running(running, now)
-        if cutoff > -math.inf:  # promoted jobs are nobody's victims
-            victims = [v for v in victims if v[2].submitted > cutoff]
-        if not victims:
-            return
-        heapq.heapify(victims)  # worst rank first, then the latest submitted
-        for job in waiting:
-            if not victims:
-                return
-            rank = -math.inf if job.submitted <= cutoff else self.queued_rank(job)
-            if rank >= -victims[0][0]:
-                return
-            placement = plan.place(job.request)
-            if placement is not None:  # fits once jobs already stopping have left
+        for _, _, r in victims:
+            plan.give_back(r.placement)
+        holders = sorted(((-v[0], -v[1]), v[2]) for v in victims)
+        started: set[str] = set()
+        displaced: list[RunningJob] = []
+        planned_for: dict[str, str] = {}
+        h = 0
+        blocked = False
+        lean = smallest > 0
+        for job in ordered:
+            if lean and plan.whole < smallest:
+                break
+            rank = -math.inf if job.id in promoted else self.queued_rank(job)
+            while h < len(holders) and holders[h][0][0] <= rank:
+                _keep_or_displace(holders[h][1], plan, displaced)
+                h += 1
+            if blocked and not self.skip:
+                break
+            placement = now_room.place(job.request)
+            if placement is not None and _fits(plan, placement):
+                now_room.take(placement)
                 plan.take(placement)
+                out.starts.append(Start(job.id, placement))
+                started.add(job.id)
                 continue
-            chosen = _victims_for(job, plan, victims, rank)
-            if chosen is None:
+            planned = plan.place(job.request)
+            if planned is None:
+                blocked = True
                 continue
-            for r in chosen:
-                plan.give_back(r.placement)
-                out.preempts.append(Preempt(r.id, f"for {job.id} ({self.name})"))
-                out.waiting[job.id] = "waiting for preempted jobs to stop"
-            placement = plan.place(job.request)
-            if placement is not None:
-                plan.take(placement)
+            plan.take(planned)
+            _reserve(now_room, planned)
+            planned_for[job.id] = "waiting for preempted jobs to stop"
+        while h < len(holders):
+            _keep_or_displace(holders[h][1], plan, displaced)
+            h += 1
+        for r in displaced:
+            out.preempts.append(Preempt(r.id, f"ranked below waiting jobs ({self.name})"))
+        out.waiting.update(planned_for)
+        if not lean:
+            out.order = [j.id for j in ordered]
+            for job in ordered:
+                if job.id not in started and job.id not in planned_for:
+                    out.waiting[job.id] = describe_shortfall(job.request, now_room.capacity)
 
 
 def _victims_for(
@@ -230,3 +305,51 @@ def _victims_for(
         if id(item[2]) not in kept:
             heapq.heappush(victims, item)
     return chosen
+
+
+def _fits(room: Room, placement: Placement) -> bool:
+    """Whether ``placement``'s devices are all still free in ``room``."""
+    gpus = room.capacity.gpus
+    by_index = {g.index: g for g in gpus} if not _indexed(gpus) else None
+    for i, mem in zip(placement.gpus, placement.gpu_mem, strict=False):
+        g = gpus[i] if by_index is None else by_index.get(i)
+        if g is None:
+            return False
+        if placement.shared:
+            if g.mem_free < mem:
+                return False
+        elif g.jobs:
+            return False
+    return True
+
+
+def _indexed(gpus: Sequence[Any]) -> bool:
+    return all(g.index == i for i, g in enumerate(gpus))
+
+
+def _keep_or_displace(job: RunningJob, plan: Room, displaced: list[RunningJob]) -> None:
+    """A running job keeps its devices in the plan if nobody better-ranked took them."""
+    if _fits(plan, job.placement):
+        plan.take(job.placement)
+    else:
+        displaced.append(job)
+
+
+def _reserve(room: Room, planned: Placement) -> None:
+    """Hold back, in what is free now, the devices a job waiting for its victims will use."""
+    gpus = room.capacity.gpus
+    part = [
+        (i, mem)
+        for i, mem in zip(planned.gpus, planned.gpu_mem, strict=False)
+        if i < len(gpus)
+        and gpus[i].index == i
+        and (gpus[i].mem_free >= mem if planned.shared else not gpus[i].jobs)
+    ]
+    if part:
+        room.take(
+            Placement(
+                gpus=tuple(i for i, _ in part),
+                gpu_mem=tuple(m for _, m in part),
+                shared=planned.shared,
+            )
+        )

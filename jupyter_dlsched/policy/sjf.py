@@ -1,4 +1,9 @@
-"""Shortest job first, with each job's ``time_limit`` as its length."""
+"""Shortest job first, with each job's ``time_limit`` as its length.
+
+Two orders, named apart: ``sjf`` by declared duration (``time_limit``), and
+``sjf-gputime`` by declared GPU-time (``time_limit`` × GPUs), the usual
+definition for gangs of GPUs and the order ``srtf`` uses.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +33,12 @@ class SjfPolicy(RankedPolicy):
     by_gpu_time: bool = False
     name: str = "sjf"
     preempt = False
+    #: it orders by declared time limits (the simulator says when those are the true durations)
+    reads_time_limits = True
+
+    def __post_init__(self) -> None:
+        if self.by_gpu_time and self.name == "sjf":
+            self.name = "sjf-gputime"
 
     def queue_key(self, job: QueuedJob) -> tuple[float, int]:
         length = math.inf if job.time_limit is None else job.time_limit

@@ -1,5 +1,11 @@
 """Oracle shortest remaining time first: the simulator's lower bracket.
 
+Textbook preemptive SRTF, ranked by remaining GPU-time (remaining run time ×
+GPUs; for gangs of GPUs this is Tiresias' "shortest remaining service
+first"): at every moment the pool holds the jobs with the least remaining
+GPU-time that fit, planned by rank, so a job never takes GPUs a better-ranked
+one needs and a running job is stopped only for a strictly shorter one.
+
 It needs every job's true remaining run time (``QueuedJob.remaining`` and
 ``RunningJob.remaining``), which only a simulator knows; live jobs without it
 are ordered as if endless, in submit order. Use it to see how much room a
@@ -35,6 +41,8 @@ class SrtfPolicy(RankedPolicy):
     preempt_grace: float = 30.0
     skip: bool = True
     name: str = "srtf"
+    #: it reads every job's true remaining run time: the simulator labels its rows "(oracle)"
+    oracle = True
 
     def queue_key(self, job: QueuedJob) -> tuple[float, int]:
         return (self.queued_rank(job), job.seq)

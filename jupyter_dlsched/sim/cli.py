@@ -26,6 +26,8 @@ from .report import compare
 from .trace import PHILLY_ATTRIBUTION, Trace, TraceJob, load_trace
 
 DEFAULT_POLICIES = "fifo,fifo-ff,priority,sjf,las,gittins,srtf"
+# replay-only variants, named for what they know: the replayed trace's own size distribution
+ORACLES = ("gittins-oracle",)
 
 
 class SimOptionError(DlschedError, ValueError):
@@ -40,9 +42,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=(
             "Replay TRACE (the Philly trace format, or CSV rows "
             "submit_time,num_gpus,duration[,owner,priority]) on a virtual clock and print "
-            "one row per policy: average / p50 / p99 job completion time and queueing delay "
-            "(hours), makespan (days), GPU utilisation, preemptions per job and, when jobs "
-            "have owners, Jain's fairness index."
+            "one row per policy: average / p50 / p99 job completion time and time spent "
+            "waiting (in seconds, minutes or hours, whichever fits), makespan, GPU "
+            "utilisation (useful work), preemptions per job and, when jobs have owners, "
+            "Jain's fairness index."
         ),
     )
     p.add_argument("trace", help="trace file (Philly CSV or plain CSV)")
@@ -50,7 +53,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
-        help=f"comma-separated policies, from {', '.join(POLICIES)} (default: {DEFAULT_POLICIES})",
+        help=(
+            f"comma-separated policies, from {', '.join(POLICIES)}, or {', '.join(ORACLES)} "
+            f"(gittins built from the replayed trace's sizes) (default: {DEFAULT_POLICIES})"
+        ),
     )
     p.add_argument("--nodes", default="1", help="split the GPUs evenly over this many nodes")
     p.add_argument("--cluster", help="Philly virtual cluster(s) to keep, comma-separated")
@@ -79,7 +85,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--gittins-prior",
         action="store_true",
-        help="build gittins from its built-in size prior, not from the trace's job sizes",
+        help="gittins keeps its built-in size prior and learns nothing from finished jobs",
     )
     p.add_argument("--plot", metavar="PNG", help="also save JCT CDFs and utilisation to PNG")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -241,7 +247,7 @@ def _policy_names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise SimOptionError(f"--policy names no policy; choose from {', '.join(POLICIES)}")
-    unknown = [n for n in names if n not in POLICIES]
+    unknown = [n for n in names if n not in POLICIES and n not in ORACLES]
     if unknown:
         raise SimOptionError(
             f"--policy {unknown[0]!r} is not a policy; choose from {', '.join(POLICIES)}"
@@ -268,8 +274,11 @@ def _check_plot_path(text: str) -> None:
 
 
 def _policy(name: str, jobs: list[TraceJob], prior: bool) -> Policy:
-    if name == "gittins" and not prior:
-        return GittinsPolicy(sizes=[j.gpu_time for j in jobs])
+    if name == "gittins-oracle":
+        # knows the distribution of the very jobs it replays: a bracket, never a default
+        return GittinsPolicy(sizes=[j.gpu_time for j in jobs], learn_sizes=False, name=name)
+    if name == "gittins" and prior:
+        return GittinsPolicy(learn_sizes=False, name="gittins (prior only)")
     return get_policy(name)
 
 

@@ -10,11 +10,20 @@ Preemption: a preempted job keeps its GPUs for ``grace`` seconds (still
 making progress, then checkpointing), goes back to the queue keeping its
 progress, and pays ``restart_overhead`` seconds on its next start (reloading a
 checkpoint, warming up).
+
+Shares of a GPU (``TraceJob(gpus=0.5)``) are placed by the live scheduler's
+own placement code: each simulated GPU has 1000 units of memory and a share
+takes its fraction of them, packed best-fit next to other shares, never on a
+GPU held whole.
+
+A policy that learns (has ``learn``) is told about each job when it finishes,
+before the next decision; it never sees the size of a job still running.
 """
 
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
 import math
 from collections.abc import Callable, Sequence
@@ -22,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import DlschedError
-from ..policy import PresortedQueue, QueuedJob, RunningJob, get_policy, submit_order
+from ..policy import FinishedJob, PresortedQueue, QueuedJob, RunningJob, get_policy, submit_order
 from ..policy.base import Policy
 from ..resources import Capacity, GpuFree, Placement, Request
 from .trace import TraceJob
@@ -31,6 +40,8 @@ _FINISH, _RELEASE, _WAKE = 0, 1, 2
 
 # the replay keeps a record per GPU; past this a pool is a typo that would exhaust memory
 MAX_GPUS = 100_000
+# memory units of one simulated GPU: a share of a GPU takes its fraction of them
+GPU_UNITS = 1000
 
 
 @dataclass(frozen=True)
@@ -57,16 +68,22 @@ class SimulationError(DlschedError, RuntimeError):
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """What happened to one job in a replay (times in seconds from the trace start)."""
+    """What happened to one job in a replay (times in seconds from the trace start).
+
+    ``held`` is the time it held GPUs over all its runs (restart overhead and
+    grace periods included), so ``queueing_delay`` (JCT − held) counts every
+    wait: before the first start and after each preemption.
+    """
 
     id: str
     submit: float
-    gpus: int
+    gpus: float
     duration: float
     owner: str
     first_start: float
     finish: float
     preemptions: int
+    held: float = math.nan
 
     @property
     def jct(self) -> float:
@@ -74,19 +91,34 @@ class JobOutcome:
 
     @property
     def queueing_delay(self) -> float:
+        """Seconds spent waiting in all, after preemptions too."""
+        held = self.duration if math.isnan(self.held) else self.held
+        return max(0.0, self.jct - held)
+
+    @property
+    def first_wait(self) -> float:
+        """Seconds from submission to the first start."""
         return self.first_start - self.submit
 
 
 @dataclass
 class SimResult:
-    """A replay's outcome: per-job records, GPU busy time and the busy-GPU timeline."""
+    """A replay's outcome: per-job records, GPU busy time and the busy-GPU timeline.
+
+    ``busy_gpu_seconds`` is GPU time held (restart overhead included);
+    ``work_gpu_seconds`` the useful part (GPUs × duration of every job).
+    ``policy`` is the label of the row: the policy's name, with ``(oracle)``
+    when it read true remaining times and ``(exact limits)`` when it read time
+    limits that were the jobs' true durations.
+    """
 
     policy: str
     gpus: int
     jobs: list[JobOutcome]
     busy_gpu_seconds: float
-    timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, busy GPUs)
+    timeline: list[tuple[float, float]] = field(default_factory=list)  # (time, busy GPUs)
     policy_calls: int = 0
+    work_gpu_seconds: float = math.nan
 
 
 def simulate(
@@ -114,6 +146,9 @@ def simulate(
     [10.0, 15.0]
     """
     chosen = get_policy(policy, **policy_params)
+    if hasattr(chosen, "learn"):
+        # learning policies keep what they learnt: each replay starts from a fresh copy
+        chosen = copy.deepcopy(chosen)
     return _Replay(
         jobs, chosen, gpus, nodes, restart_overhead, grace, time_limits, preemptible
     ).run()
@@ -166,16 +201,22 @@ class _Replay:
             self.limits = [j.duration * factor for j in self.trace]
         per_node = gpus // nodes
         group = (lambda i: i // per_node) if nodes > 1 else (lambda i: None)
-        self.free_gpu = [GpuFree(i, 1, 1, 0, group(i)) for i in range(gpus)]
-        self.busy_gpu = [GpuFree(i, 1, 0, 1, group(i)) for i in range(gpus)]
+        self.free_gpu = [GpuFree(i, GPU_UNITS, GPU_UNITS, 0, group(i)) for i in range(gpus)]
+        self.busy_gpu = [GpuFree(i, GPU_UNITS, 0, 1, group(i)) for i in range(gpus)]
         self.gpu_state = list(self.free_gpu)
         self.key: Callable[[QueuedJob], Any] = getattr(policy, "queue_key", submit_order)
         uniform = len({j.priority for j in self.trace}) <= 1
         self.sizes: dict[int, int] = {}
+        # with shares of GPUs a partly used GPU still takes jobs: policies must look further
+        whole = all(float(j.gpus).is_integer() for j in self.trace)
         self.queue = PresortedQueue(
-            key=self.key, gpu_only=True, uniform_priority=uniform, sizes=self.sizes
+            key=self.key, gpu_only=whole, uniform_priority=uniform, sizes=self.sizes
         )
-        self.requests: dict[int, Request] = {}
+        self.requests: dict[float, Request] = {}
+        self.learns = callable(getattr(policy, "learn", None))
+        self.finished_now: list[FinishedJob] = []
+        self.model_version = getattr(policy, "model_version", None)
+        self.label = _label(policy, time_limits)
         n = len(self.trace)
         self.seq_of = {j.id: i for i, j in enumerate(self.trace)}
         if len(self.seq_of) != n:
@@ -193,9 +234,11 @@ class _Replay:
         self.running: dict[str, RunningJob] = {}
         self.heap: list[tuple[float, int, int, int]] = []
         self.wakes: set[float] = set()
-        self.busy = 0
+        self.busy = 0.0  # GPUs in use, shares counted as fractions
+        self.occupied = 0  # GPUs with at least one job
         self.busy_seconds = 0.0
-        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
+        self.timeline: list[tuple[float, float]] = [(0.0, 0.0)]
+        self.held = [0.0] * n
         self.calls = 0
         self._capacity: Capacity | None = None
         self._running_list: list[RunningJob] | None = None
@@ -217,6 +260,8 @@ class _Replay:
             while arrived < n and trace[arrived].submit <= t:
                 self._enqueue(arrived, preempted=False)
                 arrived += 1
+            if self.finished_now:
+                self._teach()
             self._decide(t)
             if self.timeline[-1][1] != self.busy:
                 self.timeline.append((t, self.busy))
@@ -235,18 +280,34 @@ class _Replay:
                 self.first_start[i],
                 self.finish[i],
                 self.preemptions[i],
+                self.held[i],
             )
             for i, j in enumerate(trace)
         ]
         return SimResult(
-            self.policy.name, self.n_gpus, outcomes, self.busy_seconds, self.timeline, self.calls
+            self.label,
+            self.n_gpus,
+            outcomes,
+            self.busy_seconds,
+            self.timeline,
+            self.calls,
+            sum(j.gpus * j.duration for j in trace),
         )
+
+    def _teach(self) -> None:
+        """Tell a learning policy which jobs just finished; re-sort the queue if it re-ranks."""
+        self.policy.learn(self.finished_now)  # type: ignore[attr-defined]
+        self.finished_now = []
+        version = getattr(self.policy, "model_version", None)
+        if version != self.model_version:
+            self.model_version = version
+            self.queue.sort(key=self.key)
 
     def _decide(self, t: float) -> None:
         for _ in range(16):  # released victims free room at once: ask again at the same moment
             if self._capacity is None:
                 gpus = tuple(self.gpu_state)
-                self._capacity = _PoolCapacity(gpus, (), 0, 0, gpus, self.n_gpus - self.busy)
+                self._capacity = _PoolCapacity(gpus, (), 0, 0, gpus, self.n_gpus - self.occupied)
             if self._running_list is None:
                 self._running_list = list(self.running.values())
             decisions = self.policy(self.queue, self._running_list, self._capacity, t)
@@ -263,7 +324,7 @@ class _Replay:
             if not released:
                 return
 
-    def _request(self, gpus: int) -> Request:
+    def _request(self, gpus: float) -> Request:
         request = self.requests.get(gpus)
         if request is None:
             request = self.requests[gpus] = Request(gpus=gpus, cpus=0.0)
@@ -284,9 +345,11 @@ class _Replay:
             attained=self.attained[seq],
             preemptions=self.preemptions[seq],
             remaining=remaining,
+            name=job.name,
         )
         self.queued[job.id] = queued
-        self.sizes[job.gpus] = self.sizes.get(job.gpus, 0) + 1
+        whole = queued.request.whole_gpus
+        self.sizes[whole] = self.sizes.get(whole, 0) + 1
         key = self.key
         self.queue.insert(bisect.bisect_right(self.queue, key(queued), key=key), queued)
 
@@ -300,16 +363,8 @@ class _Replay:
             pos = next(i for i, q in enumerate(queue) if q is queued)
         del queue[pos]
         seq = queued.seq
-        self.sizes[self.trace[seq].gpus] -= 1
-        gpus = placement.gpus
-        if len(gpus) != self.trace[seq].gpus or any(self.gpu_state[g].jobs for g in gpus):
-            raise SimulationError(
-                f"{self.policy.name} placed {job_id} ({self.trace[seq].gpus} GPUs) "
-                f"on GPUs {list(gpus)}, which are not that many free GPUs"
-            )
-        for g in gpus:
-            self.gpu_state[g] = self.busy_gpu[g]
-        self.busy += len(gpus)
+        self.sizes[queued.request.whole_gpus] -= 1
+        self._occupy(job_id, queued.request, placement)
         self._capacity = self._running_list = None
         restart = self.overhead if self.preemptions[seq] else 0.0
         length = self.remaining[seq] + restart
@@ -332,6 +387,7 @@ class _Replay:
             preemptible=queued.preemptible,
             attained=self.attained[seq],
             remaining=length,
+            name=queued.name,
         )
         heapq.heappush(self.heap, (t + length, _FINISH, seq, self.token[seq]))
 
@@ -356,23 +412,86 @@ class _Replay:
     def _end_run(self, seq: int, t: float, finished: bool) -> None:
         job_id = self.trace[seq].id
         job = self.running.pop(job_id)
-        for g in job.placement.gpus:
-            self.gpu_state[g] = self.free_gpu[g]
-        held = len(job.placement.gpus)
-        self.busy -= held
+        held = self._release(job.request, job.placement)
         self._capacity = self._running_list = None
         elapsed = t - self.run_start[seq]
         self.busy_seconds += held * elapsed
         self.attained[seq] += held * elapsed
+        self.held[seq] += elapsed
         self.token[seq] += 1
         if finished:
             self.remaining[seq] = 0.0
             self.finish[seq] = t
+            if self.learns:
+                trace_job = self.trace[seq]
+                self.finished_now.append(
+                    FinishedJob(trace_job.owner, trace_job.name, self.attained[seq], t)
+                )
             return
         progress = max(0.0, elapsed - self.run_overhead[seq])
         self.remaining[seq] = max(0.0, self.remaining[seq] - progress)
         self.preemptions[seq] += 1
         self._enqueue(seq, preempted=True)
+
+    def _occupy(self, job_id: str, request: Request, placement: Placement) -> None:
+        """Mark ``placement``'s GPUs as used, refusing a placement onto GPUs that are not free."""
+        gpus, state = placement.gpus, self.gpu_state
+        if request.shared:
+            g = gpus[0] if len(gpus) == 1 else -1
+            need = request.gpu_mem_on(GPU_UNITS)
+            if g < 0 or g >= len(state) or state[g].mem_free < need:
+                raise SimulationError(
+                    f"{self.policy.name} placed {job_id} ({request.gpus:g} of a GPU) on GPUs "
+                    f"{list(gpus)}, which is not one GPU with that much room"
+                )
+            card = state[g]
+            if not card.jobs:
+                self.occupied += 1
+            state[g] = replace(card, mem_free=card.mem_free - need, jobs=card.jobs + 1)
+            self.busy += request.gpus
+        else:
+            n = request.whole_gpus
+            if len(gpus) != n or any(g >= len(state) or state[g].jobs for g in gpus):
+                raise SimulationError(
+                    f"{self.policy.name} placed {job_id} ({n} GPUs) "
+                    f"on GPUs {list(gpus)}, which are not that many free GPUs"
+                )
+            for g in gpus:
+                state[g] = self.busy_gpu[g]
+            self.occupied += n
+            self.busy += n
+
+    def _release(self, request: Request, placement: Placement) -> float:
+        """Free ``placement``'s GPUs; the GPUs (or share of one) it held."""
+        state = self.gpu_state
+        if request.shared:
+            g = placement.gpus[0]
+            card = state[g]
+            jobs = card.jobs - 1
+            if jobs:
+                need = request.gpu_mem_on(GPU_UNITS)
+                state[g] = replace(card, mem_free=card.mem_free + need, jobs=jobs)
+            else:
+                state[g] = self.free_gpu[g]
+                self.occupied -= 1
+            self.busy -= request.gpus
+            return request.gpus
+        for g in placement.gpus:
+            state[g] = self.free_gpu[g]
+        n = len(placement.gpus)
+        self.occupied -= n
+        self.busy -= n
+        return float(n)
+
+
+def _label(policy: Policy, time_limits: str | float | None) -> str:
+    """The policy's name, saying when it read what only a replay knows."""
+    name = policy.name
+    if getattr(policy, "oracle", False) and "oracle" not in name:
+        return f"{name} (oracle)"
+    if getattr(policy, "reads_time_limits", False) and time_limits == "exact":
+        return f"{name} (exact limits)"
+    return name
 
 
 def _is_seconds(value: object) -> bool:

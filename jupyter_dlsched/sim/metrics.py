@@ -39,14 +39,21 @@ def summarize(result: SimResult) -> dict[str, Any]:
     utilisation, preemptions_per_job, fairness`` (seconds; ``fairness`` is ``None``
     unless the trace names at least two owners).
 
-    Fairness is Jain's index over owners of their jobs' mean duration / JCT, so
-    1.0 means every owner's jobs were slowed down alike.
+    ``avg_queue`` is the mean time a job spent without GPUs, before its first
+    start and after every preemption. ``utilisation`` counts useful work only
+    (GPUs × duration of every job over GPUs × makespan): restart overhead is
+    GPU time held but not work. Fairness is Jain's index over owners of their
+    jobs' mean duration / JCT, so 1.0 means every owner's jobs were slowed
+    down alike.
     """
     jobs = result.jobs
     n = len(jobs)
     jcts = sorted(j.jct for j in jobs)
     makespan = (max(j.finish for j in jobs) - min(j.submit for j in jobs)) if jobs else 0.0
     capacity = result.gpus * makespan
+    work = result.work_gpu_seconds
+    if math.isnan(work):
+        work = sum(j.gpus * j.duration for j in jobs)
     return {
         "policy": result.policy,
         "jobs": n,
@@ -55,7 +62,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "p99_jct": percentile(jcts, 99),
         "avg_queue": sum(j.queueing_delay for j in jobs) / n if n else math.nan,
         "makespan": makespan,
-        "utilisation": result.busy_gpu_seconds / capacity if capacity else 0.0,
+        "utilisation": work / capacity if capacity else 0.0,
         "preemptions_per_job": sum(j.preemptions for j in jobs) / n if n else 0.0,
         "fairness": owner_fairness(jobs),
     }

@@ -14,16 +14,31 @@ from .trace import TraceJob
 
 COLUMNS = (
     ("policy", "policy", "{}"),
-    ("avg_jct", "avg JCT h", "{:.2f}"),
-    ("p50_jct", "p50 JCT h", "{:.2f}"),
-    ("p99_jct", "p99 JCT h", "{:.1f}"),
-    ("avg_queue", "avg queue h", "{:.2f}"),
-    ("makespan", "makespan d", "{:.1f}"),
+    ("avg_jct", "avg JCT {jct}", "{:.2f}"),
+    ("p50_jct", "p50 JCT {jct}", "{:.2f}"),
+    ("p99_jct", "p99 JCT {jct}", "{:.1f}"),
+    ("avg_queue", "avg queue {jct}", "{:.2f}"),
+    ("makespan", "makespan {span}", "{:.1f}"),
     ("utilisation", "util", "{:.1%}"),
     ("preemptions_per_job", "preempt/job", "{:.2f}"),
     ("fairness", "fairness", "{:.3f}"),
 )
-_SCALE = {"avg_jct": 3600, "p50_jct": 3600, "p99_jct": 3600, "avg_queue": 3600, "makespan": 86400}
+_TIMES = ("avg_jct", "p50_jct", "p99_jct", "avg_queue")
+# (unit, seconds): the largest unit in which the typical figure is still at least 2
+UNITS = (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0))
+
+
+def time_unit(seconds: float, largest: str = "h") -> tuple[str, float]:
+    """The unit that fits ``seconds``: ``s``, ``min``, ``h`` (or ``d`` when allowed).
+
+    >>> time_unit(45.0), time_unit(600.0), time_unit(36000.0), time_unit(9e5, largest="d")
+    (('s', 1.0), ('min', 60.0), ('h', 3600.0), ('d', 86400.0))
+    """
+    allowed = UNITS[[u for u, _ in UNITS].index(largest) :]
+    for unit, size in allowed:
+        if seconds >= 2 * size:
+            return unit, size
+    return allowed[-1]
 
 
 @dataclass
@@ -61,7 +76,7 @@ def compare(
     >>> trace = [TraceJob("long", 0, 1, 100.0), TraceJob("short", 1, 1, 1.0)]
     >>> table = compare(trace, ["fifo", "srtf"], gpus=1, restart_overhead=0)
     >>> [(row["policy"], row["avg_jct"]) for row in table.rows]
-    [('fifo', 100.0), ('srtf', 51.0)]
+    [('fifo', 100.0), ('srtf (oracle)', 51.0)]
     """
     rows = []
     results: dict[str, SimResult] = {}
@@ -77,9 +92,20 @@ def compare(
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A fixed-width text table of ``summarize`` rows (times in hours, makespan in days)."""
+    """A fixed-width text table of ``summarize`` rows, in units that fit the figures.
+
+    Completion and queueing times share one unit (seconds, minutes or hours,
+    chosen from the smallest average JCT), the makespan its own (up to days),
+    and the titles say which: ``avg JCT min``, ``makespan h``.
+    """
     columns = [c for c in COLUMNS if any(row.get(c[0]) is not None for row in rows)]
-    cells = [[title for _, title, _ in columns]]
+    typical = [r["avg_jct"] for r in rows if _finite(r.get("avg_jct"))]
+    spans = [r["makespan"] for r in rows if _finite(r.get("makespan"))]
+    jct_unit, jct_size = time_unit(min(typical, default=0.0))
+    span_unit, span_size = time_unit(max(spans, default=0.0), largest="d")
+    scale = {key: jct_size for key in _TIMES}
+    scale["makespan"] = span_size
+    cells = [[title.format(jct=jct_unit, span=span_unit) for _, title, _ in columns]]
     for row in rows:
         line = []
         for key, _, fmt in columns:
@@ -87,7 +113,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 line.append("-")
             else:
-                line.append(fmt.format(value / _SCALE[key] if key in _SCALE else value))
+                line.append(fmt.format(value / scale[key] if key in scale else value))
         cells.append(line)
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     return "\n".join(
@@ -97,6 +123,10 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         )
         for r in cells
     )
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def plot_jct_cdf(results: Sequence[SimResult], ax: Any = None) -> Any:
@@ -144,7 +174,7 @@ def plot_utilisation(results: Sequence[SimResult], ax: Any = None, bins: int = 5
     return ax
 
 
-def _binned(timeline: Sequence[tuple[float, int]], end: float, bins: int) -> list[float]:
+def _binned(timeline: Sequence[tuple[float, float]], end: float, bins: int) -> list[float]:
     """Busy GPU-seconds in each of ``bins`` equal spans of ``[0, end)``."""
     width = end / bins
     out = [0.0] * bins

@@ -26,6 +26,9 @@ PHILLY_ATTRIBUTION = (
     "processed form from the Pollux artifact (petuum/adaptdl, osdi21-artifact)"
 )
 CSV_COLUMNS = "submit_time,num_gpus,duration[,owner,priority]"
+# columns a plain CSV may add when it has a header
+CSV_EXTRA_COLUMNS = ("name", "gpu_milli")
+_GPU_WORDS = "a share of one GPU (0 < gpus < 1) or a whole number of GPUs >= 1"
 PHILLY_COLUMNS = ("cluster", "duration", "num_gpus", "timestamp")
 
 
@@ -37,10 +40,16 @@ class TraceError(DlschedError, ValueError):
 class TraceJob:
     """One job of a trace: when it arrived, how many GPUs it held and for how long it ran.
 
-    Times are seconds: ``submit`` and ``duration`` finite and >= 0, ``gpus`` >= 1.
+    Times are seconds: ``submit`` and ``duration`` finite and >= 0. ``gpus`` is
+    a whole number >= 1 (dedicated GPUs) or a share of one GPU in (0, 1),
+    placed next to other shares as the live scheduler places ``gpus=0.5``.
+    ``name`` is the job's name (learning policies group finished jobs by owner
+    and name).
 
     >>> TraceJob("j1", submit=0.0, gpus=2, duration=60.0).gpu_time
     120.0
+    >>> TraceJob("j3", submit=0.0, gpus=0.25, duration=60.0).gpu_time
+    15.0
     >>> TraceJob("j2", submit=0.0, gpus=1, duration=float("nan"))
     Traceback (most recent call last):
     ...
@@ -49,10 +58,11 @@ class TraceJob:
 
     id: str
     submit: float
-    gpus: int
+    gpus: float
     duration: float
     owner: str = ""
     priority: int = 50
+    name: str = ""
 
     def __post_init__(self) -> None:
         # a nan or inf here would stall the replay's clock, so no job may carry one
@@ -62,8 +72,11 @@ class TraceJob:
                 raise TraceError(
                     f"job {self.id!r}: {name}={value!r} is invalid: expected seconds >= 0"
                 )
-        if self.gpus < 1:
-            raise TraceError(f"job {self.id!r}: gpus={self.gpus!r} is invalid: expected >= 1")
+        gpus = self.gpus
+        if not (isinstance(gpus, int | float) and math.isfinite(gpus) and gpus > 0) or (
+            gpus > 1 and not float(gpus).is_integer()
+        ):
+            raise TraceError(f"job {self.id!r}: gpus={gpus!r} is invalid: expected {_GPU_WORDS}")
 
     @property
     def gpu_time(self) -> float:
@@ -155,7 +168,7 @@ def load_philly(
     hi = _when(end, "end")
     if lo is not None and hi is not None and lo >= hi:
         raise TraceError(f"start={start!s} is not before end={end!s}: no job could be kept")
-    rows: list[tuple[datetime, int, int, float, str]] = []
+    rows: list[tuple[datetime, int, float, float, str]] = []
     no_gpus = too_big = 0
     with _reading(path) as f:
         reader = csv.DictReader(f)
@@ -174,7 +187,7 @@ def load_philly(
                 raise TraceError(f"{path}, line {reader.line_num}: {exc}") from None
             if (lo is not None and when < lo) or (hi is not None and when >= hi):
                 continue
-            if gpus < 1:
+            if gpus <= 0:
                 no_gpus += 1
                 continue
             if max_gpus is not None and gpus > max_gpus:
@@ -204,9 +217,13 @@ def load_philly(
 def load_csv(path: str | Path) -> Trace:
     """Jobs from ``submit_time,num_gpus,duration[,owner,priority]`` rows (seconds).
 
-    A header row is optional; with one, columns may come in any order. Blank
-    lines and lines starting with ``#`` are skipped. Times must be finite and
-    >= 0 and ``num_gpus`` a whole number >= 1, or a ``TraceError`` names the line.
+    A header row is optional; with one, columns may come in any order and two
+    more may be given: ``name`` (the job's name) and ``gpu_milli`` (the share
+    of each GPU the job used, in thousandths, as in Alibaba's GPU traces:
+    ``num_gpus=1,gpu_milli=500`` is half a GPU). Blank lines and lines starting
+    with ``#`` are skipped. Times must be finite and >= 0 and ``num_gpus`` a
+    share of one GPU in (0, 1) or a whole number >= 1; anything else (``2.7``
+    GPUs) is a ``TraceError`` naming the line, never rounded silently.
 
     >>> import tempfile, os
     >>> with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
@@ -216,7 +233,7 @@ def load_csv(path: str | Path) -> Trace:
     >>> os.unlink(f.name)
     """
     columns = ["submit_time", "num_gpus", "duration", "owner", "priority"]
-    rows: list[tuple[float, int, int, float, str, int]] = []
+    rows: list[tuple[float, int, float, float, str, int, str]] = []
     header_read = False
     with _reading(path) as f:
         reader = csv.reader(f)
@@ -238,17 +255,30 @@ def load_csv(path: str | Path) -> Trace:
             try:
                 submit = _seconds(field.get("submit_time"), "submit_time")
                 gpus = _gpus(field.get("num_gpus"), minimum=1)
+                if field.get("gpu_milli"):
+                    gpus = _milli(field["gpu_milli"], gpus)
                 duration = _seconds(field.get("duration"), "duration")
                 priority = _priority(field.get("priority"))
             except ValueError as exc:
                 raise TraceError(
                     f"{path}, line {line}: {exc}; rows are {CSV_COLUMNS}, times in seconds"
                 ) from None
-            rows.append((submit, record_no, gpus, duration, field.get("owner", ""), priority))
+            rows.append(
+                (
+                    submit,
+                    record_no,
+                    gpus,
+                    duration,
+                    field.get("owner", ""),
+                    priority,
+                    field.get("name", ""),
+                )
+            )
     rows.sort(key=lambda r: (r[0], r[1]))
     t0 = rows[0][0] if rows else 0.0
     return Trace(
-        (TraceJob(f"job-{n}", s - t0, g, d, owner, p) for s, n, g, d, owner, p in rows), "csv"
+        (TraceJob(f"job-{n}", s - t0, g, d, owner, p, name) for s, n, g, d, owner, p, name in rows),
+        "csv",
     )
 
 
@@ -317,11 +347,35 @@ def _seconds(text: str | None, column: str) -> float:
     return value
 
 
-def _gpus(text: str | None, minimum: int) -> int:
+def _gpus(text: str | None, minimum: int) -> float:
+    """A GPU count: a share of one GPU in (0, 1) or a whole number (0 only if ``minimum`` is 0)."""
     value = _number(text, "num_gpus")
-    if not math.isfinite(value) or value < minimum or not value.is_integer():
-        raise ValueError(f"num_gpus={text!r} is invalid: expected a whole number >= {minimum}")
-    return int(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and minimum > 0):
+        raise ValueError(f"num_gpus={text!r} is invalid: expected {_GPU_WORDS}")
+    if value > 1 and not value.is_integer():
+        # parts of several GPUs are not modelled; rounding would change the load unseen
+        raise ValueError(
+            f"num_gpus={text!r} is invalid: expected {_GPU_WORDS}; a job cannot hold part of "
+            f"several GPUs here: write {math.ceil(value)} if it held {math.ceil(value)} GPUs"
+        )
+    return int(value) if value.is_integer() else value
+
+
+def _milli(text: str, gpus: float) -> float:
+    """``gpus`` adjusted by a ``gpu_milli`` share (thousandths of each GPU used)."""
+    value = _number(text, "gpu_milli")
+    if not math.isfinite(value) or not 0 < value <= 1000:
+        raise ValueError(
+            f"gpu_milli={text!r} is invalid: expected thousandths of a GPU, in (0, 1000]"
+        )
+    if value == 1000:
+        return gpus
+    if gpus != 1:
+        raise ValueError(
+            f"gpu_milli={text!r} with num_gpus={gpus:g}: a share of a GPU is modelled for "
+            "one GPU only (num_gpus=1)"
+        )
+    return value / 1000
 
 
 def _priority(text: str | None) -> int:
@@ -364,7 +418,7 @@ def _naive(when: datetime) -> datetime:
         raise ValueError(f"{when} is out of range in UTC") from None
 
 
-def _gpus_words(n: int) -> str:
+def _gpus_words(n: float) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
