@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import private, runtime
 from .errors import IllegalTransition, JobNotFound
-from .store import JobInfo
+from .store import JobInfo, RunEnd
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -108,21 +108,13 @@ class InlineRunner:
         elif error is not None:
             self.errors[info.id] = error
             tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-            (folder / "error.json").write_text(
-                json.dumps({"type": type(error).__name__, "message": str(error), "traceback": tb})
-            )
-        now = time.time()
-        attained = info.attained + max(0.0, now - (info.started or now)) * info.gpus
+            report = {"type": type(error).__name__, "message": str(error), "traceback": tb}
+            private.write_file(folder / "error.json", json.dumps(report).encode())
+        # it runs once, in this kernel's thread: nothing is left to run a retry with
+        end = RunEnd(to, why, retry=False)
         try:
-            store.transition(
-                info.id,
-                to,
-                why,
-                expect=["running"],
-                finished=now,
-                lease_expires=None,
-                attained=attained,
-            )
+            with store.transaction() as db:
+                store.finish_run(db, info, end)
         except (IllegalTransition, JobNotFound):
             pass
         with self._lock:

@@ -249,6 +249,12 @@ class Scheduler:
 
         See ``jupyter_dlsched.inline`` for what cancel and time limits can do there.
         """
+        if resources.get("retries"):
+            raise SpecError(
+                "retries",
+                resources["retries"],
+                "0 for a job that runs in this process (--inline): it runs once, in a thread",
+            )
         return self._insert(kind, {}, default_name=default_name, inline_fn=fn, **resources)
 
     def _insert(

@@ -32,6 +32,57 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "timeout": frozenset(),
     "lost": frozenset(),
 }
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How one run of a job ended, as the runner that watched it saw it.
+
+    ``outcome`` is ``succeeded``, ``failed``, ``lost``, ``timeout``, ``cancelled`` or
+    ``preempted``; ``retry=False`` for a failure no retry can fix (a backend that cannot
+    run the request at all, a job that runs in a kernel thread once).
+    """
+
+    outcome: str
+    reason: str = ""
+    exit_code: int | None = None
+    term_signal: int | None = None
+    retry: bool = True
+
+
+def end_of_run(job: JobInfo, end: RunEnd, now: float) -> tuple[str, str, dict[str, Any]]:
+    """The one rule every runner follows: the state a run's end moves its job to, the
+    reason shown, and the columns to write. A failed or lost run is retried (queued
+    again) while the job has retries left; a preempted one is requeued and counted.
+    """
+    if end.outcome not in TRANSITIONS["running"] or end.outcome == "queued":
+        raise ValueError(f"a run cannot end as {end.outcome!r}")
+    to, why = end.outcome, end.reason
+    columns: dict[str, Any] = {
+        "exit_code": end.exit_code,
+        "term_signal": end.term_signal,
+        "lease_expires": None,
+        "attained": job.attained + max(0.0, now - (job.started or now)) * job.gpus,
+    }
+    if to == "cancelled":
+        why = why or "cancelled by user"
+    elif to == "preempted":
+        why = "requeued after preemption"
+        columns.update(
+            placement=None,
+            supervisor_pid=None,
+            job_pid=None,
+            preempt_requested=0,
+            preemptions=job.preemptions + 1,
+        )
+    if to in ("failed", "lost") and end.retry and job.attempts <= job.retries:
+        to, why = "queued", f"retry {job.attempts}/{job.retries} after: {why}"
+        columns.update(placement=None, supervisor_pid=None, job_pid=None)
+    if to not in ("queued", "preempted"):
+        columns["finished"] = now
+    return to, why, columns
+
+
 _ID = re.compile(r"^[a-z0-9]{4,16}$")
 _SOURCE_ID = re.compile(r"^[0-9a-f]{24}$")
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"

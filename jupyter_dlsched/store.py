@@ -37,7 +37,9 @@ from .schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
     TRANSITIONS,
     WAITING,
     JobInfo,
+    RunEnd,
     _row_to_info,
+    end_of_run,
     source_id,
 )
 from .spec import JobSpec
@@ -512,6 +514,22 @@ class Store:
         self._update(db, job_id, columns)
         self._event(db, job_id, current, to_state, reason, now=now, data=event_data)
         return current
+
+    def finish_run(
+        self,
+        db: sqlite3.Connection,
+        job: JobInfo,
+        end: RunEnd,
+        now: float | None = None,
+        **columns: Any,
+    ) -> str:
+        """Record how a run of ``job`` ended, by the one rule (``schema.end_of_run``), inside
+        an open transaction; ``columns`` adds what the runner measured. Returns the state
+        the job moved to (``IllegalTransition`` if it is no longer running)."""
+        now = time.time() if now is None else now
+        to, why, ruled = end_of_run(job, end, now)
+        self.transition_in(db, job.id, to, why, expect=["running"], now=now, **{**ruled, **columns})
+        return to
 
     def claim(self, job: JobInfo, lease_ttl: float) -> JobInfo | None:
         """Take an allocated job for this process: the one claim every runner makes.

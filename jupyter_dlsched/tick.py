@@ -13,7 +13,7 @@ from typing import Any
 
 from .policy import Decisions, FinishedJob, Policy, QueuedJob, RunningJob
 from .resources import Capacity, GpuFree, Placement, Request
-from .store import TERMINAL, JobInfo, Store
+from .store import TERMINAL, JobInfo, RunEnd, Store
 
 CLAIM_GRACE = 30.0  # seconds an allocated job may wait for its supervisor to claim it
 
@@ -42,19 +42,11 @@ def reap(store: Store, db: sqlite3.Connection, backend: str, now: float) -> list
     reaped = []
     for job_id in ids:
         info = store.get(job_id)
-        common: dict[str, Any] = {"lease_expires": None, "supervisor_pid": None}
         if info.cancel_requested:
-            store.transition_in(
-                db, info.id, "cancelled", "cancelled by user", now=now, finished=now, **common
-            )
-        elif info.attempts <= info.retries:
-            why = f"retry {info.attempts}/{info.retries} after: lost (lease expired)"
-            store.transition_in(
-                db, info.id, "queued", why, now=now, placement=None, job_pid=None, **common
-            )
+            end = RunEnd("cancelled")
         else:
-            why = "lost: its supervisor stopped renewing the lease"
-            store.transition_in(db, info.id, "lost", why, now=now, finished=now, **common)
+            end = RunEnd("lost", "lost (lease expired): its supervisor stopped renewing it")
+        store.finish_run(db, info, end, now, supervisor_pid=None)
         reaped.append(info)
     return reaped
 

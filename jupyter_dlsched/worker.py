@@ -31,7 +31,7 @@ from .errors import IllegalTransition, JobNotFound, LedgerUnavailable
 from .jobproc import cores_for, job_environment, start_ranks
 from .runtime import STOP_FILE
 from .settings import Settings
-from .store import JobInfo, Store, disk_full
+from .store import JobInfo, RunEnd, Store, disk_full
 from .units import format_size
 
 POLL_SECONDS = 0.2
@@ -308,70 +308,40 @@ def _describe_status(status: int, folder: Path) -> tuple[int | None, int | None,
 
 
 def _record(store: Store, job: JobInfo, outcome: Outcome, folder: Path) -> None:
-    now = time.time()
-    exit_code, term_signal, detail = _describe_status(outcome.status, folder)
-    started = job.started or now
-    attained = job.attained + max(0.0, now - started) * job.gpus
-    common: dict[str, Any] = {
-        "exit_code": exit_code,
-        "term_signal": term_signal,
-        "attained": attained,
-        "lease_expires": None,
-        **outcome.usage.columns(job),
-    }
+    if outcome.stop_reason == "lease":
+        return  # the reaper already recorded this job as lost or requeued
+    end = _run_end(job, outcome, folder)
+    usage = outcome.usage.columns(job)
     for attempt in range(RECORD_TRIES):
         try:
-            _record_end(store, job, outcome, folder, common, exit_code, detail, now)
+            with store.transaction() as db:
+                store.finish_run(db, job, end, **usage)
             return
+        except (IllegalTransition, JobNotFound):
+            return  # the job was reaped (lease expired) while this supervisor was stalled
         except LedgerUnavailable:
             # the disk is full even past the reserve: keep trying while the lease lasts
             # (after that the reaper records the job as lost, and says why)
             time.sleep(min(2.0**attempt, 5.0))
 
 
-def _record_end(
-    store: Store,
-    job: JobInfo,
-    outcome: Outcome,
-    folder: Path,
-    common: dict[str, Any],
-    exit_code: int | None,
-    detail: str,
-    now: float,
-) -> None:
+def _run_end(job: JobInfo, outcome: Outcome, folder: Path) -> RunEnd:
+    """How this run ended, from why it was stopped, its exit status and what it left."""
+    exit_code, term_signal, detail = _describe_status(outcome.status, folder)
     reason = outcome.stop_reason
-    try:
-        with store.transaction() as db:
-            if reason == "cancel":
-                to, why = "cancelled", "cancelled by user"
-            elif reason == "preempt":
-                to, why = "preempted", "requeued after preemption"
-                common.update(
-                    placement=None,
-                    supervisor_pid=None,
-                    job_pid=None,
-                    preempt_requested=0,
-                    preemptions=job.preemptions + 1,
-                )
-            elif reason == "timeout":
-                to, why = "timeout", outcome.detail
-            elif reason == "lease":
-                return  # the reaper already recorded this job as lost or requeued
-            elif reason in ("oom", "rank"):
-                to, why = "failed", outcome.detail
-            elif exit_code == 0 and (job.kind == "command" or (folder / "result.pkl").exists()):
-                to, why = "succeeded", ""
-            else:
-                to, why = "failed", detail
-            if to == "failed" and job.attempts <= job.retries:
-                to = "queued"
-                why = f"retry {job.attempts}/{job.retries} after: {why}"
-                common.update(placement=None, supervisor_pid=None, job_pid=None)
-            if to != "queued" and to != "preempted":
-                common["finished"] = now
-            store.transition_in(db, job.id, to, why, expect=["running"], now=now, **common)
-    except (IllegalTransition, JobNotFound):
-        pass  # the job was reaped (lease expired) while this supervisor was stalled
+    if reason == "cancel":
+        to, why = "cancelled", "cancelled by user"
+    elif reason == "preempt":
+        to, why = "preempted", ""
+    elif reason == "timeout":
+        to, why = "timeout", outcome.detail
+    elif reason in ("oom", "rank"):
+        to, why = "failed", outcome.detail
+    elif exit_code == 0 and (job.kind == "command" or (folder / "result.pkl").exists()):
+        to, why = "succeeded", ""
+    else:
+        to, why = "failed", detail
+    return RunEnd(to, why, exit_code=exit_code, term_signal=term_signal)
 
 
 def tick_after(home: str | os.PathLike[str]) -> None:

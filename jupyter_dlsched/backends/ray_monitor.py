@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING, Any
 from ..errors import IllegalTransition, JobNotFound
 from ..runtime import STOP_FILE
 from ..settings import Settings
-from ..store import JobInfo
+from ..store import JobInfo, RunEnd
 from ..units import format_duration
 from .ray_task import write_atomic
 
@@ -347,7 +347,7 @@ class RayMonitor:
                 to, why = ("succeeded", "") if code == 0 else ("failed", f"exit code {code}")
         elif kind == "error":
             details, pickled = outcome[1], outcome[2]
-            (folder / "error.json").write_text(json.dumps(details))
+            write_atomic(folder / "error.json", json.dumps(details).encode())
             if pickled is not None:
                 write_atomic(folder / "error.pkl", pickled)
             first = (details["message"].strip().splitlines() or [""])[0]
@@ -357,32 +357,14 @@ class RayMonitor:
         else:  # "failed" or "lost": the task did not report an outcome of its own
             to, why = kind, outcome[1]
             if kind == "failed" and len(outcome) > 2 and outcome[2]:
-                (folder / "error.json").write_text(json.dumps(outcome[2]))
-        common: dict[str, Any] = {
-            "exit_code": exit_code,
-            "term_signal": term_signal,
-            "attained": job.attained + max(0.0, now - (job.started or now)) * job.gpus,
-            "lease_expires": None,
-        }
+                write_atomic(folder / "error.json", json.dumps(outcome[2]).encode())
         if run.stop_reason == "cancel":
             to, why = "cancelled", "cancelled by user"
         elif run.stop_reason == "preempt":
-            to, why = "preempted", "requeued after preemption"
-            common.update(
-                placement=None,
-                supervisor_pid=None,
-                job_pid=None,
-                preempt_requested=0,
-                preemptions=job.preemptions + 1,
-            )
+            to, why = "preempted", ""
         elif run.stop_reason == "timeout":
             to, why = "timeout", run.detail
-        if to in ("failed", "lost") and kind != "rejected" and job.attempts <= job.retries:
-            why = f"retry {job.attempts}/{job.retries} after: {why}"
-            to = "queued"
-            common.update(placement=None, supervisor_pid=None, job_pid=None)
-        if to not in ("queued", "preempted"):
-            common["finished"] = now
+        end = RunEnd(to, why, exit_code, term_signal, retry=kind != "rejected")
         try:
             with store.transaction() as db:
                 row = db.execute(
@@ -390,7 +372,7 @@ class RayMonitor:
                 ).fetchone()
                 if row is None or tuple(row) != (job.attempts, os.getpid()):
                     return  # reaped while this monitor was stalled; the ledger moved on
-                store.transition_in(db, job.id, to, why, expect=["running"], now=now, **common)
+                store.finish_run(db, job, end, now)
         except (IllegalTransition, JobNotFound):
             pass
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import private
 from ..errors import IllegalTransition, JobNotFound
+from ..schema import RunEnd
 from .slurm_track import SLURM_FILE, MonitorBase, Track
 
 
@@ -85,40 +86,46 @@ class SlurmRecorder(MonitorBase):
             to, why = "cancelled", "cancelled by user"
         elif track.stop_reason == "timeout" and to != "succeeded":
             to, why = "timeout", track.detail
-        common: dict[str, Any] = {
-            "exit_code": exit_code,
-            "term_signal": term_signal,
-            "lease_expires": None,
-            "supervisor_pid": None,
-            "attained": job.attained + max(0.0, finished - (job.started or finished)) * job.gpus,
-        }
-        if to in ("failed", "lost") and job.attempts <= job.retries and job.state == "running":
-            why, to = f"retry {job.attempts}/{job.retries} after: {why}", "queued"
-            common.update(placement=None, job_pid=None)
-            with contextlib.suppress(OSError):
-                (folder / SLURM_FILE).unlink()
-        else:
-            common["finished"] = finished
-        if to == "queued":
-            self._note(track, why)
+        # a job can end before this monitor saw it start: then no retry (it never ran here)
+        end = RunEnd(to, why, exit_code, term_signal, retry=job.state == "running")
+        moved = None
         with contextlib.suppress(IllegalTransition, JobNotFound), store.transaction() as db:
             row = db.execute(
                 "SELECT state, supervisor_pid FROM jobs WHERE id=?", (job.id,)
             ).fetchone()
             if row is None or row[1] != os.getpid():
                 return  # taken over meanwhile; the ledger moved on
-            if row[0] != "running" and to not in ("cancelled", "failed"):
-                # it ended before we saw it start: mark the start first
+            if row[0] != "running" and to in ("cancelled", "failed"):
                 store.transition_in(
                     db,
                     job.id,
-                    "running",
-                    "",
+                    to,
+                    why,
                     now=finished,
-                    started=finished,
-                    attempts=job.attempts + 1,
+                    finished=finished,
+                    exit_code=exit_code,
+                    term_signal=term_signal,
+                    lease_expires=None,
+                    supervisor_pid=None,
                 )
-            store.transition_in(db, job.id, to, why, now=finished, **common)
+            else:
+                if row[0] != "running":
+                    # it ended before we saw it start: mark the start first
+                    store.transition_in(
+                        db,
+                        job.id,
+                        "running",
+                        "",
+                        now=finished,
+                        started=finished,
+                        attempts=job.attempts + 1,
+                    )
+                    job = store.get(job.id)
+                moved = store.finish_run(db, job, end, finished, supervisor_pid=None)
+        if moved == "queued":
+            with contextlib.suppress(OSError):
+                (folder / SLURM_FILE).unlink()
+            self._note(track, store.get(job.id).reason)
         self._last_change = time.monotonic()
         assert self.backend.scheduler is not None
         self.backend.scheduler.wake()

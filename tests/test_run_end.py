@@ -1,0 +1,74 @@
+"""One rule for how a run's end moves its job on, whichever runner saw it end."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_dlsched.errors import SpecError
+from jupyter_dlsched.policy import Decisions
+from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.schema import RunEnd, end_of_run
+
+
+class Hold:
+    """A policy that starts nothing: the test alone moves these jobs."""
+
+    name = "hold"
+
+    def __call__(self, queued, running, capacity, now):
+        return Decisions()
+
+
+@pytest.fixture
+def sched(home):
+    with Scheduler(home, policy=Hold(), loop=False) as s:
+        yield s
+
+
+def running_job(sched, **columns):
+    job = sched.submit(print, "x", retries=columns.pop("retries", 0))
+    columns = {"state": "running", "started": 100.0, "attempts": 1, "gpus": 1.0, **columns}
+    sched.store.update(job.id, **columns)
+    return sched.info(job.id)
+
+
+def test_a_failed_run_is_retried_while_retries_are_left_then_fails(sched):
+    job = running_job(sched, retries=1)
+    to, why, columns = end_of_run(job, RunEnd("failed", "exit code 3", exit_code=3), 110.0)
+    assert (to, why) == ("queued", "retry 1/1 after: exit code 3")
+    assert columns["placement"] is None and "finished" not in columns
+    assert columns["attained"] == 10.0 and columns["exit_code"] == 3
+
+    last = running_job(sched, retries=1, attempts=2)
+    to, why, columns = end_of_run(last, RunEnd("failed", "exit code 3"), 110.0)
+    assert (to, why, columns["finished"]) == ("failed", "exit code 3", 110.0)
+
+
+def test_a_lost_run_is_retried_like_a_failed_one_but_a_refused_one_is_not(sched):
+    job = running_job(sched, retries=2)
+    assert end_of_run(job, RunEnd("lost", "lost: node died"), 101.0)[0] == "queued"
+    assert end_of_run(job, RunEnd("failed", "cannot run here", retry=False), 101.0)[0] == "failed"
+
+
+def test_preemption_requeues_and_counts_cancel_and_success_finish(sched):
+    job = running_job(sched)
+    to, why, columns = end_of_run(job, RunEnd("preempted"), 105.0)
+    assert (to, why) == ("preempted", "requeued after preemption")
+    assert columns["preemptions"] == 1 and columns["preempt_requested"] == 0
+    assert end_of_run(job, RunEnd("cancelled"), 105.0)[1] == "cancelled by user"
+    assert end_of_run(job, RunEnd("succeeded"), 105.0)[2]["finished"] == 105.0
+    with pytest.raises(ValueError):
+        end_of_run(job, RunEnd("queued"), 105.0)
+
+
+def test_the_store_applies_the_rule_and_keeps_what_the_runner_measured(sched):
+    job = running_job(sched, retries=1)
+    with sched.store.transaction() as db:
+        assert sched.store.finish_run(db, job, RunEnd("failed", "boom"), 120.0, cpu_time=2.5)
+    after = sched.info(job.id)
+    assert (after.state, after.reason, after.cpu_time) == ("queued", "retry 1/1 after: boom", 2.5)
+
+
+def test_an_inline_job_refuses_retries_because_it_runs_once_in_this_process(sched):
+    with pytest.raises(SpecError, match="runs once"):
+        sched.submit_inline(lambda info: None, retries=2)
