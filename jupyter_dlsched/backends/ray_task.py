@@ -25,13 +25,13 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .. import private
 from ..runtime import run_payload
+from .remote_task import adopt_submit_context, error_outcome
 
 TASK_FLUSH_SECONDS = 0.2
 PR_SET_PDEATHSIG = 1
@@ -87,17 +87,7 @@ def _job_context(task: dict[str, Any], gpus: list[str], fd: int) -> Iterator[Non
     try:
         os.environ.update(task["env"])
         os.environ["DLSCHED_DEVICES"] = ",".join(gpus)
-        home = task["home"]
-        if os.path.exists(os.path.join(home, "ledger.sqlite")):
-            os.environ["DLSCHED_HOME"] = home  # progress() reaches the ledger on a shared disk
-        else:
-            os.environ.pop("DLSCHED_HOME", None)
-        cwd = task.get("cwd")
-        if cwd and os.path.isdir(cwd):
-            os.chdir(cwd)
-        for entry in reversed(task.get("sys_path") or []):
-            if entry not in sys.path and os.path.isdir(entry):
-                sys.path.insert(0, entry)
+        adopt_submit_context(task)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
@@ -141,30 +131,17 @@ class _PythonJob:
         except SystemExit as stop:
             if stop.code not in (0, None):
                 code = stop.code if isinstance(stop.code, int) else 1
-                self.outcome = _error_outcome(stop, code)
+                self.outcome = error_outcome(stop, code)
                 return
             result = None
         except BaseException as error:
-            self.outcome = _error_outcome(error, 1)
+            self.outcome = error_outcome(error, 1)
             return
         try:
             self.outcome = ("result", cloudpickle.dumps(result))
         except Exception as error:
             wrapped = TypeError(f"the job's result could not be pickled: {error}")
-            self.outcome = _error_outcome(wrapped, 1)
-
-
-def _error_outcome(error: BaseException, code: int) -> tuple[Any, ...]:
-    import cloudpickle
-
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    sys.stderr.write(text)
-    details = {"type": type(error).__name__, "message": str(error), "traceback": text}
-    try:
-        pickled: bytes | None = cloudpickle.dumps(error)
-    except Exception:
-        pickled = None
-    return ("error", details, pickled, code)
+            self.outcome = error_outcome(wrapped, 1)
 
 
 class _CommandJob:

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from ..runtime import run_payload
-from .ray_task import _error_outcome
+from .remote_task import adopt_submit_context, error_outcome
 
 # a job on one node talks to its ranks over loopback; the port is derived from the
 # SLURM job id so two jobs sharing a node do not pick the same one
@@ -51,31 +51,21 @@ def run_task(task: dict[str, Any]) -> tuple[Any, ...]:
     os.environ["DLSCHED_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if task.get("distributed"):
         os.environ.update(torchrun_environment(dict(os.environ)))
-    home = task["home"]
-    if os.path.exists(os.path.join(home, "ledger.sqlite")):
-        os.environ["DLSCHED_HOME"] = home  # progress() reaches the ledger on a shared disk
-    else:
-        os.environ.pop("DLSCHED_HOME", None)
-    cwd = task.get("cwd")
-    if cwd and os.path.isdir(cwd):
-        os.chdir(cwd)
-    for entry in reversed(task.get("sys_path") or []):
-        if entry not in sys.path and os.path.isdir(entry):
-            sys.path.insert(0, entry)
+    adopt_submit_context(task)
     import cloudpickle
 
     try:
         result = run_payload(task["payload"])
     except SystemExit as stop:
         if stop.code not in (0, None):
-            return _error_outcome(stop, stop.code if isinstance(stop.code, int) else 1)
+            return error_outcome(stop, stop.code if isinstance(stop.code, int) else 1)
         result = None
     except BaseException as error:
-        return _error_outcome(error, 1)
+        return error_outcome(error, 1)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
     try:
         return ("result", cloudpickle.dumps(result))
     except Exception as error:
-        return _error_outcome(TypeError(f"the job's result could not be pickled: {error}"), 1)
+        return error_outcome(TypeError(f"the job's result could not be pickled: {error}"), 1)
