@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,25 @@ def other_user() -> Iterator[OtherUser]:
     finally:
         subprocess.run(["pkill", "-KILL", "-u", name], check=False)
         subprocess.run(["userdel", name], check=False)
+
+
+@contextmanager
+def small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (for disk-full tests), unmounted after.
+
+    Skips the test without root (CI runs as root) or where mounting is not allowed.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

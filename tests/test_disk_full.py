@@ -7,13 +7,13 @@ The state folder lives on a small tmpfs (mounting needs root; CI runs as root).
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import small_disk
 
 from jupyter_dlsched import launcher
 from jupyter_dlsched.errors import LedgerUnavailable
@@ -24,27 +24,16 @@ MiB = 2**20
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A 24 MiB tmpfs holding DLSCHED_HOME, unmounted after."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    home = mount / "home"
-    monkeypatch.setenv("DLSCHED_HOME", str(home))
-    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
-    try:
-        yield home
-    finally:
-        launcher.stop(home)
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+def small_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A 24 MiB tmpfs holding DLSCHED_HOME."""
+    with small_disk(tmp_path / "disk", "24m") as mount:
+        home = mount / "home"
+        monkeypatch.setenv("DLSCHED_HOME", str(home))
+        monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+        try:
+            yield home
+        finally:
+            launcher.stop(home)
 
 
 def print_forever() -> None:
@@ -67,42 +56,42 @@ def fill(path: Path) -> None:
             pass
 
 
-def test_the_job_that_fills_the_disk_fails_saying_so_and_the_queue_goes_on(small_disk, caplog):
-    with caplog.at_level(logging.WARNING), Scheduler(small_disk, lease_ttl=3.0) as s:
-        assert (small_disk / RESERVE_NAME).stat().st_size == RESERVE_BYTES
+def test_the_job_that_fills_the_disk_fails_saying_so_and_the_queue_goes_on(small_home, caplog):
+    with caplog.at_level(logging.WARNING), Scheduler(small_home, lease_ttl=3.0) as s:
+        assert (small_home / RESERVE_NAME).stat().st_size == RESERVE_BYTES
         spewer = s.submit(print_forever)
         spewer.wait(timeout=120)
         info = s.info(spewer.id)
         assert info.state == "failed"
         assert "no space left on device" in info.reason
         # the reserve let the ledger record that; a job that needs no disk still runs
-        assert not (small_disk / RESERVE_NAME).exists()
+        assert not (small_home / RESERVE_NAME).exists()
         assert s.submit(answer).result(timeout=60) == 42
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], "no tracebacks from the scheduler loop on a full disk"
 
 
-def test_submitting_to_a_full_disk_is_a_clear_error_and_writes_nothing(small_disk):
-    with Scheduler(small_disk, loop=False) as s:
+def test_submitting_to_a_full_disk_is_a_clear_error_and_writes_nothing(small_home):
+    with Scheduler(small_home, loop=False) as s:
         before = s.store.count_jobs()
-        (small_disk / RESERVE_NAME).unlink()
-        fill(small_disk / "ballast")
+        (small_home / RESERVE_NAME).unlink()
+        fill(small_home / "ballast")
         big = b"x" * (2 * MiB)  # more than the ledger's journal holds already
         with pytest.raises(LedgerUnavailable, match="the disk is full") as caught:
             s.submit(len, big)
         assert "Free some space" in str(caught.value)
         assert s.store.count_jobs() == before
 
-        (small_disk / "ballast").unlink()
+        (small_home / "ballast").unlink()
         s.store.reserve.refill()
-        assert (small_disk / RESERVE_NAME).exists(), "the reserve comes back with the space"
+        assert (small_home / RESERVE_NAME).exists(), "the reserve comes back with the space"
         assert s.submit(len, big).id
 
 
-def test_the_cli_says_in_one_line_that_the_disk_is_full(small_disk):
-    Scheduler(small_disk, loop=False).close()
-    (small_disk / RESERVE_NAME).unlink()
-    fill(small_disk / "ballast")
+def test_the_cli_says_in_one_line_that_the_disk_is_full(small_home):
+    Scheduler(small_home, loop=False).close()
+    (small_home / RESERVE_NAME).unlink()
+    fill(small_home / "ballast")
     dlsched = str(Path(sys.executable).with_name("dlsched"))
     long_argv = ["python3", "-c", "pass", *(["x" * 1000] * 1200)]
     done = subprocess.run(

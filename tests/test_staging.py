@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import small_disk
 
 import jupyter_dlsched as dls
 from jupyter_dlsched import launcher
@@ -246,22 +247,9 @@ def test_data_outside_a_job_says_how_to_declare_it() -> None:
 
 @pytest.fixture
 def small_cache(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs to hold the cache, unmounted after (mounting needs root; CI runs as root)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs for the cache (CI runs as root)")
-    mount = tmp_path / "cachefs"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    """An 8 MiB tmpfs to hold the cache."""
+    with small_disk(tmp_path / "cachefs", "8m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_fails_the_job_and_frees_the_partial_copy(
