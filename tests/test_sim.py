@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from jupyter_dlsched.policy import LasPolicy
+from jupyter_dlsched.policy import LasPolicy, get_policy
 from jupyter_dlsched.sim import (
     SimulationError,
     TraceError,
@@ -398,3 +400,70 @@ def test_rows_say_when_a_policy_read_what_only_a_replay_knows():
     assert labels == ["sjf (exact limits)", "srtf (oracle)", "las"]
     guessed = compare(trace, ["sjf"], gpus=1, time_limits=2.0).rows
     assert guessed[0]["policy"] == "sjf"
+
+
+# the kept rank index (simulator's fast path) decides exactly as ranking every job afresh
+
+
+class _RankedAfresh:
+    """A policy shown its running jobs as a plain list: no kept index, every rank recomputed."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("inner", "running_ranks"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __call__(self, queued, running, capacity, now):
+        return self.inner(queued, list(running), capacity, now)
+
+
+_job = st.tuples(
+    st.integers(0, 400),  # submit
+    st.sampled_from([1, 1, 1, 2, 4]),  # GPUs
+    st.integers(1, 900),  # duration
+    st.sampled_from(["ana", "bo"]),  # owner: gittins learns per owner
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(_job, min_size=1, max_size=40),
+    name=st.sampled_from(["las", "srtf", "gittins"]),
+    gpus=st.sampled_from([4, 8]),
+    nodes=st.sampled_from([1, 2]),
+    grace=st.sampled_from([0.0, 20.0]),
+)
+def test_the_kept_rank_index_makes_the_same_decisions_as_ranking_afresh(
+    rows, name, gpus, nodes, grace
+):
+    trace = [TraceJob(f"j{i}", s, g, float(d), o) for i, (s, g, d, o) in enumerate(rows)]
+    params = {
+        "las": {"thresholds": (300.0, 1200.0)},  # crossed within these short jobs
+        "srtf": {},
+        "gittins": {"group_min": 3, "quantum": 30.0, "window": 8},  # learns and re-ranks often
+    }[name]
+    options = {"nodes": nodes, "grace": grace, "restart_overhead": 5.0}
+    fast = simulate(trace, get_policy(name, **params), gpus, **options)
+    afresh = simulate(trace, _RankedAfresh(get_policy(name, **params)), gpus, **options)
+    assert fast.jobs == afresh.jobs
+    assert fast.policy_calls == afresh.policy_calls
+    assert fast.timeline == afresh.timeline
+
+
+def test_a_replay_keeps_ranks_only_for_policies_that_offer_them():
+    trace = [TraceJob("a", 0, 1, 4000.0), TraceJob("b", 10, 1, 50.0)]
+    seen = []
+
+    class Spy(LasPolicy):
+        def __call__(self, queued, running, capacity, now):
+            seen.append(getattr(running, "ranks", None))
+            return super().__call__(queued, running, capacity, now)
+
+    simulate(trace, Spy(thresholds=(100.0,)), gpus=1)
+    assert seen and all(r is not None and r.policy is not None for r in seen)
+    seen.clear()
+    simulate(trace, Spy(thresholds=(100.0,), promote_after=3600.0), gpus=1)
+    assert seen and all(r is None for r in seen)  # the starvation guard plans without an index

@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from ..placement import place
-from ..resources import Capacity, Placement, Request
+from ..resources import Capacity, GpuFree, Placement, Request
 from ..units import format_size
 
 
@@ -220,6 +220,19 @@ class PresortedQueue(list[QueuedJob]):
         self.sizes = sizes
 
 
+class RunningSet(list[RunningJob]):
+    """Running jobs with their ``ranks``, an index the caller keeps as jobs start and stop.
+
+    The simulator passes one of these to a policy that offers ``running_ranks()``
+    (see ``jupyter_dlsched.policy.ranks``), so that a pool of hundreds of running
+    jobs is not ranked afresh on every event.
+    """
+
+    def __init__(self, jobs: Iterable[RunningJob] = (), ranks: Any = None) -> None:
+        super().__init__(jobs)
+        self.ranks = ranks
+
+
 def smallest_size(queued: Sequence[QueuedJob]) -> int:
     """The fewest whole GPUs any job of a ``gpu_only`` queue asks for (1 when unknown)."""
     sizes = getattr(queued, "sizes", None)
@@ -277,3 +290,79 @@ class Room:
         other = Room.__new__(Room)
         other.capacity, other.whole = self.capacity, self.whole
         return other
+
+    @property
+    def gpus(self) -> Sequence[GpuFree]:
+        return self.capacity.gpus
+
+    @property
+    def indexed(self) -> bool:
+        """Whether GPU ``i`` sits at position ``i`` (then a GPU is found without a search)."""
+        return all(g.index == i for i, g in enumerate(self.capacity.gpus))
+
+
+class GangRoom:
+    """A ``Room`` for whole GPUs on a pool of hundreds, changed in place.
+
+    ``Room`` copies the pool's GPUs on every grant; planning a pool of 512 GPUs
+    by rank grants and returns hundreds of running jobs' GPUs per decision, so
+    here a grant touches only its own GPUs and the ``Capacity`` that placement
+    reads is built only when asked. Needs GPU ``i`` at position ``i`` and
+    placements without CPU cores or memory (a ``gpu_only`` queue's); same
+    answers as ``Room`` otherwise.
+
+    >>> room = GangRoom(Capacity.empty(n_gpus=2, gpu_mem=16 * 2**30, cpus=0, mem=0))
+    >>> room.take(room.place(Request(gpus=2, cpus=0)))
+    >>> room.whole, room.place(Request(gpus=1, cpus=0))
+    (0, None)
+    """
+
+    __slots__ = ("_base", "_capacity", "gpus", "whole")
+    indexed = True
+
+    def __init__(self, capacity: Capacity) -> None:
+        self._base = capacity
+        self._capacity: Capacity | None = capacity
+        self.gpus = list(capacity.gpus)
+        self.whole = capacity.free_whole_gpus
+
+    @property
+    def capacity(self) -> Capacity:
+        if self._capacity is None:
+            base = self._base
+            self._capacity = Capacity(
+                tuple(self.gpus), base.cpu_load, base.mem_free, base.mem_total
+            )
+        return self._capacity
+
+    def place(self, request: Request) -> Placement | None:
+        if request.whole_gpus > self.whole:
+            return None
+        return place(request, self.capacity)
+
+    def take(self, placement: Placement) -> None:
+        self._apply(placement, +1)
+
+    def give_back(self, placement: Placement) -> None:
+        self._apply(placement, -1)
+
+    def _apply(self, placement: Placement, sign: int) -> None:
+        # the arithmetic of Capacity.take / give_back, on the granted GPUs only
+        if placement.shared or placement.cpus or placement.mem:
+            raise ValueError("GangRoom holds whole GPUs only; use Room for shares, cores, memory")
+        gpus, known = self.gpus, _GPU_STATES
+        for i, mem in zip(placement.gpus, placement.gpu_mem, strict=False):
+            g = gpus[i]
+            state = (g.index, g.mem_total, g.mem_free - sign * mem, g.jobs + sign, g.group)
+            card = known.get(state)
+            if card is None:
+                if len(known) > 100_000:
+                    known.clear()
+                card = known[state] = GpuFree(*state)
+            gpus[i] = card
+        self.whole -= sign * len(placement.gpus)
+        self._capacity = None
+
+
+# A plan grants and returns the same few states of each GPU over and over: share the objects.
+_GPU_STATES: dict[tuple[int, int, int, int, int | None], GpuFree] = {}

@@ -30,6 +30,7 @@ from statistics import NormalDist
 
 from .base import FinishedJob, QueuedJob, RunningJob
 from .ranked import RankedPolicy
+from .ranks import RunningRanks, StepRanks
 
 # quantiles kept per index table: the index has the same shape, at a fraction of the cost
 _QUANTILES = 400
@@ -342,3 +343,21 @@ class GittinsPolicy(RankedPolicy):
                 if change < wake:
                     wake = change
         return victims, (None if wake == math.inf else wake)
+
+    def running_ranks(self) -> RunningRanks | None:
+        # a job's index changes only when its service crosses a point of its table's grid;
+        # a new index is needed whenever model_version changes
+        if self.promote_after is not None:
+            return None
+        by_table: dict[int, tuple[_Table, list[float]]] = {}
+
+        def steps(job: RunningJob) -> tuple[list[float], list[float]]:
+            table = self.table_for(job.owner, job.name)
+            found = by_table.get(id(table))
+            if found is None:
+                # rank in cell c (grid[c - 1] <= service < grid[c]) is -index[c - 1]
+                ranks = [-table.index[0]] + [-x for x in table.index]
+                found = by_table[id(table)] = (table, ranks)  # holding the table keeps its id
+            return found[0].grid, found[1]
+
+        return StepRanks(self, steps)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .base import QueuedJob, RunningJob
 from .ranked import RankedPolicy
+from .ranks import RunningRanks, StepRanks
 
 
 @dataclass
@@ -88,3 +89,10 @@ class LasPolicy(RankedPolicy):
                 if change < wake:
                     wake = change
         return victims, (None if wake == float("inf") else wake)
+
+    def running_ranks(self) -> RunningRanks | None:
+        # a job's level changes only when its service crosses a threshold
+        if self.promote_after is not None:
+            return None
+        levels = tuple(range(len(self.thresholds) + 1))
+        return StepRanks(self, lambda job: (self.thresholds, levels))

@@ -18,6 +18,7 @@ from typing import Any
 from ..resources import Capacity, Placement
 from .base import (
     Decisions,
+    GangRoom,
     Preempt,
     QueuedJob,
     Room,
@@ -29,6 +30,7 @@ from .base import (
     smallest_size,
     submit_order,
 )
+from .ranks import RunningRanks
 
 
 class RankedPolicy:
@@ -75,6 +77,10 @@ class RankedPolicy:
                     wake = change
         return victims, wake
 
+    def running_ranks(self) -> RunningRanks | None:
+        """An index of running jobs by rank that a caller may keep for this policy, if any."""
+        return None
+
     def blocked_reason(self, head: QueuedJob) -> str:
         return f"behind {head.id} (first in line)"
 
@@ -97,7 +103,17 @@ class RankedPolicy:
             ordered, promotion = self._promote(
                 ordered, running, capacity, now - promote_after, promoted, protected
             )
-        if self.preempt and ordered:
+        ranks = getattr(running, "ranks", None)
+        if (
+            self.preempt
+            and ordered
+            and lean
+            and promote_after is None
+            and ranks is not None
+            and ranks.covers(self, running)
+        ):
+            self._decide_by_index(queued, ordered, running, ranks, capacity, now, out)
+        elif self.preempt and ordered:
             victims, wake = self.rank_running(running, now)
             if protected:
                 victims = [v for v in victims if v[2].id not in protected]
@@ -115,6 +131,74 @@ class RankedPolicy:
         if promotion is not None and promotion > now:
             out.wake_at = promotion if out.wake_at is None else min(out.wake_at, promotion)
         return out
+
+    def _decide_by_index(
+        self,
+        queued: Sequence[QueuedJob],
+        ordered: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        ranks: RunningRanks,
+        capacity: Capacity,
+        now: float,
+        out: Decisions,
+    ) -> None:
+        """The decision of ``__call__``, with running jobs ranked by a kept index.
+
+        Until a waiting job is planned over victims, planning by rank starts
+        exactly the jobs first fit starts (a started job takes only free GPUs,
+        which no running job holds). So the pool is planned in full only when
+        some waiting job that does not fit now would fit once every victim
+        ranked worse than it let go; otherwise first fit is the plan.
+        """
+        smallest = smallest_size(queued)
+        if ranks.worse(self.queued_rank(ordered[0]), now)[0] == 0:
+            self._first_fit(queued, ordered, capacity, True, out)
+        elif self._first_fit_unless_planned(ordered, ranks, capacity, now, smallest, out):
+            victims, _ = self.rank_running(running, now)
+            room = GangRoom if _indexed(capacity.gpus) else Room
+            self._plan_by_rank(ordered, running, victims, capacity, out, set(), smallest, room)
+        out.wake_at = ranks.wake(now)
+
+    def _first_fit_unless_planned(
+        self,
+        ordered: Sequence[QueuedJob],
+        ranks: RunningRanks,
+        capacity: Capacity,
+        now: float,
+        smallest: int,
+        out: Decisions,
+    ) -> bool:
+        """First fit into ``out``; True (and nothing in ``out``) if planning by rank would differ.
+
+        A waiting job that does not fit now is planned when the GPUs free now, those
+        of stopping jobs and those of victims ranked worse than it are enough. Those
+        can only shrink further down the queue, so the walk ends once they are fewer
+        than the smallest job asks for.
+        """
+        room = Room(capacity)
+        starts: list[Start] = []
+        blocked = False
+        last: float | None = None
+        worse = 0
+        for job in ordered:
+            rank = self.queued_rank(job)
+            if rank != last:
+                last, worse = rank, ranks.worse(rank, now)[1]
+            reachable = room.whole + ranks.stopping_gpus + worse
+            if reachable < smallest:
+                break
+            if blocked and not self.skip:
+                break
+            placement = room.place(job.request)
+            if placement is None:
+                if job.request.whole_gpus <= reachable:
+                    return True
+                blocked = True
+                continue
+            room.take(placement)
+            starts.append(Start(job.id, placement))
+        out.starts.extend(starts)
+        return False
 
     def _promote(
         self,
@@ -208,6 +292,7 @@ class RankedPolicy:
         out: Decisions,
         promoted: set[str],
         smallest: int,
+        room: type[Room] | type[GangRoom] = Room,
     ) -> None:
         """Choose the jobs that should hold the pool, by rank, then act on the difference.
 
@@ -220,8 +305,8 @@ class RankedPolicy:
         higher-ranked one needs (textbook SRTF / LAS), and nobody is stopped for a
         job that could not start anyway.
         """
-        now_room = Room(capacity)
-        plan = Room(capacity)
+        now_room = room(capacity)
+        plan = room(capacity)
         for r in running:
             if r.stopping:
                 plan.give_back(r.placement)
@@ -307,10 +392,10 @@ def _victims_for(
     return chosen
 
 
-def _fits(room: Room, placement: Placement) -> bool:
+def _fits(room: Room | GangRoom, placement: Placement) -> bool:
     """Whether ``placement``'s devices are all still free in ``room``."""
-    gpus = room.capacity.gpus
-    by_index = {g.index: g for g in gpus} if not _indexed(gpus) else None
+    gpus = room.gpus
+    by_index = {g.index: g for g in gpus} if not room.indexed else None
     for i, mem in zip(placement.gpus, placement.gpu_mem, strict=False):
         g = gpus[i] if by_index is None else by_index.get(i)
         if g is None:
@@ -327,7 +412,7 @@ def _indexed(gpus: Sequence[Any]) -> bool:
     return all(g.index == i for i, g in enumerate(gpus))
 
 
-def _keep_or_displace(job: RunningJob, plan: Room, displaced: list[RunningJob]) -> None:
+def _keep_or_displace(job: RunningJob, plan: Room | GangRoom, displaced: list[RunningJob]) -> None:
     """A running job keeps its devices in the plan if nobody better-ranked took them."""
     if _fits(plan, job.placement):
         plan.take(job.placement)
@@ -335,9 +420,9 @@ def _keep_or_displace(job: RunningJob, plan: Room, displaced: list[RunningJob]) 
         displaced.append(job)
 
 
-def _reserve(room: Room, planned: Placement) -> None:
+def _reserve(room: Room | GangRoom, planned: Placement) -> None:
     """Hold back, in what is free now, the devices a job waiting for its victims will use."""
-    gpus = room.capacity.gpus
+    gpus = room.gpus
     part = [
         (i, mem)
         for i, mem in zip(planned.gpus, planned.gpu_mem, strict=False)

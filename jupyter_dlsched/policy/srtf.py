@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .base import QueuedJob, RunningJob
 from .ranked import RankedPolicy
+from .ranks import RemainingRanks, RunningRanks
 
 
 @dataclass
@@ -73,3 +74,6 @@ class SrtfPolicy(RankedPolicy):
                 rank = left * max(r.request.gpus, 1.0)
             victims.append((-rank, -r.seq, r))
         return victims, None
+
+    def running_ranks(self) -> RunningRanks | None:
+        return RemainingRanks(self)

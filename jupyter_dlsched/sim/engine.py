@@ -32,7 +32,7 @@ from typing import Any
 
 from ..errors import DlschedError
 from ..policy import FinishedJob, PresortedQueue, QueuedJob, RunningJob, get_policy, submit_order
-from ..policy.base import Policy
+from ..policy.base import Policy, RunningSet
 from ..resources import Capacity, GpuFree, Placement, Request
 from .trace import TraceJob
 
@@ -212,6 +212,9 @@ class _Replay:
         self.queue = PresortedQueue(
             key=self.key, gpu_only=whole, uniform_priority=uniform, sizes=self.sizes
         )
+        # running jobs kept by rank for a preemptive policy that offers an index
+        self.ranks_factory = getattr(policy, "running_ranks", None) if whole else None
+        self.ranks = self.ranks_factory() if callable(self.ranks_factory) else None
         self.requests: dict[float, Request] = {}
         self.learns = callable(getattr(policy, "learn", None))
         self.finished_now: list[FinishedJob] = []
@@ -241,7 +244,7 @@ class _Replay:
         self.held = [0.0] * n
         self.calls = 0
         self._capacity: Capacity | None = None
-        self._running_list: list[RunningJob] | None = None
+        self._running_list: RunningSet | None = None
 
     def run(self) -> SimResult:
         trace, heap = self.trace, self.heap
@@ -302,6 +305,11 @@ class _Replay:
         if version != self.model_version:
             self.model_version = version
             self.queue.sort(key=self.key)
+            if self.ranks is not None:
+                self.ranks = self.ranks_factory()  # type: ignore[misc]
+                for job in self.running.values():
+                    self.ranks.add(job)
+                self._running_list = None
 
     def _decide(self, t: float) -> None:
         for _ in range(16):  # released victims free room at once: ask again at the same moment
@@ -309,7 +317,7 @@ class _Replay:
                 gpus = tuple(self.gpu_state)
                 self._capacity = _PoolCapacity(gpus, (), 0, 0, gpus, self.n_gpus - self.occupied)
             if self._running_list is None:
-                self._running_list = list(self.running.values())
+                self._running_list = RunningSet(self.running.values(), self.ranks)
             decisions = self.policy(self.queue, self._running_list, self._capacity, t)
             self.calls += 1
             for start in decisions.starts:
@@ -374,7 +382,7 @@ class _Replay:
         self.run_length[seq] = length
         if math.isnan(self.first_start[seq]):
             self.first_start[seq] = t
-        self.running[job_id] = RunningJob(
+        job = self.running[job_id] = RunningJob(
             id=job_id,
             seq=seq,
             submitted=queued.submitted,
@@ -389,6 +397,8 @@ class _Replay:
             remaining=length,
             name=queued.name,
         )
+        if self.ranks is not None:
+            self.ranks.add(job)
         heapq.heappush(self.heap, (t + length, _FINISH, seq, self.token[seq]))
 
     def _preempt(self, job_id: str, t: float) -> bool:
@@ -403,7 +413,10 @@ class _Replay:
         if self.grace <= 0:
             self._end_run(job.seq, t, finished=False)
             return True
-        self.running[job_id] = replace(job, stopping=True)
+        stopping = self.running[job_id] = replace(job, stopping=True)
+        if self.ranks is not None:
+            self.ranks.remove(job)
+            self.ranks.add(stopping)
         self._running_list = None
         if t + self.grace < self.run_start[job.seq] + self.run_length[job.seq]:
             heapq.heappush(self.heap, (t + self.grace, _RELEASE, job.seq, self.token[job.seq]))
@@ -412,6 +425,8 @@ class _Replay:
     def _end_run(self, seq: int, t: float, finished: bool) -> None:
         job_id = self.trace[seq].id
         job = self.running.pop(job_id)
+        if self.ranks is not None:
+            self.ranks.remove(job)
         held = self._release(job.request, job.placement)
         self._capacity = self._running_list = None
         elapsed = t - self.run_start[seq]
