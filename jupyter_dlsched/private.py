@@ -138,17 +138,20 @@ def open_append(path: Path) -> int:
 
 
 def create_private(path: Path) -> None:
-    """Make sure ``path`` exists as our own 0600 file (the ledger, before SQLite opens it)."""
+    """Make sure ``path`` is our own 0600 regular file (the ledger, before SQLite opens it).
+
+    An existing file is only looked at (``lstat``), never opened: closing any descriptor
+    of a database file drops every SQLite lock this process holds on it, which lets
+    another process change the file under a connection here (corruption).
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
+    except FileExistsError:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
             raise UnsafeStateFolder(path, "it is a symbolic link") from None
-        raise
-    try:
-        st = os.fstat(fd)
         check_file(path, st)
         if stat.S_IMODE(st.st_mode) & 0o077:
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
+            os.chmod(path, 0o600)
+    else:
+        os.close(fd)  # a file that did not exist a moment ago: no connection holds locks on it

@@ -198,3 +198,28 @@ def test_the_cli_says_in_one_line_why_a_state_folder_is_refused(tmp_path):
     assert "Traceback" not in done.stderr
     assert "other users can write to it" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def read_staged(name: str) -> str:
+    return (Path(dls.data(name)) / "a.txt").read_text()[:3]
+
+
+def test_several_schedulers_in_one_process_never_corrupt_the_ledger(tmp_path, monkeypatch):
+    """Checking the ledger's files must never open and close them: closing any descriptor of
+    a database file drops this process's SQLite locks, and another process then rewrites
+    pages under a connection here ("database disk image is malformed")."""
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+    home, source = tmp_path / "home", tmp_path / "source"
+    source.mkdir()
+    (source / "a.txt").write_text("x" * 100_000)
+    looping = Scheduler(home)
+    submitter = Scheduler(home, loop=False)
+    try:
+        for i in range(5):
+            job = submitter.submit(read_staged, "d", stage_in={"d": str(source)}, name=f"j{i}")
+            assert job.result(timeout=60) == "xxx"
+        assert Store(home).integrity_check() == "ok"
+    finally:
+        looping.close()
+        submitter.close()
+        launcher.stop(home)
