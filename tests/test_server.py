@@ -141,6 +141,49 @@ async def test_the_queue_moves_under_the_server_after_a_cancel_with_no_kernel(
     assert len(started["devices"]) == 1
 
 
+async def test_the_stage_in_cache_is_served_as_the_scheduler_reports_it(
+    jp_fetch: Any, submitter: Scheduler
+) -> None:
+    cache = await get_json(jp_fetch, "cache")
+
+    assert cache == submitter.cache_info()
+    assert (cache["entries"], cache["bytes"], cache["staging"], cache["items"]) == (0, 0, [], [])
+    assert cache["max_bytes"] > 0 and cache["folder"].startswith(str(submitter.home))
+
+
+async def test_the_stage_in_cache_is_served_once_jobs_staged_their_data(
+    jp_fetch: Any, submitter: Scheduler, tmp_path: Path
+) -> None:
+    before = await get_json(jp_fetch, "cache")
+    assert (before["entries"], before["bytes"], before["misses"], before["items"]) == (0, 0, 0, [])
+    data = tmp_path / "shards"
+    data.mkdir()
+    (data / "part-0.bin").write_bytes(b"\x01" * 300_000)
+    (data / "part-1.bin").write_bytes(b"\x02" * 200_000)
+    # each job reads its staged copy and then runs until the test ends
+    code = (
+        "import os, time, jupyter_dlsched as dls\n"
+        "print(sorted(os.listdir(dls.data('train'))), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    argv = [sys.executable, "-c", code]
+    first = submitter.submit_command(argv, cpus=0.5, stage_in={"train": str(data)})
+    await wait_for_state(jp_fetch, first.id, "running", timeout=60)
+    second = submitter.submit_command(argv, cpus=0.5, stage_in={"train": str(data)})
+    await wait_for_state(jp_fetch, second.id, "running", timeout=60)
+
+    # the answer is shared for at most a second while no job changes
+    await asyncio.sleep(1.1)
+    cache = await get_json(jp_fetch, "cache")
+
+    assert cache["entries"] == 1 and cache["bytes"] == 500_000 and cache["in_use"] == 1
+    assert (cache["misses"], cache["hits"], cache["evictions"]) == (1, 1, 0)
+    assert cache["max_bytes"] >= cache["bytes"] and cache["staging"] == []
+    [item] = cache["items"]
+    assert item["source"] == str(data) and item["files"] == 2 and item["in_use"] is True
+    assert cache["folder"] == submitter.cache_info()["folder"]
+
+
 async def get_json_post(jp_fetch: Any, *path: str) -> Any:
     response = await jp_fetch("dlsched", "api", "v1", *path, method="POST", body=b"")
     assert response.code == 200

@@ -11,6 +11,7 @@ import jupyter_dlsched as dls
 from jupyter_dlsched.store import JobInfo
 from jupyter_dlsched.widgets import JobView, dashboard
 from jupyter_dlsched.widgets import format as fmt
+from jupyter_dlsched.widgets.jobview import JOB_MIME
 from jupyter_dlsched.widgets.live import refresher
 
 EVIL = "<img src=x onerror=alert(1)>"
@@ -442,3 +443,17 @@ def test_a_finished_jobs_view_says_what_it_used(sched):
     assert "used: " in html
     assert "GPU-hours" in html and "CPU " in html and "peak RAM" in html
     assert "peak GPU memory" not in html, "simulated GPUs: not measured, so not shown"
+
+
+def test_a_running_jobs_output_names_the_job_for_jupyterlabs_line_and_not_once_ended(
+    sched, tmp_path
+):
+    gate = tmp_path / "go"
+    handle = sched.submit(hold_until, str(gate), cpus=0.5)
+    view = JobView(handle, live=False)
+    wait_for(lambda: refreshed(view, "running"), what="the job to run")
+
+    assert view._repr_mimebundle_()[JOB_MIME] == {"id": handle.id}
+    gate.touch()
+    wait_for(lambda: refreshed(view, "done in"), what="the job to finish")
+    assert JOB_MIME not in view._repr_mimebundle_()

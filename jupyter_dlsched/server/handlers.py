@@ -192,6 +192,12 @@ class PoolHandler(DlschedHandler):
         self.send(self.dlsched.pool_json())
 
 
+class CacheHandler(DlschedHandler):
+    @tornado.web.authenticated
+    def get(self) -> None:
+        self.send(self.dlsched.cache_json())
+
+
 class JobsHandler(DlschedHandler):
     @tornado.web.authenticated
     def get(self) -> None:
@@ -314,6 +320,7 @@ _ID = r"(?P<job_id>[^/]+)"
 HANDLERS: list[tuple[str, type[DlschedHandler]]] = [
     (f"{API_PREFIX}/status", StatusHandler),
     (f"{API_PREFIX}/pool", PoolHandler),
+    (f"{API_PREFIX}/cache", CacheHandler),
     (f"{API_PREFIX}/jobs", JobsHandler),
     (f"{API_PREFIX}/jobs/{_ID}", JobHandler),
     (f"{API_PREFIX}/jobs/{_ID}/log", LogHandler),

@@ -28,6 +28,9 @@ from .sampler import Sampler
 STATUS_MAX_AGE = 2.0
 #: Seconds a job list may be reused while no job changed (progress moves without events).
 JOBS_MAX_AGE = 1.0
+#: Seconds the stage-in cache answer may be reused while no job changed (staging moves
+#: without events).
+CACHE_MAX_AGE = 1.0
 #: Seconds one pool reading serves every open tab and the sampler (NVML and psutil are
 #: asked at most about once a second, however many clients poll).
 POOL_MAX_AGE = 1.1
@@ -91,6 +94,7 @@ class ServerState:
         self._pool_at = 0.0
         self._status_cache = AnswerCache(STATUS_MAX_AGE, size=1)
         self._jobs_cache = AnswerCache(JOBS_MAX_AGE)
+        self._data_cache = AnswerCache(CACHE_MAX_AGE, size=1)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -169,6 +173,10 @@ class ServerState:
             newest_first=order == "newest",
         )
         return [j.to_json() for j in rows]
+
+    def cache_json(self) -> dict[str, Any]:
+        """The stage-in cache (``Scheduler.cache_info()``), shared by every open tab."""
+        return self._data_cache.get("cache", self.last_event(), self.scheduler.cache_info)
 
     def log_path(self, job_id: str) -> Path:
         return self.scheduler.log_path(job_id)

@@ -105,6 +105,10 @@ def value_html(value: Any) -> str:
 
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+#: The job's live line drawn by the JupyterLab extension from the REST API, with no kernel:
+#: ``{"id": "k3f9x2ab"}``. JupyterLab prefers it to the widget, and shows the widget
+#: through it while the widget's model lives in a kernel (see docs/notebooks.md).
+JOB_MIME = "application/vnd.dlsched.job+json"
 MUTED = "color:var(--jp-ui-font-color2, #757575)"
 
 
@@ -115,9 +119,11 @@ class JobView(w.VBox):
     >>> dls.JobView(h).show()  # doctest: +SKIP
 
     Shown with ``show()`` it also leaves a plain HTML and text summary in the output,
-    kept at the job's last state: a page reloaded after the kernel restarted shows that
-    (with the command that brings the live line back) instead of a broken widget. Once
-    the job has ended the output is only that summary, which needs no kernel at all.
+    kept at the job's last state, and the job's id for JupyterLab (``JOB_MIME``): a page
+    reloaded after the kernel restarted shows the line live from the server there, and
+    the summary (with the command that brings the live line back) in other front ends,
+    instead of a broken widget. Once the job has ended the output is only that summary,
+    which needs no kernel at all.
     """
 
     def __init__(
@@ -190,12 +196,18 @@ class JobView(w.VBox):
         self.result_area.append_display_data(value)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
-        bundle = {"text/plain": self.summary_text(), "text/html": self.summary_html()}
+        bundle: dict[str, Any] = {
+            "text/plain": self.summary_text(),
+            "text/html": self.summary_html(),
+        }
         if not self.finished:
             # the live widget; front ends without its model (a restarted kernel) fall back
             live = super()._repr_mimebundle_(**kwargs) or {}
             if WIDGET_MIME in live:
                 bundle[WIDGET_MIME] = live[WIDGET_MIME]
+            # JupyterLab's live line, which outlasts the kernel; once the job has ended the
+            # summary (with the cell's value) is all there is to show, so it is left out then
+            bundle[JOB_MIME] = {"id": self.handle.id}
         return bundle
 
     def _publish_key(self) -> tuple[str, bool]:

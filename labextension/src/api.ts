@@ -25,6 +25,18 @@ export interface IProgress {
   at: number;
 }
 
+/** What a job used over all its attempts; null where it was not measured. */
+export interface IUsage {
+  /** GPUs granted x time running, in hours. */
+  gpu_hours: number | null;
+  /** CPU seconds (user + system). */
+  cpu_time: number | null;
+  /** Largest resident memory, in bytes. */
+  peak_rss: number | null;
+  /** Largest GPU memory held (all its GPUs), in bytes. */
+  peak_gpu_mem: number | null;
+}
+
 export interface IJob {
   id: string;
   name: string;
@@ -56,6 +68,10 @@ export interface IJob {
   exit_code: number | null;
   position: number | null;
   waiting: string | null;
+  /** A cell run in a thread of its kernel (`--inline`) rather than a job process. */
+  inline?: boolean;
+  /** Absent from servers older than the usage columns. */
+  usage?: IUsage;
 }
 
 export interface IGpuProcess {
@@ -92,6 +108,26 @@ export interface IStatus {
   /** The server's clock when it answered (epoch seconds). */
   time?: number;
   [key: string]: unknown;
+}
+
+/** The stage-in cache (`GET cache`, `Scheduler.cache_info()`). */
+export interface ICache {
+  folder: string;
+  /** The cap; null when the folder's size cannot be read. */
+  max_bytes: number | null;
+  bytes: number;
+  entries: number;
+  in_use: number;
+  hits: number;
+  misses: number;
+  evictions: number;
+  staging: {
+    source: string;
+    done_bytes: number;
+    total_bytes: number | null;
+    rate: number | null;
+    note: string | null;
+  }[];
 }
 
 export interface IJobPage {

@@ -1,7 +1,7 @@
 /**
  * The words of UI.md: how states, sizes, durations and requests read.
  */
-import { IJob, JobState } from './api';
+import { ICache, IJob, JobState } from './api';
 
 const GIB = 1024 ** 3;
 const MIB = 1024 ** 2;
@@ -224,4 +224,106 @@ export function stateDetail(job: IJob, now: number): string {
   }
   const cut = words.indexOf(' · ');
   return cut < 0 ? '' : words.slice(cut + 3);
+}
+
+/** The icon that starts a cell's status line (as the notebook widgets draw it). */
+export const STATE_ICONS: { [state: string]: string } = {
+  queued: '⏳',
+  running: '▶',
+  succeeded: '✔',
+  failed: '✖',
+  lost: '✖',
+  timeout: '✖',
+  cancelled: '⊘',
+  preempted: '↻'
+};
+
+/** "GPU 1", "GPUs 0,1" or "CPU": where a job runs. */
+export function devicesWords(job: IJob): string {
+  if (!job.devices.length) {
+    return 'CPU';
+  }
+  return job.devices.length === 1 ? `GPU ${job.devices[0]}` : `GPUs ${job.devices.join(',')}`;
+}
+
+/**
+ * A scheduled cell's status line, as the notebook widget writes it: "▶ running on GPU 1 · 3m 12s",
+ * "✔ done in 4m 40s", "⏳ queued · #2 in line · waiting for 1 GPU", "✖ failed: …".
+ */
+export function lineWords(job: IJob, now: number): string {
+  const icon = STATE_ICONS[job.state] ?? '•';
+  if (job.state === 'running') {
+    return `${icon} running on ${devicesWords(job)} · ${formatDuration(ranFor(job, now))}`;
+  }
+  if (job.state === 'succeeded') {
+    return `${icon} done in ${formatDuration(ranFor(job, now))}`;
+  }
+  return `${icon} ${stateWords(job, now)}`;
+}
+
+/** "70% loss 0.31", "step 12 loss 0.31" or "" (as the notebook widget writes it). */
+export function progressWords(job: IJob): string {
+  if (!job.progress) {
+    return '';
+  }
+  const fraction = progressFraction(job);
+  const head =
+    fraction === null ? `step ${job.progress.done}` : `${Math.round(fraction * 100)}%`;
+  return `${head} ${lastMetric(job)}`.trim();
+}
+
+/** CPU time with a decimal under a minute ("0.4s"), else as a duration ("39m", "2h 03m"). */
+function cpuWords(seconds: number, precise: boolean): string {
+  return seconds < 60 ? `${seconds.toFixed(1)}s` : formatDuration(seconds, precise);
+}
+
+/**
+ * What a finished job used, compact: "0.68 GPU-h · CPU 39m · peak RAM 3.1 GiB", and the same in
+ * full words for its tooltip. Figures that were not measured are left out; both are '' when
+ * nothing was.
+ */
+export function usageWords(job: IJob): { short: string; long: string } {
+  const usage = job.usage;
+  const short: string[] = [];
+  const long: string[] = [];
+  if (!usage) {
+    return { short: '', long: '' };
+  }
+  if (job.request.gpus && usage.gpu_hours !== null) {
+    short.push(`${usage.gpu_hours.toFixed(2)} GPU-h`);
+    long.push(`${usage.gpu_hours.toFixed(2)} GPU-hours (GPUs granted × time running)`);
+  }
+  if (usage.cpu_time !== null) {
+    short.push(`CPU ${cpuWords(usage.cpu_time, false)}`);
+    long.push(`CPU time ${cpuWords(usage.cpu_time, true)}`);
+  }
+  if (usage.peak_rss) {
+    short.push(`peak RAM ${formatBytes(usage.peak_rss)}`);
+    long.push(`peak RAM ${formatBytes(usage.peak_rss)}`);
+  }
+  if (usage.peak_gpu_mem) {
+    short.push(`peak GPU ${formatBytes(usage.peak_gpu_mem)}`);
+    long.push(`peak GPU memory ${formatBytes(usage.peak_gpu_mem)}`);
+  }
+  return { short: short.join(' · '), long: long.length ? `used: ${long.join(' · ')}` : '' };
+}
+
+/** Whether the stage-in cache has been used at all (otherwise the sidebar leaves it out). */
+export function cacheUsed(cache: ICache | null): cache is ICache {
+  return (
+    cache !== null &&
+    (cache.entries > 0 || cache.hits + cache.misses > 0 || cache.staging.length > 0)
+  );
+}
+
+/** "3 entries · 12 hits · staging 1": the cache's counts after its size. */
+export function cacheCounts(cache: ICache): string {
+  const parts = [
+    `${cache.entries} ${cache.entries === 1 ? 'entry' : 'entries'}`,
+    `${cache.hits} ${cache.hits === 1 ? 'hit' : 'hits'}`
+  ];
+  if (cache.staging.length) {
+    parts.push(`staging ${cache.staging.length}`);
+  }
+  return parts.join(' · ');
 }

@@ -1,5 +1,6 @@
 /**
- * jupyter-dlsched in JupyterLab: sidebar, status-bar item, job logs and notifications.
+ * jupyter-dlsched in JupyterLab: sidebar, status-bar item, job logs, notifications, and the
+ * live line of a scheduled cell (`jobline.ts`).
  */
 import {
   ILayoutRestorer,
@@ -12,6 +13,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { IJob } from './api';
+import { IRendermime, jobLineFactory } from './jobline';
 import { createLogWidget, JobLogView } from './logview';
 import { SchedulerModel } from './model';
 import { FinishNotifier } from './notify';
@@ -79,6 +81,23 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
 
+    // A scheduled cell's line, live from the server, in every notebook: registered on the
+    // notebook's own registry (where the widget manager registers too) so that it can reach
+    // the notebook's kernel and show the widget while the kernel has it.
+    app.docRegistry.addWidgetExtension('Notebook', {
+      createNew: (panel, context) => {
+        const rendermime = rendermimeOf(panel);
+        rendermime?.addFactory(
+          jobLineFactory({
+            model,
+            openLog: id => void openLog(id),
+            sessionContext: context.sessionContext,
+            rendermime
+          })
+        );
+      }
+    });
+
     const sidebar = new SchedulerSidebar({ model, openLog: id => void openLog(id) });
     sidebar.title.icon = schedulerIcon;
     app.shell.add(sidebar, 'left', { rank: 600 });
@@ -134,5 +153,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
   }
 };
+
+/** A notebook panel's registry (`panel.content.rendermime`), without depending on the notebook. */
+function rendermimeOf(panel: unknown): IRendermime | null {
+  const content = (panel as { content?: { rendermime?: IRendermime } }).content;
+  const rendermime = content?.rendermime;
+  return rendermime && typeof rendermime.addFactory === 'function' ? rendermime : null;
+}
 
 export default plugin;

@@ -7,6 +7,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import {
+  ICache,
   IJob,
   IJobPage,
   IMetrics,
@@ -71,6 +72,10 @@ export class SchedulerModel {
   get recent(): IJob[] {
     return this._recent;
   }
+  /** The stage-in cache; null until the server has told (or when it cannot). */
+  get cache(): ICache | null {
+    return this._cache;
+  }
   /** Utilisation history (0..100) per GPU index, oldest first. */
   history(index: number): number[] {
     return this._history.get(index) ?? [];
@@ -86,6 +91,8 @@ export class SchedulerModel {
 
   async refresh(): Promise<void> {
     try {
+      // The cache is an extra: a server without it (an older one) still shows everything else.
+      const cache = requestAPI<ICache>('cache').catch(() => null);
       const [status, pool, active, recent] = await Promise.all([
         requestAPI<IStatus>('status'),
         requestAPI<IPool>('pool'),
@@ -103,6 +110,7 @@ export class SchedulerModel {
       this._notifyTransitions(status, active.jobs, recent.jobs);
       this._active = active.jobs;
       this._recent = recent.jobs;
+      this._cache = await cache;
       this._connection = 'ok';
       this._error = '';
       this._changed.emit();
@@ -221,6 +229,7 @@ export class SchedulerModel {
   private _pool: IPool | null = null;
   private _active: IJob[] = [];
   private _recent: IJob[] = [];
+  private _cache: ICache | null = null;
   private _history = new Map<number, number[]>();
   private _cpuHistory: number[] = [];
   private _lastStates = new Map<string, string>();

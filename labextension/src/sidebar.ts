@@ -7,11 +7,14 @@
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { IGpu, IJob, IPool } from './api';
+import { ICache, IGpu, IJob, IPool } from './api';
 import { bar, h, sparkline } from './dom';
 import {
+  cacheCounts,
+  cacheUsed,
   formatBytes,
   formatDuration,
+  isFinished,
   lastMetric,
   nextPriority,
   ownerText,
@@ -23,6 +26,7 @@ import {
   stateDetail,
   stateTone,
   stateWords,
+  usageWords,
   waitedFor
 } from './format';
 import { SchedulerModel } from './model';
@@ -270,6 +274,7 @@ export class SchedulerSidebar extends Widget {
 
   private _host(pool: IPool): HTMLElement[] {
     const mem = pool.memory;
+    const cache = this._model.cache;
     return [
       h(
         'div',
@@ -288,6 +293,44 @@ export class SchedulerSidebar extends Widget {
         h('span', { className: 'jp-dlsched-label' }, 'RAM'),
         bar(mem.total ? mem.used / mem.total : 0),
         h('span', { className: 'jp-dlsched-value' }, `${formatBytes(mem.used)} / ${formatBytes(mem.total)}`)
+      ),
+      // Only once something was staged: a pool that never stages has no use for the line.
+      ...(cacheUsed(cache) ? this._cache(cache) : [])
+    ];
+  }
+
+  /** "data ███░░ 1.2 GiB / 50 GiB" and "data cache · 3 entries · 12 hits · staging 1". */
+  private _cache(cache: ICache): HTMLElement[] {
+    const cap = cache.max_bytes;
+    const staging = cache.staging.map(item => {
+      const done = item.total_bytes
+        ? `${Math.round((100 * item.done_bytes) / item.total_bytes)} %`
+        : formatBytes(item.done_bytes);
+      return `staging ${item.source}: ${done}`;
+    });
+    const title = [
+      `stage-in cache in ${cache.folder}`,
+      `${formatBytes(cache.bytes)} of ${cap === null ? 'an unknown cap' : formatBytes(cap)}`,
+      `${cache.entries} entries (${cache.in_use} in use by unfinished jobs)`,
+      `${cache.hits} hits, ${cache.misses} misses, ${cache.evictions} evictions`,
+      ...staging
+    ].join('\n');
+    return [
+      h(
+        'div',
+        { className: 'jp-dlsched-row jp-dlsched-cache', title },
+        h('span', { className: 'jp-dlsched-label' }, 'data'),
+        bar(cap ? cache.bytes / cap : 0),
+        h(
+          'span',
+          { className: 'jp-dlsched-value' },
+          `${formatBytes(cache.bytes)} / ${cap === null ? '–' : formatBytes(cap)}`
+        )
+      ),
+      h(
+        'div',
+        { className: 'jp-dlsched-cache-counts jp-dlsched-muted', title },
+        `data cache · ${cacheCounts(cache)}`
       )
     ];
   }
@@ -386,7 +429,8 @@ class JobList {
  *   [running] resnet-lr3                 ████░░ 70%
  *   k3f9x2ab · anna · sweep.ipynb · high · 1 GPU · 2 CPU · ran 3m 12s · loss 0.31  ✕ ↑ ↓ log
  *
- * and, for a job that waits or failed, why, on a line of its own.
+ * and, for a job that waits or failed, why, on a line of its own; a finished one says what it used
+ * (`0.68 GPU-h · CPU 39m · peak RAM 3.1 GiB`) on the last line.
  */
 class JobRow {
   constructor(actions: JobRow.IActions, active: boolean) {
@@ -398,6 +442,7 @@ class JobRow {
     });
     this._progress = h('span', { className: 'jp-dlsched-progress' });
     this._why = h('div', { className: 'jp-dlsched-why' });
+    this._usage = h('div', { className: 'jp-dlsched-usage' });
     this._meta = h('div', { className: 'jp-dlsched-meta' });
     const buttons = h('span', { className: 'jp-dlsched-actions' });
     if (active) {
@@ -420,7 +465,8 @@ class JobRow {
       { className: 'jp-dlsched-job', attrs: { role: 'listitem' } },
       h('div', { className: 'jp-dlsched-line' }, this._chip, this._name, this._progress),
       this._meta,
-      this._why
+      this._why,
+      this._usage
     );
     this.node.addEventListener('click', () => this._actions.openLog(this._job!.id));
   }
@@ -481,6 +527,12 @@ class JobRow {
     const detail = ['queued', 'failed', 'preempted'].includes(tone) ? stateDetail(job, now) : '';
     setText(this._why, detail);
     this._why.hidden = !detail;
+
+    // What a finished job used, on a line of its own (it would crowd the meta line).
+    const used = isFinished(job.state) ? usageWords(job) : { short: '', long: '' };
+    setText(this._usage, used.short);
+    this._usage.title = used.long;
+    this._usage.hidden = !used.short;
   }
 
   private _patchMeta(items: [string, string, string][]): void {
@@ -509,6 +561,7 @@ class JobRow {
   private _metaParts = new Map<string, HTMLElement>();
   private _buttons: HTMLElement;
   private _why: HTMLElement;
+  private _usage: HTMLElement;
 }
 
 namespace JobRow {
