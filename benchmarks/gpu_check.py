@@ -15,7 +15,8 @@ Prints one table:
 * a job that shares a GPU and allocates more than its grant is stopped, both
   when it uses ``dlt.device()`` (PyTorch's own out-of-memory error) and when it
   bypasses it (the supervisor's NVML watch);
-* the GPU memory the scheduler attributes to a job against NVML's own count.
+* the GPU memory the scheduler attributes to a job against NVML's own count, and the
+  peak its supervisor records for ``dlsched history``.
 
 Every job runs in a scratch state folder; the machine's queue is not touched.
 """
@@ -335,6 +336,16 @@ def check_memory(report: Report, sched: Any, gpus: list[Any]) -> None:
             f"{format_size(attributed)} vs {format_size(delta)}",
             "equal within 1% (or 64 MiB)",
             close,
+        )
+        # what `dlsched history` records for the job: its supervisor's peak reading (NVML)
+        ended = handle.info()
+        peak = ended.peak_gpu_mem or 0
+        report.data["accounting"].update(peak_gpu_mem=peak, gpu_hours=ended.gpu_hours)
+        report.add(
+            "the same job's recorded peak GPU memory (dlsched history) vs the NVML delta",
+            f"{format_size(peak)} vs {format_size(delta)}, {ended.gpu_hours * 3600:.1f} GPU-s",
+            "equal within 1% (or 64 MiB)",
+            delta > 0 and abs(peak - delta) <= max(0.01 * delta, 64 * 2**20),
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
