@@ -67,11 +67,7 @@ class InlineRunner:
         now = time.time()
         ttl = self.scheduler.settings.lease_ttl
         with store.transaction() as db:
-            claimed = db.execute(
-                "UPDATE jobs SET supervisor_pid=?, host=?, lease_expires=? "
-                "WHERE id=? AND state='running' AND supervisor_pid IS NULL",
-                (os.getpid(), socket.gethostname(), now + ttl, job_id),
-            ).rowcount
+            claimed = store.claim_running(db, job_id, os.getpid(), socket.gethostname(), now + ttl)
         if not claimed:
             with self._lock:
                 self.threads.pop(job_id, None)
@@ -132,11 +128,7 @@ class InlineRunner:
         now = time.time()
         ttl = self.scheduler.settings.lease_ttl
         with store.transaction() as db:
-            db.executemany(
-                "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' "
-                "AND supervisor_pid=?",
-                [(now + ttl, job_id, os.getpid()) for job_id in running],
-            )
+            store.renew_leases(db, running, os.getpid(), now + ttl)
         for job_id, thread in running.items():
             if job_id in self.stopping:
                 continue

@@ -363,9 +363,7 @@ class Scheduler:
         """Cancel a job: queued ones end now, running ones are stopped by their supervisor."""
         now = time.time()
         with self.store.transaction() as db:
-            row = db.execute(
-                "SELECT state, supervisor_pid FROM jobs WHERE id=?", (job_id,)
-            ).fetchone()
+            row = self.store.state_and_supervisor(db, job_id)
             if row is None:
                 raise JobNotFound(job_id)
             state, supervisor = row
@@ -376,7 +374,7 @@ class Scheduler:
                     db, job_id, "cancelled", "cancelled by user", now=now, finished=now
                 )
             elif state == "running":
-                db.execute("UPDATE jobs SET cancel_requested=1 WHERE id=?", (job_id,))
+                self.store.request_cancel(db, job_id)
         info = self.store.get(job_id)
         if info.state == "running":
             self.backend.cancel(info)
@@ -387,10 +385,10 @@ class Scheduler:
         """Change a job's priority (``"high"`` or an integer); takes effect at the next tick."""
         value = parse_priority(priority)
         with self.store.transaction() as db:
-            row = db.execute("SELECT state, priority FROM jobs WHERE id=?", (job_id,)).fetchone()
+            row = self.store.state_and_priority(db, job_id)
             if row is None:
                 raise JobNotFound(job_id)
-            db.execute("UPDATE jobs SET priority=? WHERE id=?", (value, job_id))
+            self.store.set_priority(db, job_id, value)
             self.store._event(db, job_id, row[0], row[0], f"priority {row[1]} -> {value}")
         self.wake()
         return self.store.get(job_id)
@@ -456,15 +454,8 @@ class Scheduler:
         """
         fixed_now = now
         now = time.time() if now is None else now
-        db = self.store.db
         backend = self.backend.name
-        waiting, expired, last_event, settings_json = db.execute(
-            "SELECT EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state IN ('queued','preempted')),"
-            " EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running' AND lease_expires < ?),"
-            " (SELECT COALESCE(MAX(seq), 0) FROM events),"
-            " (SELECT value FROM meta WHERE key='settings')",
-            (backend, backend, now),
-        ).fetchall()[0]
+        waiting, expired, last_event, settings_json = self.store.tick_inputs(backend, now)
         # Deciding again is only worth it when a job changed state (every change is an
         # event), the settings changed, the policy asked for a wake-up, or a while passed
         # (aging, GPU memory used outside the scheduler).
@@ -485,12 +476,7 @@ class Scheduler:
                 policy = gate = StagingGate(self.store, policy, uid=self.uid)
             inventory = self.inventory
             # NVML is read before taking the write lock, never while holding it
-            job_pids = [
-                r[0]
-                for r in db.execute(
-                    "SELECT job_pid FROM jobs WHERE state='running' AND backend=?", (backend,)
-                ).fetchall()
-            ]
+            job_pids = self.store.running_job_pids(backend)
             external = self.backend.external_gpu_mem(job_pids)
             self.backend.before_reap()
             with self.store.transaction() as wdb:
@@ -506,8 +492,8 @@ class Scheduler:
                     lease_ttl=settings.lease_ttl,
                     now=now,
                 )
-                last_event = wdb.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchall()
-            self._decided_on = (last_event[0][0], settings_json)
+                last_event = self.store.last_event_seq(wdb)
+            self._decided_on = (last_event, settings_json)
             wake = decisions.wake_at if decisions.wake_at is not None else float("inf")
             self._decide_again = min(wake, now + REDECIDE_EVERY)
         for job in reaped:
@@ -520,11 +506,7 @@ class Scheduler:
     def _launch_mine(self, now: float, just_started: Iterable[str]) -> None:
         """Launch jobs of this user allocated by this tick, and orphans nobody launched."""
         fresh = set(just_started)
-        rows = self.store.db.execute(
-            "SELECT id, started, inline FROM jobs WHERE state='running' AND supervisor_pid IS NULL "
-            "AND uid=? AND backend=? AND cancel_requested=0",
-            (self.uid, self.backend.name),
-        ).fetchall()
+        rows = self.store.unlaunched(self.uid, self.backend.name)
         for job_id, started, inline in rows:
             if inline:
                 # only the process that holds the cell can run it; the lease reaps the rest
@@ -619,8 +601,7 @@ class Scheduler:
         self.store.close()
 
     def _last_event_seq(self) -> int:
-        rows = self.store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchall()
-        return int(rows[0][0])
+        return self.store.last_event_seq()
 
     def _watch(self, handle: JobHandle, check: bool = True) -> None:
         """Have the loop resolve ``handle`` when its job ends (futures' wait/as_completed)."""
@@ -639,10 +620,7 @@ class Scheduler:
                     handles.remove(handle)
 
     def _resolve_watched(self) -> None:
-        rows = self.store.db.execute(
-            "SELECT seq, job_id, to_state FROM events WHERE seq > ? ORDER BY seq",
-            (self._event_seq,),
-        ).fetchall()
+        rows = self.store.state_changes_since(self._event_seq)
         if not rows:
             return
         self._event_seq = rows[-1][0]

@@ -55,6 +55,14 @@ def default_home() -> Path:
     return Path(jupyter_data_dir()) / "dlsched"
 
 
+#: What a tick reads of each active job: the policy's inputs, and the columns it compares
+#: before rewriting a job's place in the queue.
+_SNAPSHOT_COLUMNS = (
+    "id, seq, name, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
+    "attained, preemptions, gpus, gpu_mem, cpus, mem, after, attempts, position, waiting, "
+    "placement, job_pid, preempt_requested, cancel_requested"
+)
+
 RESERVE_NAME = "disk-reserve"
 #: Kept allocated in the state folder and freed when the disk fills up, so the ledger can
 #: still record why jobs failed (and start jobs that need no disk) until space comes back.
@@ -462,13 +470,152 @@ class Store:
             counts[state] = n
         return counts
 
-    def states(self, ids: Sequence[str]) -> dict[str, str]:
-        if not ids:
-            return {}
-        rows = self.db.execute(
-            f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(ids))})", list(ids)
+    def states(self, ids: Sequence[str], db: sqlite3.Connection | None = None) -> dict[str, str]:
+        """The state of each of these jobs that exists (inside ``db``'s transaction if given)."""
+        db = self.db if db is None else db
+        ids = list(ids)
+        states: dict[str, str] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            rows = db.execute(
+                f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk
+            )
+            states.update({r[0]: r[1] for r in rows})
+        return states
+
+    @staticmethod
+    def state_and_supervisor(db: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
+        """``(state, supervisor_pid)`` of a job: whether it runs and who supervises it."""
+        row: sqlite3.Row | None = db.execute(
+            "SELECT state, supervisor_pid FROM jobs WHERE id=?", (job_id,)
+        ).fetchone()
+        return row
+
+    @staticmethod
+    def state_and_priority(db: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
+        """``(state, priority)`` of a job, ``None`` if there is no such job."""
+        row: sqlite3.Row | None = db.execute(
+            "SELECT state, priority FROM jobs WHERE id=?", (job_id,)
+        ).fetchone()
+        return row
+
+    @staticmethod
+    def run_holder(db: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
+        """``(state, attempts, supervisor_pid)``: which attempt of a job runs, and who holds it."""
+        row: sqlite3.Row | None = db.execute(
+            "SELECT state, attempts, supervisor_pid FROM jobs WHERE id=?", (job_id,)
+        ).fetchone()
+        return row
+
+    @staticmethod
+    def attempt_holder(db: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
+        """``(attempts, supervisor_pid)``: a job's attempt and the process that holds it."""
+        row: sqlite3.Row | None = db.execute(
+            "SELECT attempts, supervisor_pid FROM jobs WHERE id=?", (job_id,)
+        ).fetchone()
+        return row
+
+    @staticmethod
+    def submitted_at(db: sqlite3.Connection, job_id: str) -> float:
+        """When an existing job was submitted."""
+        return float(db.execute("SELECT submitted FROM jobs WHERE id=?", (job_id,)).fetchone()[0])
+
+    def run_requests(self, ids: Sequence[str]) -> list[sqlite3.Row]:
+        """``(id, state, attempts, supervisor_pid, cancel_requested, preempt_requested)`` of
+        these jobs: what a runner must carry out (cancels, preemptions, allocations lost)."""
+        marks = ",".join("?" * len(ids))
+        return self.db.execute(
+            "SELECT id, state, attempts, supervisor_pid, cancel_requested, preempt_requested "
+            f"FROM jobs WHERE id IN ({marks})",
+            list(ids),
+        ).fetchall()
+
+    def followable_jobs(self, backend: str, uid: int) -> list[sqlite3.Row]:
+        """``(id, inline, supervisor_pid, lease_expires)`` of this user's unfinished jobs on
+        ``backend``: the ones a monitor may follow when nobody alive does."""
+        return self.db.execute(
+            "SELECT id, inline, supervisor_pid, lease_expires FROM jobs WHERE backend=? "
+            "AND uid=? AND state IN ('queued','preempted','running')",
+            (backend, uid),
+        ).fetchall()
+
+    def followed_jobs(self, ids: Sequence[str]) -> list[sqlite3.Row]:
+        """``id, state, supervisor_pid, cancel_requested, priority, time_limit, started`` of
+        the jobs a monitor follows: what the ledger asks of them now."""
+        marks = ",".join("?" * len(ids))
+        return self.db.execute(
+            "SELECT id, state, supervisor_pid, cancel_requested, priority, time_limit, "
+            f"started FROM jobs WHERE id IN ({marks})",
+            list(ids),
+        ).fetchall()
+
+    # -- the tick's queries (see ``tick.py``) -------------------------------------------
+
+    def tick_inputs(self, backend: str, now: float) -> tuple[int, int, int, str | None]:
+        """``(any waiting, any lease expired, newest event, settings)`` on ``backend``: what a
+        tick reads, in one query, to know whether deciding again is worth the write lock."""
+        waiting, expired, last_event, settings_json = self.db.execute(
+            "SELECT EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state IN ('queued','preempted')),"
+            " EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running' AND lease_expires < ?),"
+            " (SELECT COALESCE(MAX(seq), 0) FROM events),"
+            " (SELECT value FROM meta WHERE key='settings')",
+            (backend, backend, now),
+        ).fetchall()[0]
+        return waiting, expired, last_event, settings_json
+
+    def running_job_pids(self, backend: str) -> list[int | None]:
+        """The job process of each running job on ``backend`` (``None`` until it started)."""
+        return [
+            r[0]
+            for r in self.db.execute(
+                "SELECT job_pid FROM jobs WHERE state='running' AND backend=?", (backend,)
+            ).fetchall()
+        ]
+
+    @staticmethod
+    def expired_leases(db: sqlite3.Connection, backend: str, now: float) -> list[str]:
+        """Running jobs on ``backend`` whose lease ran out before ``now``."""
+        return [
+            r[0]
+            for r in db.execute(
+                "SELECT id FROM jobs WHERE state='running' AND backend=? AND lease_expires < ?",
+                (backend, now),
+            )
+        ]
+
+    @staticmethod
+    def snapshot(db: sqlite3.Connection, backend: str) -> list[sqlite3.Row]:
+        """The waiting and running jobs on ``backend`` in submit order, with the columns a
+        policy decides on (``_SNAPSHOT_COLUMNS``): one lean read per tick."""
+        return db.execute(
+            f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? "
+            "AND state IN ('queued','preempted','running') ORDER BY seq",
+            (backend,),
+        ).fetchall()
+
+    @staticmethod
+    def set_queue_positions(
+        db: sqlite3.Connection, changes: Iterable[tuple[int | None, str | None, str]]
+    ) -> None:
+        """Record ``(position, waiting reason, job id)`` of waiting jobs whose place changed."""
+        db.executemany("UPDATE jobs SET position=?, waiting=? WHERE id=?", changes)
+
+    @staticmethod
+    def request_preemption(db: sqlite3.Connection, job_id: str) -> None:
+        """Ask the supervisor of a running, preemptible job to stop it for a preemption."""
+        db.execute(
+            "UPDATE jobs SET preempt_requested=1 WHERE id=? AND state='running' AND preemptible=1",
+            (job_id,),
         )
-        return {r[0]: r[1] for r in rows}
+
+    def unlaunched(self, uid: int, backend: str) -> list[sqlite3.Row]:
+        """``(id, started, inline)`` of this user's allocated jobs on ``backend`` that no
+        supervisor has claimed and nobody cancelled: the ones waiting to be launched."""
+        return self.db.execute(
+            "SELECT id, started, inline FROM jobs WHERE state='running' AND supervisor_pid IS NULL "
+            "AND uid=? AND backend=? AND cancel_requested=0",
+            (uid, backend),
+        ).fetchall()
 
     # -- state machine ------------------------------------------------------------------
 
@@ -545,6 +692,111 @@ class Store:
             ).rowcount
         return self.get(job.id) if claimed else None
 
+    # -- steering and leases, inside a caller's transaction --------------------------------
+
+    @staticmethod
+    def request_cancel(db: sqlite3.Connection, job_id: str) -> None:
+        """Ask the supervisor of a running job to cancel it."""
+        db.execute("UPDATE jobs SET cancel_requested=1 WHERE id=?", (job_id,))
+
+    @staticmethod
+    def set_priority(db: sqlite3.Connection, job_id: str, priority: int) -> None:
+        """Change a job's priority (the caller records the event)."""
+        db.execute("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))
+
+    @staticmethod
+    def set_waiting_reason(db: sqlite3.Connection, job_id: str, words: str) -> None:
+        """Say why a job still waits, if it still does."""
+        db.execute(
+            "UPDATE jobs SET waiting=? WHERE id=? AND state IN ('queued','preempted')",
+            (words, job_id),
+        )
+
+    @staticmethod
+    def claim_running(
+        db: sqlite3.Connection, job_id: str, pid: int, host: str, until: float
+    ) -> bool:
+        """Take an allocated, unclaimed job for process ``pid`` on ``host``, leased until
+        ``until`` (any attempt: an inline cell's); whether this claim won."""
+        return bool(
+            db.execute(
+                "UPDATE jobs SET supervisor_pid=?, host=?, lease_expires=? "
+                "WHERE id=? AND state='running' AND supervisor_pid IS NULL",
+                (pid, host, until, job_id),
+            ).rowcount
+        )
+
+    @staticmethod
+    def take_over(db: sqlite3.Connection, job_id: str, pid: int, until: float, now: float) -> bool:
+        """Make ``pid`` the follower of an unfinished job nobody alive follows (no follower,
+        already ``pid``, or a lease that ran out before ``now``); whether it did."""
+        return bool(
+            db.execute(
+                "UPDATE jobs SET supervisor_pid=?, lease_expires=? WHERE id=? AND "
+                "state IN ('queued','preempted','running') AND (supervisor_pid IS NULL "
+                "OR supervisor_pid=? OR lease_expires IS NULL OR lease_expires < ?)",
+                (pid, until, job_id, pid, now),
+            ).rowcount
+        )
+
+    @staticmethod
+    def renew_lease(db: sqlite3.Connection, job_id: str, pid: int, until: float) -> bool:
+        """Extend the lease ``pid`` holds on a running job; False when it was taken back."""
+        return bool(
+            db.execute(
+                "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' "
+                "AND supervisor_pid=?",
+                (until, job_id, pid),
+            ).rowcount
+        )
+
+    @staticmethod
+    def renew_leases(
+        db: sqlite3.Connection, job_ids: Iterable[str], pid: int, until: float
+    ) -> None:
+        """Extend the leases ``pid`` holds on these running jobs (those it still holds)."""
+        db.executemany(
+            "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' AND supervisor_pid=?",
+            [(until, job_id, pid) for job_id in job_ids],
+        )
+
+    @staticmethod
+    def renew_attempt_lease(
+        db: sqlite3.Connection, job_id: str, attempts: int, pid: int, until: float
+    ) -> None:
+        """Extend the lease ``pid`` holds on attempt ``attempts`` of a running job."""
+        db.execute(
+            "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' "
+            "AND supervisor_pid=? AND attempts=?",
+            (until, job_id, pid, attempts),
+        )
+
+    @staticmethod
+    def set_leases(db: sqlite3.Connection, job_ids: Iterable[str], pid: int, until: float) -> None:
+        """Set the lease of the jobs ``pid`` follows, in any state, to ``until`` (a time
+        past hands them back at once)."""
+        db.executemany(
+            "UPDATE jobs SET lease_expires=? WHERE id=? AND supervisor_pid=?",
+            [(until, job_id, pid) for job_id in job_ids],
+        )
+
+    @staticmethod
+    def record_job_process(
+        db: sqlite3.Connection,
+        job_id: str,
+        attempts: int,
+        supervisor_pid: int,
+        job_pid: int,
+        host: str,
+    ) -> None:
+        """Record where attempt ``attempts`` of a running job runs, if ``supervisor_pid``
+        still holds it."""
+        db.execute(
+            "UPDATE jobs SET job_pid=?, host=? WHERE id=? AND state='running' "
+            "AND supervisor_pid=? AND attempts=?",
+            (job_pid, host, job_id, supervisor_pid, attempts),
+        )
+
     def update(self, job_id: str, **columns: Any) -> None:
         """Change columns that are not the state (lease, progress, pids)."""
         with self.transaction() as db:
@@ -602,6 +854,20 @@ class Store:
             args.append(job_id)
         rows = self.db.execute(sql + " ORDER BY seq", args)
         return [{**dict(r), "data": json.loads(r["data"]) if r["data"] else None} for r in rows]
+
+    def last_event_seq(self, db: sqlite3.Connection | None = None) -> int:
+        """The newest event's number (0 for none): it changes with every state change.
+
+        With ``db``, it is read inside that open transaction."""
+        db = self.db if db is None else db
+        rows = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchall()
+        return int(rows[0][0])
+
+    def state_changes_since(self, seq: int) -> list[sqlite3.Row]:
+        """``(seq, job_id, to_state)`` of every event after ``seq``, oldest first."""
+        return self.db.execute(
+            "SELECT seq, job_id, to_state FROM events WHERE seq > ? ORDER BY seq", (seq,)
+        ).fetchall()
 
     # -- staged inputs and the cache (see ``staging/``) --------------------------------
 
@@ -894,6 +1160,42 @@ class Store:
             args.append(until)
         rows = self.db.execute(sql + " ORDER BY time", args)
         return [{**dict(r), "data": json.loads(r["data"]) if r["data"] else None} for r in rows]
+
+    def thinned_samples(
+        self, since: float, until: float, source: str | None, max_rows: int
+    ) -> list[dict[str, Any]]:
+        """Rows in ``[since, until]`` of ``source`` (and its parts, ``gpu0:...``) or of all
+        sources, each source thinned evenly to about ``max_rows``, in time order.
+
+        Filtering and thinning happen in SQLite, so a day of 1 s history is never
+        loaded to answer for a sparkline.
+        """
+        where = "time >= ? AND time <= ?"
+        args: list[Any] = [since, until]
+        if source:
+            where += " AND (source = ? OR source LIKE ?)"
+            args += [source, source.replace("%", "").replace("_", "") + ":%"]
+        db = self.db
+        count = int(db.execute(f"SELECT COUNT(*) FROM samples WHERE {where}", args).fetchone()[0])
+        stride = max(1, -(-count // max_rows))
+        rows = db.execute(
+            f"""SELECT time, source, util, mem_used, mem_total, data FROM (
+                    SELECT *, ROW_NUMBER() OVER (PARTITION BY source ORDER BY time) - 1 AS n
+                    FROM samples WHERE {where}
+                ) WHERE n % ? = 0 ORDER BY time""",
+            [*args, stride],
+        )
+        return [
+            {
+                "time": r[0],
+                "source": r[1],
+                "util": r[2],
+                "mem_used": r[3],
+                "mem_total": r[4],
+                "data": json.loads(r[5]) if r[5] else None,
+            }
+            for r in rows
+        ]
 
     def prune_samples(self, older_than: float) -> int:
         with self.transaction() as db:

@@ -17,12 +17,6 @@ from .store import TERMINAL, JobInfo, RunEnd, Store
 
 CLAIM_GRACE = 30.0  # seconds an allocated job may wait for its supervisor to claim it
 
-_COLUMNS = (
-    "id, seq, name, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
-    "attained, preemptions, gpus, gpu_mem, cpus, mem, after, attempts, position, waiting, "
-    "placement, job_pid, preempt_requested, cancel_requested"
-)
-
 
 @dataclass
 class TickResult:
@@ -32,15 +26,8 @@ class TickResult:
 
 def reap(store: Store, db: sqlite3.Connection, backend: str, now: float) -> list[JobInfo]:
     """Move running jobs whose lease expired on: cancelled, requeued for a retry, or lost."""
-    ids = [
-        r[0]
-        for r in db.execute(
-            "SELECT id FROM jobs WHERE state='running' AND backend=? AND lease_expires < ?",
-            (backend, now),
-        )
-    ]
     reaped = []
-    for job_id in ids:
+    for job_id in store.expired_leases(db, backend, now):
         info = store.get(job_id)
         if info.cancel_requested:
             end = RunEnd("cancelled")
@@ -63,14 +50,10 @@ def decide(
     now: float,
 ) -> Decisions:
     """Snapshot the active jobs, run the policy, commit its starts, preemptions and reasons."""
-    rows = db.execute(
-        f"SELECT {_COLUMNS} FROM jobs WHERE backend=? "
-        "AND state IN ('queued','preempted','running') ORDER BY seq",
-        (backend,),
-    ).fetchall()
+    rows = store.snapshot(db, backend)
     running = [r for r in rows if r["state"] == "running"]
     waiting = [r for r in rows if r["state"] != "running"]
-    dep_states = _dependency_states(db, waiting)
+    dep_states = _dependency_states(store, db, waiting)
     queued: list[QueuedJob] = []
     blocked: dict[str, str] = {}
     attempts: dict[str, int] = {}
@@ -126,10 +109,7 @@ def decide(
             waiting=None,
         )
     for preempt in decisions.preempts:
-        db.execute(
-            "UPDATE jobs SET preempt_requested=1 WHERE id=? AND state='running' AND preemptible=1",
-            (preempt.job_id,),
-        )
+        store.request_preemption(db, preempt.job_id)
     started = {s.job_id for s in decisions.starts}
     order = [j for j in decisions.order if j not in started]
     positions = {job_id: i + 1 for i, job_id in enumerate(order)}
@@ -142,7 +122,7 @@ def decide(
         pos, reason = positions.get(job_id), reasons.get(job_id)
         if row["position"] != pos or row["waiting"] != reason:
             changed.append((pos, reason, job_id))
-    db.executemany("UPDATE jobs SET position=?, waiting=? WHERE id=?", changed)
+    store.set_queue_positions(db, changed)
     return decisions
 
 
@@ -170,16 +150,11 @@ def idle_capacity_minus(
     return capacity
 
 
-def _dependency_states(db: sqlite3.Connection, waiting: list[sqlite3.Row]) -> dict[str, str]:
+def _dependency_states(
+    store: Store, db: sqlite3.Connection, waiting: list[sqlite3.Row]
+) -> dict[str, str]:
     deps = sorted({d for r in waiting if r["after"] != "[]" for d in json.loads(r["after"])})
-    states: dict[str, str] = {}
-    for i in range(0, len(deps), 500):
-        chunk = deps[i : i + 500]
-        rows = db.execute(
-            f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk
-        )
-        states.update({r[0]: r[1] for r in rows})
-    return states
+    return store.states(deps, db)
 
 
 def _request(row: sqlite3.Row) -> Request:

@@ -184,13 +184,9 @@ def _monitor(
             next_renew = now + settings.lease_ttl / 4
             try:
                 with store.transaction() as db:
-                    kept = db.execute(
-                        "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' "
-                        "AND supervisor_pid=?",
-                        (now + settings.lease_ttl, job.id, os.getpid()),
-                    ).rowcount
+                    kept = store.renew_lease(db, job.id, os.getpid(), now + settings.lease_ttl)
             except LedgerUnavailable:
-                kept = 1  # disk full: keep the job and try again at the next renewal
+                kept = True  # disk full: keep the job and try again at the next renewal
             if not kept:
                 stop("lease", "the allocation was taken back", at_once=True)
         current = store.data_version()

@@ -301,9 +301,7 @@ class RayBackend(Backend):
             store = self.scheduler.store
             now = time.time()
             with store.transaction() as db:
-                row = db.execute(
-                    "SELECT state, supervisor_pid FROM jobs WHERE id=?", (job.id,)
-                ).fetchone()
+                row = store.state_and_supervisor(db, job.id)
                 if row is not None and row[0] == "running" and row[1] is None:
                     store.transition_in(
                         db, job.id, "cancelled", "cancelled by user", now=now, finished=now

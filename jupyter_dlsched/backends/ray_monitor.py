@@ -128,9 +128,7 @@ class RayMonitor:
             run.stop_reason = "lease"  # the thread must not record this end: we do, below
             self._force(run)
             with contextlib.suppress(Exception), store.transaction() as db:
-                row = db.execute(
-                    "SELECT state, attempts, supervisor_pid FROM jobs WHERE id=?", (run.job.id,)
-                ).fetchone()
+                row = store.run_holder(db, run.job.id)
                 if row is not None and tuple(row) == ("running", run.job.attempts, os.getpid()):
                     store.transition_in(
                         db,
@@ -238,35 +236,26 @@ class RayMonitor:
                 f"[dlsched] on Ray node {info['node']} (pid {info['pid']}{gpus})\n".encode()
             )
             assert self.scheduler is not None
-            with self.scheduler.store.transaction() as db:
-                db.execute(
-                    "UPDATE jobs SET job_pid=?, host=? WHERE id=? AND state='running' "
-                    "AND supervisor_pid=? AND attempts=?",
-                    (info["pid"], info["node"], run.job.id, os.getpid(), run.job.attempts),
+            store = self.scheduler.store
+            with store.transaction() as db:
+                store.record_job_process(
+                    db, run.job.id, run.job.attempts, os.getpid(), info["pid"], info["node"]
                 )
         else:
             run.outcome = item
 
     def _renew(self, runs: list[Run], until: float) -> None:
         assert self.scheduler is not None
-        with self.scheduler.store.transaction() as db:
+        store = self.scheduler.store
+        with store.transaction() as db:
             for run in runs:
-                db.execute(
-                    "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' "
-                    "AND supervisor_pid=? AND attempts=?",
-                    (until, run.job.id, os.getpid(), run.job.attempts),
-                )
+                store.renew_attempt_lease(db, run.job.id, run.job.attempts, os.getpid(), until)
 
     def _check_requests(self, runs: list[Run]) -> None:
         """Cancels and preemptions asked for by any participant, and allocations taken back."""
         assert self.scheduler is not None
         by_id = {r.job.id: r for r in runs}
-        marks = ",".join("?" * len(by_id))
-        rows = self.scheduler.store.db.execute(
-            "SELECT id, state, attempts, supervisor_pid, cancel_requested, preempt_requested "
-            f"FROM jobs WHERE id IN ({marks})",
-            list(by_id),
-        ).fetchall()
+        rows = self.scheduler.store.run_requests(list(by_id))
         seen = set()
         for job_id, state, attempts, supervisor, cancel, preempt in rows:
             seen.add(job_id)
@@ -367,9 +356,7 @@ class RayMonitor:
         end = RunEnd(to, why, exit_code, term_signal, retry=kind != "rejected")
         try:
             with store.transaction() as db:
-                row = db.execute(
-                    "SELECT attempts, supervisor_pid FROM jobs WHERE id=?", (job.id,)
-                ).fetchone()
+                row = store.attempt_holder(db, job.id)
                 if row is None or tuple(row) != (job.attempts, os.getpid()):
                     return  # reaped while this monitor was stalled; the ledger moved on
                 store.finish_run(db, job, end, now)

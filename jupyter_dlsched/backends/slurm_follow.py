@@ -102,10 +102,7 @@ class SlurmFollower(SlurmRecorder):
         if reason == "Dependency":
             return  # the tick's own words ("waiting for job X to finish") say more
         with self.store.transaction() as db:
-            db.execute(
-                "UPDATE jobs SET waiting=? WHERE id=? AND state IN ('queued','preempted')",
-                (words, track.job_id),
-            )
+            self.store.set_waiting_reason(db, track.job_id, words)
 
     def _running(self, track: Track) -> None:
         """SLURM started the job: move it to ``running`` with its node, GPUs and start time."""
@@ -117,16 +114,12 @@ class SlurmFollower(SlurmRecorder):
         placement = self._placement(details)
         store = self.store
         with store.transaction() as db:
-            row = db.execute(
-                "SELECT state, attempts, supervisor_pid FROM jobs WHERE id=?", (track.job_id,)
-            ).fetchone()
+            row = store.run_holder(db, track.job_id)
             if row is None or row[2] != os.getpid():
                 return
             if row[0] in ("queued", "preempted"):
                 # SLURM's clock has whole seconds: never show a start before the submission
-                submitted = db.execute(
-                    "SELECT submitted FROM jobs WHERE id=?", (track.job_id,)
-                ).fetchone()[0]
+                submitted = store.submitted_at(db, track.job_id)
                 started = max(started, submitted)
                 store.transition_in(
                     db,

@@ -69,10 +69,7 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
             self._tracks.clear()
         if ids:
             with contextlib.suppress(Exception), self.store.transaction() as db:
-                db.executemany(
-                    "UPDATE jobs SET lease_expires=? WHERE id=? AND supervisor_pid=?",
-                    [(time.time() - 1, i, os.getpid()) for i in ids],
-                )
+                self.store.set_leases(db, ids, os.getpid(), time.time() - 1)
 
     def wake(self) -> None:
         self._last_change = time.monotonic()
@@ -121,23 +118,14 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
         now = time.time()
         ttl = Settings.load(store).lease_ttl
         with self._lock:
-            rows = store.db.execute(
-                "SELECT id, inline, supervisor_pid, lease_expires FROM jobs WHERE backend=? "
-                "AND uid=? AND state IN ('queued','preempted','running')",
-                (self.backend.name, os.getuid()),
-            ).fetchall()
+            rows = store.followable_jobs(self.backend.name, os.getuid())
             for job_id, inline, supervisor, lease in rows:
                 if job_id in self._tracks:
                     continue
                 if supervisor not in (None, os.getpid()) and lease is not None and lease > now:
                     continue  # another live participant follows it
                 with store.transaction() as db:
-                    claimed = db.execute(
-                        "UPDATE jobs SET supervisor_pid=?, lease_expires=? WHERE id=? AND "
-                        "state IN ('queued','preempted','running') AND (supervisor_pid IS NULL "
-                        "OR supervisor_pid=? OR lease_expires IS NULL OR lease_expires < ?)",
-                        (os.getpid(), now + ttl, job_id, os.getpid(), now),
-                    ).rowcount
+                    claimed = store.take_over(db, job_id, os.getpid(), now + ttl, now)
                     if claimed and inline:
                         store.transition_in(
                             db,
@@ -168,15 +156,7 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
             tracks = dict(self._tracks)
         if not tracks:
             return
-        marks = ",".join("?" * len(tracks))
-        rows = {
-            r["id"]: r
-            for r in self.store.db.execute(
-                "SELECT id, state, supervisor_pid, cancel_requested, priority, time_limit, "
-                f"started FROM jobs WHERE id IN ({marks})",
-                list(tracks),
-            )
-        }
+        rows = {r["id"]: r for r in self.store.followed_jobs(list(tracks))}
         now = time.time()
         for job_id, track in tracks.items():
             row = rows.get(job_id)
@@ -239,7 +219,4 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
             ids = list(self._tracks)
         if ids:
             with self.store.transaction() as db:
-                db.executemany(
-                    "UPDATE jobs SET lease_expires=? WHERE id=? AND supervisor_pid=?",
-                    [(now + ttl, i, os.getpid()) for i in ids],
-                )
+                self.store.set_leases(db, ids, os.getpid(), now + ttl)

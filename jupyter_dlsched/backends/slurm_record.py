@@ -90,9 +90,7 @@ class SlurmRecorder(MonitorBase):
         end = RunEnd(to, why, exit_code, term_signal, retry=job.state == "running")
         moved = None
         with contextlib.suppress(IllegalTransition, JobNotFound), store.transaction() as db:
-            row = db.execute(
-                "SELECT state, supervisor_pid FROM jobs WHERE id=?", (job.id,)
-            ).fetchone()
+            row = store.state_and_supervisor(db, job.id)
             if row is None or row[1] != os.getpid():
                 return  # taken over meanwhile; the ledger moved on
             if row[0] != "running" and to in ("cancelled", "failed"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import getpass
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -106,8 +105,7 @@ class ServerState:
 
     def last_event(self) -> int:
         """The newest event's number: changes with every submit, state and priority change."""
-        row = self.store.db.execute("SELECT MAX(seq) FROM events").fetchone()
-        return int(row[0] or 0)
+        return self.store.last_event_seq()
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -184,37 +182,9 @@ class ServerState:
     def samples(
         self, since: float, until: float, source: str | None, max_rows: int
     ) -> list[dict[str, Any]]:
-        """Utilisation rows in ``[since, until]``, each source thinned evenly to fit ``max_rows``.
-
-        Filtering and thinning happen in SQLite, so a day of 1 s history is never
-        loaded into the server to answer for a sparkline.
-        """
-        where = "time >= ? AND time <= ?"
-        args: list[Any] = [since, until]
-        if source:
-            where += " AND (source = ? OR source LIKE ?)"
-            args += [source, source.replace("%", "").replace("_", "") + ":%"]
-        db = self.store.db
-        count = int(db.execute(f"SELECT COUNT(*) FROM samples WHERE {where}", args).fetchone()[0])
-        stride = max(1, -(-count // max_rows))
-        rows = db.execute(
-            f"""SELECT time, source, util, mem_used, mem_total, data FROM (
-                    SELECT *, ROW_NUMBER() OVER (PARTITION BY source ORDER BY time) - 1 AS n
-                    FROM samples WHERE {where}
-                ) WHERE n % ? = 0 ORDER BY time""",
-            [*args, stride],
-        )
-        return [
-            {
-                "time": r[0],
-                "source": r[1],
-                "util": r[2],
-                "mem_used": r[3],
-                "mem_total": r[4],
-                "data": json.loads(r[5]) if r[5] else None,
-            }
-            for r in rows
-        ]
+        """Utilisation rows in ``[since, until]``, each source thinned evenly to fit ``max_rows``
+        (``Store.thinned_samples``: thinned in SQLite, never loaded whole into the server)."""
+        return self.store.thinned_samples(since, until, source, max_rows)
 
     # -- steering --------------------------------------------------------------------------
 
