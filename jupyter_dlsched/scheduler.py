@@ -383,13 +383,7 @@ class Scheduler:
 
     def set_priority(self, job_id: str, priority: int | str) -> JobInfo:
         """Change a job's priority (``"high"`` or an integer); takes effect at the next tick."""
-        value = parse_priority(priority)
-        with self.store.transaction() as db:
-            row = self.store.state_and_priority(db, job_id)
-            if row is None:
-                raise JobNotFound(job_id)
-            self.store.set_priority(db, job_id, value)
-            self.store._event(db, job_id, row[0], row[0], f"priority {row[1]} -> {value}")
+        self.store.set_priority(job_id, parse_priority(priority))
         self.wake()
         return self.store.get(job_id)
 

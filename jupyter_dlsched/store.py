@@ -699,10 +699,14 @@ class Store:
         """Ask the supervisor of a running job to cancel it."""
         db.execute("UPDATE jobs SET cancel_requested=1 WHERE id=?", (job_id,))
 
-    @staticmethod
-    def set_priority(db: sqlite3.Connection, job_id: str, priority: int) -> None:
-        """Change a job's priority (the caller records the event)."""
-        db.execute("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))
+    def set_priority(self, job_id: str, priority: int) -> None:
+        """Change a job's priority and record it as an event (``JobNotFound`` for a bad id)."""
+        with self.transaction() as db:
+            row = self.state_and_priority(db, job_id)
+            if row is None:
+                raise JobNotFound(job_id)
+            db.execute("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))
+            self._event(db, job_id, row[0], row[0], f"priority {row[1]} -> {priority}")
 
     @staticmethod
     def set_waiting_reason(db: sqlite3.Connection, job_id: str, words: str) -> None:

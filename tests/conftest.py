@@ -7,6 +7,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,23 @@ def small_disk(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def ip(home: Path) -> Iterator[Any]:
+    """The IPython shell with the extension loaded and a scheduler on ``home``; the names a
+    test leaves in the namespace are removed after it."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import jupyter_dlsched as dls
+    from jupyter_dlsched.widgets.live import refresher
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "jupyter_dlsched")
+    dls.set_default_scheduler(Scheduler(home))
+    before = set(shell.user_ns)
+    yield shell
+    refresher.stop_all()
+    for name in set(shell.user_ns) - before:
+        del shell.user_ns[name]
+    dls.set_default_scheduler(None)

@@ -7,12 +7,10 @@ import time
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 import jupyter_dlsched as dls
 from jupyter_dlsched.cells import CellResult
-from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.widgets.live import refresher
 
 
@@ -23,19 +21,6 @@ def wait_for(condition, timeout=60.0, what="condition"):
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def ip(home):
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "jupyter_dlsched")
-    dls.set_default_scheduler(Scheduler(home))
-    before = set(shell.user_ns)
-    yield shell
-    refresher.stop_all()
-    for name in set(shell.user_ns) - before:
-        del shell.user_ns[name]
-    dls.set_default_scheduler(None)
 
 
 def schedule(shell, line, cell):

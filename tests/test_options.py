@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_dlsched.options import FLAG_OPTIONS
 
@@ -29,24 +28,6 @@ def test_the_magic_usage_lists_every_resource_flag():
 
     for option in FLAG_OPTIONS:
         assert option.flag in SCHEDULE_USAGE, option.flag
-
-
-@pytest.fixture
-def ip(home):
-    """The IPython shell with the extension, its namespace restored after the test."""
-    import jupyter_dlsched as dls
-    from jupyter_dlsched.scheduler import Scheduler
-    from jupyter_dlsched.widgets.live import refresher
-
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "jupyter_dlsched")
-    dls.set_default_scheduler(Scheduler(home))
-    before = set(shell.user_ns)
-    yield shell
-    refresher.stop_all()
-    for name in set(shell.user_ns) - before:
-        del shell.user_ns[name]
-    dls.set_default_scheduler(None)
 
 
 def test_the_magic_takes_flags_it_lacked_before(ip, tmp_path):
