@@ -63,6 +63,16 @@ class UnsafeStateFolder(DlschedError, PermissionError):
         return str(self.args[0])
 
 
+class PermissionDenied(DlschedError, PermissionError):
+    """Another user's job: only its owner (or a pool admin) may cancel, steer or read it.
+
+    >>> raise PermissionDenied("only ana (the owner) or an admin may cancel job 3f2a")
+    Traceback (most recent call last):
+    ...
+    jupyter_dlsched.errors.PermissionDenied: only ana (the owner) or an admin may cancel job 3f2a
+    """
+
+
 class LedgerUnavailable(DlschedError):
     """The ledger could not be read or written (disk full, read-only file system, ...)."""
 

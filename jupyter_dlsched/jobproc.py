@@ -63,6 +63,28 @@ def cores_for(job: JobInfo, store: Store) -> set[int]:
     return mapped & usable
 
 
+def become(uid: int, env: dict[str, str]) -> None:
+    """Drop to user ``uid`` for good: groups, gid, uid, umask, and the user's HOME and names.
+
+    Done first in a job process of a shared pool, before anything of the job is
+    read or unpickled; a failure ends the process instead of running as root.
+    """
+    import pwd
+
+    try:
+        entry = pwd.getpwuid(uid)
+        os.setgroups(os.getgrouplist(entry.pw_name, entry.pw_gid))
+        os.setgid(entry.pw_gid)
+        os.setuid(uid)
+        if os.getuid() != uid or os.geteuid() != uid:
+            raise PermissionError(f"still uid {os.geteuid()}")
+    except (KeyError, OSError) as error:
+        os.write(2, f"[dlsched] cannot run as uid {uid}: {error}\n".encode())
+        os._exit(126)
+    os.umask(0o077)
+    env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
+
+
 _LIBC: list[ctypes.CDLL] = []
 
 
@@ -94,8 +116,12 @@ def start_ranks(
     payload: bytes,
     cores: set[int],
     log_fd: int,
+    as_user: int | None = None,
 ) -> list[int]:
-    """Fork the job's process(es), all in one process group led by rank 0."""
+    """Fork the job's process(es), all in one process group led by rank 0.
+
+    ``as_user``: a shared pool's supervisor (root) runs them as the job's owner.
+    """
     world = world_size(job)
     if job.distributed:
         env = {
@@ -114,7 +140,19 @@ def start_ranks(
         pgid = pids[0] if pids else 0
         pid = os.fork()
         if pid == 0:
-            _run_job(folder, job, rank_env, context, payload, cores, log_fd, supervisor, pgid, rank)
+            _run_job(
+                folder,
+                job,
+                rank_env,
+                context,
+                payload,
+                cores,
+                log_fd,
+                supervisor,
+                pgid,
+                rank,
+                as_user,
+            )
         try:
             os.setpgid(pid, pgid or pid)  # also done by the child: whichever runs first wins
         except OSError:
@@ -134,6 +172,7 @@ def _run_job(
     supervisor: int,
     pgid: int = 0,
     rank: int = 0,
+    as_user: int | None = None,
 ) -> None:
     """A job process (rank ``rank`` of a distributed job): never returns."""
     code = 1
@@ -142,6 +181,7 @@ def _run_job(
             os.setpgid(0, pgid)
         except OSError:
             pass
+
         try:
             libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):
@@ -157,6 +197,12 @@ def _run_job(
         os.close(log_fd)
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        if as_user is not None:
+            become(as_user, env)
+            try:
+                libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a uid change clears it
+            except (OSError, AttributeError):
+                pass
         cwd = context.get("cwd")
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)

@@ -23,9 +23,13 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-def _why_unsafe(st: os.stat_result, *, ancestor: bool) -> str | None:
-    """What is wrong with a folder's owner or mode, or None when it is safe to trust."""
-    me = os.geteuid()
+def _why_unsafe(st: os.stat_result, *, ancestor: bool, owner: int | None = None) -> str | None:
+    """What is wrong with a folder's owner or mode, or None when it is safe to trust.
+
+    ``owner``: whose it must be (default: ours); a shared pool's service checks a
+    job's spool folder and files against the job's owner.
+    """
+    me = os.geteuid() if owner is None else owner
     if ancestor:
         if st.st_uid not in (0, me):
             return f"it belongs to uid {st.st_uid}, who could replace what is inside"
@@ -33,7 +37,8 @@ def _why_unsafe(st: os.stat_result, *, ancestor: bool) -> str | None:
             return "other users can write to it (and it has no sticky bit)"
         return None
     if st.st_uid != me:
-        return f"it belongs to uid {st.st_uid}, not to you (uid {me})"
+        whose = "you" if owner is None else "the job's owner"
+        return f"it belongs to uid {st.st_uid}, not to {whose} (uid {me})"
     if st.st_mode & 0o022:
         return f"other users can write to it (mode {stat.S_IMODE(st.st_mode):o})"
     return None
@@ -58,8 +63,8 @@ def secure_folder(path: Path) -> Path:
     why = _why_unsafe(st, ancestor=False)
     if why:
         raise UnsafeStateFolder(path, why)
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(real, 0o700)
+    if stat.S_IMODE(st.st_mode) & 0o066:
+        os.chmod(real, 0o700)  # a shared pool's folders stay 0711: users reach their own spool
     for parent in real.parents:
         why = _why_unsafe(os.stat(parent), ancestor=True)
         if why:
@@ -67,31 +72,38 @@ def secure_folder(path: Path) -> Path:
     return real
 
 
-def private_subfolder(path: Path) -> Path:
-    """A folder inside a checked one (``spool``, ``spool/<id>``): 0700, ours, not a link."""
+def private_subfolder(path: Path, owner: int | None = None) -> Path:
+    """A folder inside a checked one (``spool``, ``spool/<id>``): 0700, ours, not a link.
+
+    With ``owner`` (a shared pool's service, as root), a new folder is given to
+    that user and an existing one must already be theirs.
+    """
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+    else:
+        if owner is not None and owner != os.geteuid():
+            os.chown(path, owner, -1, follow_symlinks=False)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeStateFolder(path, "it is not a folder (a symbolic link or a file)")
-    why = _why_unsafe(st, ancestor=False)
+    why = _why_unsafe(st, ancestor=False, owner=owner)
     if why:
         raise UnsafeStateFolder(path, why)
     return path
 
 
-def check_file(path: Path, st: os.stat_result) -> None:
-    """A file we are about to trust: a regular file of ours that others cannot write."""
+def check_file(path: Path, st: os.stat_result, owner: int | None = None) -> None:
+    """A file we are about to trust: a regular file of ours (or ``owner``'s) others cannot write."""
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeStateFolder(path, "it is not a regular file")
-    why = _why_unsafe(st, ancestor=False)
+    why = _why_unsafe(st, ancestor=False, owner=owner)
     if why:
         raise UnsafeStateFolder(path, why)
 
 
-def read_file(path: Path) -> bytes | None:
+def read_file(path: Path, owner: int | None = None) -> bytes | None:
     """The bytes of a spool file written by the user's own job, or None when it is missing.
 
     Opened without following a symbolic link, and checked after opening (no gap
@@ -106,7 +118,7 @@ def read_file(path: Path) -> bytes | None:
             raise UnsafeStateFolder(path, "it is a symbolic link") from None
         raise
     with os.fdopen(fd, "rb") as f:
-        check_file(path, os.fstat(f.fileno()))
+        check_file(path, os.fstat(f.fileno()), owner)
         return f.read()
 
 
@@ -126,15 +138,33 @@ def write_file(path: Path, data: bytes) -> None:
         raise
 
 
-def open_append(path: Path) -> int:
-    """A file descriptor appending to ``path`` (created 0600), refusing a link or a stranger's."""
+def open_append(path: Path, owner: int | None = None) -> int:
+    """A file descriptor appending to ``path`` (created 0600), refusing a link or a stranger's.
+
+    With ``owner``, a file this call creates is given to that user (a shared pool's logs).
+    """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _CLOEXEC, 0o600)
     try:
-        check_file(path, os.fstat(fd))
+        st = os.fstat(fd)
+        if owner is not None and st.st_uid != owner and os.geteuid() == 0:
+            if st.st_uid == 0 and st.st_size == 0 and st.st_nlink == 1:
+                os.fchown(fd, owner, -1)  # just created by us (the service)
+        check_file(path, os.fstat(fd), owner)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def touch(path: Path, owner: int | None = None) -> None:
+    """Create ``path`` if missing, never through a link (a flag file in a user's spool)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        if owner is not None and os.geteuid() == 0 and st.st_uid == 0 and st.st_nlink == 1:
+            os.fchown(fd, owner, -1)
+    finally:
+        os.close(fd)
 
 
 def create_private(path: Path) -> None:

@@ -20,13 +20,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import launcher
 from . import tick as tick_steps
 from .backends import Backend, make_backend
 from .errors import JobNotFound, LedgerUnavailable, SpecError
 from .handle import JobHandle, job_exception
+
+if TYPE_CHECKING:
+    from .agent.link import AgentLink
 from .inline import InlineRunner
 from .options import RESOURCE_ARGS
 from .policy import Decisions, Policy, get_policy
@@ -88,21 +91,42 @@ class Scheduler:
         probe_pool: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_max: int | str | None = None,
+        agent: bool | None = None,
+        socket_path: str | os.PathLike[str] | None = None,
         **backend_options: Any,
     ) -> None:
-        self.store = Store(home)
-        self.home = self.store.home
+        self.link: AgentLink | None = None
+        backend_name = backend if backend is not None else os.environ.get("DLSCHED_BACKEND")
+        in_process = policy is not None and not isinstance(policy, str)
+        if backend_name in (None, "local") and not in_process and not backend_options:
+            from .agent.link import connect
+
+            self.link = connect(home, socket_path=socket_path, agent=agent)
+        elif socket_path is not None or agent:
+            raise SpecError(
+                "agent",
+                socket_path or agent,
+                "the local backend and a policy by name (a pool "
+                "agent runs the policy in its own process)",
+            )
         self._policy_object: Policy | None = None
-        self._write_settings(policy, lease_ttl, grace, policy_params)
+        if self.link is not None:
+            self.store = self.link.ledger()
+            self.home = self.store.home
+            self.link.settings(
+                policy=policy, lease_ttl=lease_ttl, grace=grace, policy_params=policy_params
+            )
+        else:
+            self.store = Store(home)
+            self.home = self.store.home
+            self._write_settings(policy, lease_ttl, grace, policy_params)
         if cache_dir is not None or cache_max is not None:
             self.configure_cache(folder=cache_dir, max_size=cache_max)
-        self.backend = make_backend(
-            backend or os.environ.get("DLSCHED_BACKEND", "local"), self, **backend_options
-        )
+        self.backend = make_backend(backend_name or "local", self, **backend_options)
         self.inventory_key = (
             "inventory" if self.backend.name == "local" else f"inventory:{self.backend.name}"
         )
-        if probe_pool or self.store.get_meta(self.inventory_key) is None:
+        if self.link is None and (probe_pool or self.store.get_meta(self.inventory_key) is None):
             self.refresh_inventory()
         self.owner = getpass.getuser()
         self.uid = os.getuid()
@@ -168,6 +192,8 @@ class Scheduler:
 
     def refresh_inventory(self) -> dict[str, Any]:
         """Probe the machine (or cluster) and store its shape in the ledger."""
+        if self.link is not None:
+            return dict(self.store.get_meta(self.inventory_key) or {})  # the agent probes
         inventory = self.backend.inventory()
         if self.store.get_meta(self.inventory_key) != inventory:
             self.store.set_meta(self.inventory_key, inventory)
@@ -269,6 +295,22 @@ class Scheduler:
         unknown = set(resources) - set(RESOURCE_ARGS)
         if unknown:
             raise SpecError(sorted(unknown)[0], resources[sorted(unknown)[0]], "a known option")
+        if self.link is not None:
+            files["context.json"] = json.dumps(submit_context()).encode()
+            [job_id] = self.link.submit(
+                kind,
+                [files],
+                default_name=default_name,
+                origin=origin(),
+                options=resources,
+                inline=inline_fn is not None,
+            )
+            if inline_fn is not None:
+                self._inline.register(job_id, inline_fn)
+                self._wake.set()
+            handle = JobHandle(self, job_id)
+            self._watch(handle, check=False)
+            return handle
         spec = build_spec(
             capacity=idle_capacity(self.inventory),
             kind=kind,
@@ -305,6 +347,26 @@ class Scheduler:
         if unknown:
             key = sorted(unknown)[0]
             raise SpecError(key, resources[key], "a known option")
+        if self.link is not None:
+            fn_pickle = pickle_payload({"fn": fn})
+            context = json.dumps(submit_context()).encode()
+            ids = self.link.submit(
+                "function",
+                [
+                    {
+                        "payload.pkl": pickle_payload({"fn_pickle": fn_pickle, "args": (item,)}),
+                        "context.json": context,
+                    }
+                    for item in items
+                ],
+                default_name=getattr(fn, "__name__", type(fn).__name__),
+                origin=origin(),
+                options=resources,
+            )
+            linked = [JobHandle(self, job_id) for job_id in ids]
+            for handle in linked:
+                self._watch(handle, check=False)
+            return linked
         spec = build_spec(
             capacity=idle_capacity(self.inventory),
             kind="function",
@@ -361,6 +423,8 @@ class Scheduler:
 
     def cancel(self, job_id: str) -> JobInfo:
         """Cancel a job: queued ones end now, running ones are stopped by their supervisor."""
+        if self.link is not None:
+            return self.link.cancel(job_id)
         now = time.time()
         with self.store.transaction() as db:
             row = self.store.state_and_supervisor(db, job_id)
@@ -383,6 +447,8 @@ class Scheduler:
 
     def set_priority(self, job_id: str, priority: int | str) -> JobInfo:
         """Change a job's priority (``"high"`` or an integer); takes effect at the next tick."""
+        if self.link is not None:
+            return self.link.set_priority(job_id, priority)
         self.store.set_priority(job_id, parse_priority(priority))
         self.wake()
         return self.store.get(job_id)
@@ -418,6 +484,8 @@ class Scheduler:
         """Counts by state and the pool's shape, for the CLI, REST and status bar."""
         from . import __version__
 
+        if self.link is not None:
+            return self.link.status()
         counts = self.store.count_jobs()
         inventory = self.inventory
         running = self.store.jobs(states=["running"])
@@ -446,6 +514,10 @@ class Scheduler:
         write lock is held, so a job never appears to start before the one it
         replaced ended.
         """
+        if self.link is not None:
+            self.link.tick()  # the agent decides; only this process can run its inline jobs
+            self._launch_inline()
+            return None
         fixed_now = now
         now = time.time() if now is None else now
         backend = self.backend.name
@@ -515,6 +587,14 @@ class Scheduler:
                 self._orphan_tries[job_id] = now
             self.backend.launch(self.store.get(job_id))
 
+    def _launch_inline(self) -> None:
+        """Start the threads of this process's inline jobs the agent has allocated."""
+        if not self._inline.pending:
+            return
+        for job_id, _started, inline in self.store.unlaunched(self.uid, "local"):
+            if inline and job_id in self._inline.pending:
+                self._inline.launch(self.store.get(job_id))
+
     # -- the background loop ---------------------------------------------------------------
 
     @property
@@ -536,6 +616,8 @@ class Scheduler:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self.backend.close()
+        if self.link is not None:
+            self.link.close()
 
     def __enter__(self) -> Scheduler:
         return self
@@ -553,6 +635,9 @@ class Scheduler:
     def _run(self) -> None:
         """Poll fast just after a job changed state (results come back in milliseconds),
         slowly when quiet; lease renewals and progress writes do not count as changes."""
+        if self.link is not None:
+            self._run_linked()
+            return
         version = self.store.data_version()
         seen_event = self._last_event_seq()
         last_change = last_tick = last_refill = time.monotonic()
@@ -594,6 +679,26 @@ class Scheduler:
                 time.sleep(0.5)
         self.store.close()
 
+    def _run_linked(self) -> None:
+        """Through an agent: wait for state changes (it answers as they happen), resolve
+        handles, and run this process's inline jobs when they are allocated."""
+        assert self.link is not None
+        seq = self._event_seq
+        while not self._closed.is_set():
+            try:
+                wait = 0.05 if self._inline.pending else 1.0
+                rows = self.link.changes(seq, wait)
+                if rows:
+                    seq = rows[-1][0]
+                    self._resolve_rows(rows)
+                self._launch_inline()
+                self._inline.maintain()
+            except Exception as error:
+                if self._closed.is_set():
+                    break
+                log.warning("dlsched: %s", error)
+                self._closed.wait(1.0)
+
     def _last_event_seq(self) -> int:
         return self.store.last_event_seq()
 
@@ -618,6 +723,9 @@ class Scheduler:
         if not rows:
             return
         self._event_seq = rows[-1][0]
+        self._resolve_rows(rows)
+
+    def _resolve_rows(self, rows: Sequence[Any]) -> None:
         finished = {r[1] for r in rows if r[2] in TERMINAL}
         if not finished:
             return

@@ -355,3 +355,22 @@ def _row_to_info(row: sqlite3.Row) -> JobInfo:
             value = json.loads(value) if value else {}
         values[name] = value
     return JobInfo(**values)
+
+
+def info_to_json(info: JobInfo) -> dict[str, Any]:
+    """A ledger row as JSON values (what the pool agent sends its clients)."""
+    data = {f.name: getattr(info, f.name) for f in fields(info)}
+    data["placement"] = info.placement.to_json() if info.placement is not None else None
+    data["after"] = list(info.after)
+    return data
+
+
+def info_from_json(data: dict[str, Any]) -> JobInfo:
+    """The ``JobInfo`` a JSON row from the pool agent describes."""
+    values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(JobInfo) if f.name in data}
+    placement = values.get("placement")
+    values["placement"] = Placement.from_json(placement) if placement is not None else None
+    values["after"] = tuple(values.get("after") or ())
+    values["env"] = dict(values.get("env") or {})
+    values["stage_in"] = dict(values.get("stage_in") or {})
+    return JobInfo(**values)

@@ -260,9 +260,12 @@ class Store:
             raise JobNotFound(job_id)
         return self.spool_root / job_id
 
-    def make_spool(self, job_id: str) -> Path:
-        """Create the job's folder (0700, ours, not a link) before a run writes into it."""
-        return private.private_subfolder(self.spool(job_id))
+    def make_spool(self, job_id: str, owner: int | None = None) -> Path:
+        """Create the job's folder (0700, ours, not a link) before a run writes into it.
+
+        ``owner``: a shared pool's service makes the folder the job owner's own.
+        """
+        return private.private_subfolder(self.spool(job_id), owner)
 
     def read_spool_file(self, job_id: str, name: str) -> bytes | None:
         """A file the job's run left (``result.pkl``, ``error.json``), checked before trusting it:
@@ -608,9 +611,16 @@ class Store:
             (job_id,),
         )
 
-    def unlaunched(self, uid: int, backend: str) -> list[sqlite3.Row]:
-        """``(id, started, inline)`` of this user's allocated jobs on ``backend`` that no
-        supervisor has claimed and nobody cancelled: the ones waiting to be launched."""
+    def unlaunched(self, uid: int | None, backend: str) -> list[sqlite3.Row]:
+        """``(id, started, inline)`` of this user's (``None``: every user's) allocated jobs on
+        ``backend`` that no supervisor has claimed and nobody cancelled: the ones waiting to
+        be launched."""
+        if uid is None:
+            return self.db.execute(
+                "SELECT id, started, inline FROM jobs WHERE state='running' "
+                "AND supervisor_pid IS NULL AND backend=? AND cancel_requested=0",
+                (backend,),
+            ).fetchall()
         return self.db.execute(
             "SELECT id, started, inline FROM jobs WHERE state='running' AND supervisor_pid IS NULL "
             "AND uid=? AND backend=? AND cancel_requested=0",

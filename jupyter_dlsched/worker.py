@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 from . import private
-from .errors import IllegalTransition, JobNotFound, LedgerUnavailable
+from .errors import IllegalTransition, JobNotFound, LedgerUnavailable, UnsafeStateFolder
 from .jobproc import cores_for, job_environment, start_ranks
 from .runtime import STOP_FILE
 from .settings import Settings
@@ -42,24 +42,38 @@ USAGE_SECONDS = 1.0
 RECORD_TRIES = 8
 
 
-def supervise(home: str | os.PathLike[str], job_id: str) -> int:
-    """Run ``job_id`` to its end; returns the supervisor's exit status."""
+def supervise(
+    home: str | os.PathLike[str],
+    job_id: str,
+    *,
+    as_owner: bool = False,
+    agent: str | bytes | None = None,
+) -> int:
+    """Run ``job_id`` to its end; returns the supervisor's exit status.
+
+    ``as_owner``: a shared pool's service (root) supervises, and the job process
+    runs as the job's owner, in a spool folder that belongs to the owner.
+    ``agent``: the pool agent to tell when the job has ended.
+    """
     store = Store(home)
     try:
         job = store.get(job_id)
     except JobNotFound:
         return 2
+    owner: int | None = None
     if job.uid != os.getuid():
-        return 2  # payloads run only as the user who submitted them
+        if not as_owner or os.geteuid() != 0:
+            return 2  # payloads run only as the user who submitted them
+        owner = job.uid
     settings = Settings.load(store)
     claimed = store.claim(job, settings.lease_ttl)
     if claimed is None:
         return 0
     job = claimed
-    folder = store.make_spool(job_id)
+    folder = store.make_spool(job_id, owner=owner)
     for stale in ("result.pkl", "error.json", "error.pkl", STOP_FILE):
         (folder / stale).unlink(missing_ok=True)
-    log_fd = private.open_append(folder / "log")
+    log_fd = private.open_append(folder / "log", owner)
     if job.attempts > 1:
         os.write(log_fd, f"[dlsched] attempt {job.attempts}\n".encode())
     context = json.loads(store.read_file(job_id, "context.json") or b"{}")
@@ -67,15 +81,25 @@ def supervise(home: str | os.PathLike[str], job_id: str) -> int:
     if payload is None:
         payload = b'{"argv": ["false"]}' if job.kind == "command" else b""
     env = job_environment(job, store, context)
+    if isinstance(agent, str):
+        env["DLSCHED_SOCKET"] = agent  # a shared pool: the job reports progress to the service
     cores = cores_for(job, store)
-    pids = start_ranks(folder, job, env, context, payload, cores, log_fd)
+    pids = start_ranks(folder, job, env, context, payload, cores, log_fd, as_user=owner)
     os.close(log_fd)
     store.update(job_id, job_pid=pids[0])
-    outcome = _monitor(store, job, pids, settings, folder)
-    _record(store, job, outcome, folder)
+    outcome = _monitor(store, job, pids, settings, folder, owner)
+    _record(store, job, outcome, folder, owner)
     store.close()
-    tick_after(home)
+    if agent is None or not _tell_agent(agent, job_id):
+        tick_after(home)
     return 0
+
+
+def _tell_agent(address: str | bytes, job_id: str) -> bool:
+    """Tell the pool agent a job ended (it decides what starts next); False if none answers."""
+    from .agent.client import notify
+
+    return notify(address, {"op": "ended", "id": job_id})
 
 
 @dataclass
@@ -127,7 +151,12 @@ class Usage:
 
 
 def _monitor(
-    store: Store, job: JobInfo, pids: list[int], settings: Settings, folder: Path
+    store: Store,
+    job: JobInfo,
+    pids: list[int],
+    settings: Settings,
+    folder: Path,
+    owner: int | None = None,
 ) -> Outcome:
     """Watch the job's processes until all have exited; stop them when the job must end."""
     outcome = Outcome()
@@ -159,7 +188,7 @@ def _monitor(
         if outcome.stop_reason is not None:
             return
         outcome.stop_reason, outcome.detail = reason, detail
-        (folder / STOP_FILE).touch()
+        private.touch(folder / STOP_FILE, owner)
         _signal_group(pgid, signal.SIGKILL if at_once else signal.SIGTERM)
         grace = settings.preempt_grace() if reason == "preempt" else settings.grace
         kill_at = time.time() + (0.0 if at_once else grace)
@@ -175,7 +204,7 @@ def _monitor(
             statuses[pid] = status
             if status != 0 and len(pids) > 1 and outcome.stop_reason is None:
                 rank = pids.index(pid)
-                _, _, why = _describe_status(status, folder)
+                _, _, why = _describe_status(status, folder, owner)
                 stop("rank", f"rank {rank} failed ({why}); stopped the other ranks")
         if len(statuses) == len(pids):
             break
@@ -283,15 +312,20 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _describe_status(status: int, folder: Path) -> tuple[int | None, int | None, str]:
+def _describe_status(
+    status: int, folder: Path, owner: int | None = None
+) -> tuple[int | None, int | None, str]:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         return None, sig, f"killed by signal {signal.Signals(sig).name}"
     code = os.WEXITSTATUS(status)
-    error_file = folder / "error.json"
-    if error_file.exists():
+    try:
+        text = private.read_file(folder / "error.json", owner)  # the job's, never via a link
+    except (OSError, UnsafeStateFolder):
+        text = None
+    if text is not None:
         try:
-            error = json.loads(error_file.read_text())
+            error = json.loads(text[:1_000_000])
             message = error["message"].strip().splitlines()
             first = message[0] if message else ""
             return code, None, f"{error['type']}: {first}"[:300]
@@ -303,10 +337,12 @@ def _describe_status(status: int, folder: Path) -> tuple[int | None, int | None,
     return code, None, f"exit code {code}"
 
 
-def _record(store: Store, job: JobInfo, outcome: Outcome, folder: Path) -> None:
+def _record(
+    store: Store, job: JobInfo, outcome: Outcome, folder: Path, owner: int | None = None
+) -> None:
     if outcome.stop_reason == "lease":
         return  # the reaper already recorded this job as lost or requeued
-    end = _run_end(job, outcome, folder)
+    end = _run_end(job, outcome, folder, owner)
     usage = outcome.usage.columns(job)
     for attempt in range(RECORD_TRIES):
         try:
@@ -321,9 +357,9 @@ def _record(store: Store, job: JobInfo, outcome: Outcome, folder: Path) -> None:
             time.sleep(min(2.0**attempt, 5.0))
 
 
-def _run_end(job: JobInfo, outcome: Outcome, folder: Path) -> RunEnd:
+def _run_end(job: JobInfo, outcome: Outcome, folder: Path, owner: int | None = None) -> RunEnd:
     """How this run ended, from why it was stopped, its exit status and what it left."""
-    exit_code, term_signal, detail = _describe_status(outcome.status, folder)
+    exit_code, term_signal, detail = _describe_status(outcome.status, folder, owner)
     reason = outcome.stop_reason
     if reason == "cancel":
         to, why = "cancelled", "cancelled by user"

@@ -156,6 +156,9 @@ def build_parser() -> _Parser:
     lg.add_argument("job_id", metavar="ID")
     lg.set_defaults(run=cmd_logs)
 
+    from .service import add_parser as add_service
+
+    add_service(sub)
     try:
         from ..sim.cli import add_parser as add_sim
     except ImportError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..history import history_table, period_words, totals_by_owner
 from ..schema import ACTIVE, JobInfo
@@ -27,8 +28,20 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"GPU {gpus['busy']}/{gpus['total']}{sim} busy · {counts['running']} running · "
         f"{counts['queued'] + counts['preempted']} queued · policy {status['policy']}"
     )
+    print(_pool_words(status))
     print(repr(pool))
     return EXIT_OK
+
+
+def _pool_words(status: dict[str, Any]) -> str:
+    """Which pool this is: a shared service, this user's agent, or the ledger directly."""
+    pool = status.get("pool") or {}
+    if pool.get("mode") == "shared":
+        role = ", an admin" if pool.get("admin") else ""
+        return f"pool: shared by every user of this machine, service at {pool.get('socket')} (you: {pool.get('you')}{role})"
+    if pool.get("mode") == "user":
+        return f"pool: yours alone, agent pid {pool.get('agent_pid')}, state in {status['home']}"
+    return f"pool: yours alone, state in {status['home']}"
 
 
 def _queue_order(jobs: list[JobInfo]) -> list[JobInfo]:

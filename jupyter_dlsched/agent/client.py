@@ -1,0 +1,190 @@
+"""Talking to a pool agent: find it, start one for this user, call it.
+
+``AgentClient(address).call("jobs", states=["queued"])`` sends one request and
+returns the reply's fields, raising the agent's refusal as the package's own
+exception. One connection per client, used by one thread at a time; a
+``changes`` long-poll gets a connection of its own (``watcher()``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .protocol import AgentUnavailable, Decoder, encode, raise_error, recv_message
+
+#: Where a shared pool's service listens unless ``DLSCHED_SOCKET`` says otherwise.
+SYSTEM_SOCKET = "/run/dlsched/dlsched.sock"
+SOCKET_ENV = "DLSCHED_SOCKET"
+#: ``DLSCHED_AGENT=1``: this user's jobs go through a per-user pool agent.
+AGENT_ENV = "DLSCHED_AGENT"
+AGENT_IDLE_ENV = "DLSCHED_AGENT_IDLE"
+START_TIMEOUT = 20.0
+
+
+def shared_socket() -> str | None:
+    """The shared pool to use: ``DLSCHED_SOCKET`` (``""`` or ``none``: none), else the
+    system socket when it exists, else None (this user's own pool)."""
+    value = os.environ.get(SOCKET_ENV)
+    if value is not None:
+        return None if value.strip().lower() in ("", "none", "0") else value
+    return SYSTEM_SOCKET if os.path.exists(SYSTEM_SOCKET) else None
+
+
+def agent_wanted() -> bool:
+    """True when ``DLSCHED_AGENT`` asks for a per-user pool agent."""
+    return os.environ.get(AGENT_ENV, "0").strip().lower() not in ("", "0", "no", "false")
+
+
+def notify(address: str | bytes, message: dict[str, Any], timeout: float = 2.0) -> bool:
+    """Send one request and wait for its reply; False if no agent answers."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            sock.sendall(encode(message))
+            reply, _ = recv_message(sock, Decoder())
+    except (OSError, AgentUnavailable):
+        return False
+    return bool(reply.get("ok"))
+
+
+def spawn_agent(home: str | os.PathLike[str]) -> None:
+    """Start this user's agent for ``home`` in the background (its own session)."""
+    from .service import IDLE_EXIT
+
+    idle = os.environ.get(AGENT_IDLE_ENV, str(IDLE_EXIT))
+    subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dlsched.agent", "--home", str(home), "--idle-exit", idle],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+        env={k: v for k, v in os.environ.items() if k != "MPLBACKEND"},
+    )
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """True when the other end has closed (a readable socket with nothing to read)."""
+    import select
+
+    readable, _, _ = select.select([sock], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+class AgentClient:
+    """One connection to a pool agent.
+
+    ``home`` (a user's own pool): an agent is started when none answers.
+    """
+
+    def __init__(self, address: str | bytes, home: str | os.PathLike[str] | None = None) -> None:
+        self.address = address
+        self.home = Path(home) if home is not None else None
+        self._sock: socket.socket | None = None
+        self._decoder = Decoder()
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        if isinstance(self.address, bytes):
+            return f"this user's pool agent for {self.home}"
+        return f"the shared pool at {self.address}"
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.address)
+        except OSError as error:
+            sock.close()
+            if self.home is None:
+                raise AgentUnavailable(
+                    f"no pool service answers at {self.address!s} ({error.strerror}); is "
+                    "`dlsched service run` running? Unset DLSCHED_SOCKET to use your own pool"
+                ) from None
+            return self._start_agent()
+        return sock
+
+    def _start_agent(self) -> socket.socket:
+        assert self.home is not None
+        spawn_agent(self.home)
+        deadline = time.monotonic() + START_TIMEOUT
+        delay = 0.005
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.address)
+                return sock
+            except OSError:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise AgentUnavailable(
+                        f"the pool agent for {self.home} did not start within "
+                        f"{START_TIMEOUT:.0f} s (python -m jupyter_dlsched.agent --home "
+                        f"{self.home} shows why)"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+
+    def call(self, op: str, blobs: list[bytes] | tuple[bytes, ...] = (), **fields: Any) -> Any:
+        """Send ``op`` with ``fields``; the reply's fields (a refusal raises)."""
+        data = encode({"op": op, **fields}, blobs)
+        with self._lock:
+            if self._sock is not None and _closed_by_peer(self._sock):
+                self._close()  # the agent restarted (or idled out) since the last call
+            for attempt in (0, 1):
+                if self._sock is None:
+                    self._sock = self._connect()
+                    self._decoder = Decoder()
+                try:
+                    self._sock.sendall(data)
+                except OSError:
+                    self._close()
+                    if attempt == 0:
+                        continue  # nothing was sent: try a fresh connection once
+                    raise AgentUnavailable(f"{self.describe()} does not answer") from None
+                try:
+                    reply, _ = recv_message(self._sock, self._decoder)
+                    break
+                except (OSError, AgentUnavailable):
+                    self._close()
+                    if op == "submit":
+                        # the submission may have landed: never send it twice
+                        raise AgentUnavailable(
+                            f"lost the connection to {self.describe()} while submitting; "
+                            "`dls.jobs()` shows whether the job was queued"
+                        ) from None
+                    if attempt == 1:
+                        raise AgentUnavailable(f"{self.describe()} does not answer") from None
+        if not reply.get("ok"):
+            raise_error(reply.get("error") or {})
+        return reply
+
+    def watcher(self) -> AgentClient:
+        """A second connection, for ``changes`` long-polls that must not hold up calls."""
+        return AgentClient(self.address, self.home)
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()

@@ -1,0 +1,99 @@
+"""Per-user limits of a shared pool: a policy wrapper that holds back jobs over a limit.
+
+Like the staging gate, ``LimitsGate`` wraps the pool's policy for one tick:
+jobs whose owner is at a limit are not offered to the policy, and a decision
+that would start several jobs of one owner keeps only those within the limit.
+A held job's waiting reason names the limit: ``"ana holds 4 GPUs, the limit
+per user is 4"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..policy import Decisions, Policy, QueuedJob, RunningJob
+from ..resources import Capacity
+from .config import Limits, ServiceConfig
+
+
+class LimitsGate:
+    """``policy`` with each user's ``max_gpus`` and ``max_running`` applied."""
+
+    def __init__(self, policy: Policy, config: ServiceConfig) -> None:
+        self._policy = policy
+        self._config = config
+        self.name = getattr(policy, "name", "policy")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    def __call__(
+        self,
+        queued: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        capacity: Capacity,
+        now: float,
+    ) -> Decisions:
+        gpus: dict[str, float] = {}
+        count: dict[str, int] = {}
+        for active in running:
+            gpus[active.owner] = gpus.get(active.owner, 0.0) + active.request.gpus
+            count[active.owner] = count.get(active.owner, 0) + 1
+        held: dict[str, str] = {}
+        offered: list[QueuedJob] = []
+        for job in queued:
+            why = _over(job, self._config.limits_for(job.owner), gpus, count)
+            if why:
+                held[job.id] = why
+            else:
+                offered.append(job)
+        if not held and not any(_limited(self._config.limits_for(j.owner)) for j in queued):
+            return self._policy(queued, running, capacity, now)
+        decisions = self._policy(offered, running, capacity, now)
+        by_id = {j.id: j for j in offered}
+        kept = []
+        for start in decisions.starts:
+            chosen = by_id.get(start.job_id)
+            if chosen is None:
+                kept.append(start)
+                continue
+            why = _over(chosen, self._config.limits_for(chosen.owner), gpus, count)
+            if why:
+                held[start.job_id] = why
+                continue
+            kept.append(start)
+            gpus[chosen.owner] = gpus.get(chosen.owner, 0.0) + chosen.request.gpus
+            count[chosen.owner] = count.get(chosen.owner, 0) + 1
+        decisions.starts = kept
+        decisions.waiting.update(held)
+        decisions.order = list(decisions.order) + [j.id for j in queued if j.id in held]
+        return decisions
+
+
+def _limited(limits: Limits) -> bool:
+    return limits.max_gpus is not None or limits.max_running is not None
+
+
+def _over(
+    job: QueuedJob, limits: Limits, gpus: dict[str, float], count: dict[str, int]
+) -> str | None:
+    """Why starting ``job`` would put its owner over a limit, or None."""
+    owner = job.owner
+    if limits.max_running is not None and count.get(owner, 0) + 1 > limits.max_running:
+        n = count.get(owner, 0)
+        return (
+            f"{owner} has {n} job{'s' if n != 1 else ''} running, "
+            f"the limit per user is {limits.max_running}"
+        )
+    held = gpus.get(owner, 0.0)
+    if (
+        limits.max_gpus is not None
+        and job.request.gpus
+        and held + job.request.gpus > limits.max_gpus
+    ):
+        return (
+            f"{owner} holds {held:g} GPU{'s' if held != 1 else ''}, "
+            f"the limit per user is {limits.max_gpus:g}"
+        )
+    return None

@@ -1,0 +1,268 @@
+"""How a ``Scheduler`` works through a pool agent: submit, steer and read over its socket.
+
+``connect(...)`` decides whether a scheduler is a client at all: a shared
+pool (``DLSCHED_SOCKET`` or the system socket) always; this user's own agent
+when asked (``Scheduler(agent=True)`` or ``DLSCHED_AGENT=1``). A client never
+writes the ledger: submissions, cancels and priority changes are requests the
+agent validates and applies. In its own pool a client still reads the ledger
+(SQLite readers do not block the writer); in a shared pool it cannot, and
+``RemoteLedger`` reads through the agent instead, while results and logs are
+read straight from the user's own spool folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from .. import private
+from ..errors import DlschedError, JobNotFound, PermissionDenied, SpecError
+from ..schema import JobInfo, info_from_json
+from ..spec import _after
+from .client import AgentClient, agent_wanted, shared_socket
+from .service import user_address
+
+
+def connect(
+    home: str | os.PathLike[str] | None,
+    *,
+    socket_path: str | os.PathLike[str] | None = None,
+    agent: bool | None = None,
+) -> AgentLink | None:
+    """The agent a new scheduler should go through, or None to use the ledger directly."""
+    shared = str(socket_path) if socket_path is not None else None
+    if shared is None and agent is not False:
+        shared = shared_socket()
+    if shared is not None:
+        return AgentLink(AgentClient(shared), shared=True)
+    if agent or (agent is None and agent_wanted()):
+        from ..store import default_home
+
+        folder = Path(home).expanduser() if home is not None else default_home()
+        return AgentLink(AgentClient(user_address(folder), home=folder), shared=False)
+    return None
+
+
+class AgentLink:
+    """A scheduler's requests to its agent (``hello`` says which pool it is)."""
+
+    def __init__(self, client: AgentClient, *, shared: bool) -> None:
+        self.client = client
+        self.shared = shared
+        self.hello: dict[str, Any] = client.call("hello")
+        self.home = Path(self.hello["home"])
+        self._watch: AgentClient | None = None
+
+    def ledger(self) -> Any:
+        """What the scheduler reads: the ledger itself in one's own pool, else the agent."""
+        if self.shared:
+            return RemoteLedger(self)
+        from ..store import Store
+
+        return Store(self.home)
+
+    def submit(
+        self,
+        kind: str,
+        jobs: Sequence[dict[str, bytes]],
+        *,
+        default_name: str,
+        origin: str,
+        options: dict[str, Any],
+        inline: bool = False,
+    ) -> list[str]:
+        """Queue ``jobs`` (each its files) with the same options; their ids."""
+        blobs: list[bytes] = []
+        index: dict[int, int] = {}
+        items = []
+        for files in jobs:
+            refs = {}
+            for name, data in files.items():
+                key = id(data)
+                if key not in index:  # a map's shared context travels once
+                    index[key] = len(blobs)
+                    blobs.append(data)
+                refs[name] = index[key]
+            items.append({"files": refs})
+        reply = self.client.call(
+            "submit",
+            blobs,
+            kind=kind,
+            default_name=default_name,
+            origin=origin,
+            options=wire_options(options),
+            inline=inline,
+            jobs=items,
+        )
+        return list(reply["ids"])
+
+    def cancel(self, job_id: str) -> JobInfo:
+        return info_from_json(self.client.call("cancel", id=job_id)["job"])
+
+    def set_priority(self, job_id: str, priority: int | str) -> JobInfo:
+        return info_from_json(self.client.call("priority", id=job_id, priority=priority)["job"])
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.client.call("status")["status"])
+
+    def tick(self) -> None:
+        self.client.call("tick")
+
+    def settings(self, **values: Any) -> None:
+        if any(v is not None for v in values.values()):
+            self.client.call("settings", **values)
+
+    def changes(self, since: int, wait: float) -> list[tuple[int, str, str]]:
+        """State changes after ``since``, waiting up to ``wait`` seconds for one."""
+        if self._watch is None:
+            self._watch = self.client.watcher()
+        rows = self._watch.call("changes", since=since, wait=wait)["changes"]
+        return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+    def close(self) -> None:
+        self.client.close()
+        if self._watch is not None:
+            self._watch.close()
+
+
+def wire_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Resource options as JSON values (the agent validates them again, as the only judge)."""
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "after":
+            value = list(_after(value))
+        elif isinstance(value, datetime):
+            value = value.timestamp()
+        elif isinstance(value, timedelta):
+            value = value.total_seconds()
+        elif isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        elif key == "stage_in" and isinstance(value, dict):
+            value = {
+                str(k): os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in value.items()
+            }
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(key, value, "a finite number")
+        if not _jsonable(value):
+            raise SpecError(key, value, "a number, a string, or a list or mapping of them")
+        out[key] = value
+    return out
+
+
+def _jsonable(value: object) -> bool:
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_jsonable(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _jsonable(v) for k, v in value.items())
+    return False
+
+
+class _NoReserve:
+    def refill(self) -> None:
+        return None
+
+
+class RemoteLedger:
+    """The ledger of a shared pool, read through its agent (the reads a client makes).
+
+    Results, error reports and logs are the user's own files in the pool's
+    spool folder; they are read directly, with the same checks as at home.
+    """
+
+    def __init__(self, link: AgentLink) -> None:
+        self._link = link
+        self._client = link.client
+        self.home = link.home
+        self.spool_root = self.home / "spool"
+        self.path = self.home / "ledger.sqlite"
+        self.reserve = _NoReserve()
+
+    def get(self, job_id: str) -> JobInfo:
+        if not isinstance(job_id, str):
+            raise JobNotFound(job_id)
+        return info_from_json(self._client.call("get", id=job_id)["job"])
+
+    def jobs(
+        self,
+        states: Iterable[str] | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        ids: Sequence[str] | None = None,
+        newest_first: bool = False,
+    ) -> list[JobInfo]:
+        reply = self._client.call(
+            "jobs",
+            states=list(states) if states is not None else None,
+            owner=owner,
+            limit=limit,
+            offset=offset,
+            ids=list(ids) if ids is not None else None,
+            newest_first=newest_first,
+        )
+        return [info_from_json(r) for r in reply["jobs"]]
+
+    def finished_jobs(
+        self, since: float = 0.0, owner: str | None = None, limit: int | None = None
+    ) -> list[JobInfo]:
+        reply = self._client.call("finished", since=since, owner=owner, limit=limit)
+        return [info_from_json(r) for r in reply["jobs"]]
+
+    def count_jobs(self) -> dict[str, int]:
+        return dict(self._client.call("count")["counts"])
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        value = self._client.call("meta", key=key)["value"]
+        return default if value is None else value
+
+    def set_meta(self, key: str, value: Any) -> None:
+        raise PermissionDenied(f"the shared pool's {key} is set by its service, not by a client")
+
+    def last_event_seq(self) -> int:
+        return int(self._client.call("seq")["seq"])
+
+    def data_version(self) -> int:
+        return self.last_event_seq()
+
+    def state_changes_since(self, seq: int) -> list[tuple[int, str, str]]:
+        rows = self._client.call("changes", since=seq)["changes"]
+        return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+    def events(self, job_id: str | None = None, since: int = 0) -> list[dict[str, Any]]:
+        return list(self._client.call("events", id=job_id, since=since)["events"])
+
+    def spool(self, job_id: str) -> Path:
+        from ..store import _ID
+
+        if not isinstance(job_id, str) or not _ID.match(job_id):
+            raise JobNotFound(job_id)
+        return self.spool_root / job_id
+
+    def read_spool_file(self, job_id: str, name: str) -> bytes | None:
+        """One of this user's job files; another user's is refused, not read."""
+        try:
+            return private.read_file(self.spool(job_id) / name)
+        except PermissionError as error:
+            if getattr(error, "errno", None) == errno.EACCES:
+                owner = self.get(job_id).owner
+                raise PermissionDenied(
+                    f"job {job_id} belongs to {owner}: only its owner or a pool admin may read "
+                    "its results and logs"
+                ) from None
+            raise
+
+    def close(self) -> None:
+        self._link.close()
+
+    def __getattr__(self, name: str) -> Any:
+        raise DlschedError(
+            f"{name} is not available through a shared pool: its ledger belongs to the "
+            "pool's service"
+        )

@@ -1,0 +1,763 @@
+"""The pool agent: the one process that decides, launches and answers for a ledger.
+
+Kernels, the CLI and the server extension are its clients: they submit,
+steer and read over a Unix socket; the agent validates, writes the ledger,
+ticks the policy and forks each job's supervisor from its preloaded state
+(no interpreter start). Every peer is identified by ``SO_PEERCRED``.
+
+Two ways to run it, one code path:
+
+* **one user** (``Agent(home)``): an abstract socket named after the user and
+  the state folder; started on first use by a client, exits when idle; a peer
+  of another uid is refused.
+* **a shared pool** (``Agent(home, socket_path, config=...)``, what
+  ``dlsched service run`` starts, as root or a service user): a socket file
+  anyone may connect to; each job's supervisor stays with the service and
+  forks the job process as the job's owner. Everyone sees the queue; only a
+  job's owner or an admin may cancel or steer it, and each user's results and
+  logs live in a spool folder only that user can open.
+
+Running jobs do not depend on the agent: each has a supervisor in its own
+session that renews its lease and records how it ended in the ledger. A
+restarted agent (after ``kill -9``) opens the same ledger and goes on; the
+supervisors it did not start tell it when their jobs end.
+
+    python -m jupyter_dlsched.agent --home DIR [--socket PATH --config FILE]
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import pwd
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..backends.local import LocalBackend
+from ..errors import DlschedError, JobNotFound, LedgerUnavailable, PermissionDenied, SpecError
+from ..policy import Policy
+from ..pool import idle_capacity
+from ..scheduler import Scheduler
+from ..schema import WAITING, JobInfo, info_to_json
+from ..spec import build_spec
+from ..words import priority_words
+from .config import ServiceConfig
+from .limits import LimitsGate
+from .protocol import Decoder, ProtocolError, encode, error_reply
+
+log = logging.getLogger("jupyter_dlsched.agent")
+
+IDLE_EXIT = 600.0
+#: Longest a ``changes`` request waits for a state change before answering empty.
+MAX_WAIT = 30.0
+#: Seconds before an allocated job nobody claimed is launched again.
+RELAUNCH_AFTER = 5.0
+_UCRED = struct.Struct("3i")
+PRELOAD_ENV = "DLSCHED_PRELOAD"
+DEFAULT_PRELOAD = "numpy"
+_METADATA_KEYS = ("inventory", "settings", "cache")
+
+
+@dataclass
+class Peer:
+    """One client connection and who is at the other end."""
+
+    sock: socket.socket
+    pid: int
+    uid: int
+    gid: int
+    user: str
+    admin: bool
+    decoder: Decoder = field(default_factory=Decoder)
+    out: bytearray = field(default_factory=bytearray)
+    #: a ``changes`` request held until something changes: (since, deadline)
+    waiting: tuple[int, float] | None = None
+
+
+class ForkingBackend(LocalBackend):
+    """The local backend as the agent runs it: supervisors are forked by the agent itself."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(None)
+        self.agent = agent
+
+    def launch(self, job: JobInfo) -> None:
+        self.agent.fork_supervisor(job)
+
+
+class AgentScheduler(Scheduler):
+    """The scheduler inside the agent: the service's limits, and every user's jobs launched."""
+
+    def __init__(self, agent: Agent, home: str | os.PathLike[str], **options: Any) -> None:
+        self.agent = agent
+        self._tried: dict[str, float] = {}
+        super().__init__(home, backend=ForkingBackend(agent), loop=False, agent=False, **options)
+
+    def policy(self) -> Policy:
+        policy = super().policy()
+        if self.agent.config is not None:
+            return LimitsGate(policy, self.agent.config)
+        return policy
+
+    def _launch_mine(self, now: float, just_started: Iterable[str]) -> None:
+        """Launch every allocated job nobody claimed (a user's own, or all in a shared pool)."""
+        fresh = set(just_started)
+        uid = None if self.agent.shared else self.uid
+        for job_id, started, inline in self.store.unlaunched(uid, self.backend.name):
+            if inline:
+                continue  # runs in the thread of the kernel that holds the cell
+            if job_id not in fresh and now - self._tried.get(job_id, 0.0) < RELAUNCH_AFTER:
+                continue
+            if job_id not in fresh and started is not None and now - started < 1.0:
+                continue  # a supervisor is claiming it right now
+            self._tried[job_id] = now
+            self.backend.launch(self.store.get(job_id))
+        if len(self._tried) > 10_000:
+            self._tried = {k: v for k, v in self._tried.items() if now - v < 60.0}
+
+
+def user_address(home: str | os.PathLike[str]) -> bytes:
+    """The abstract socket of one user's agent for ``home`` (and this code and interpreter)."""
+    from ..launcher import socket_name
+
+    return socket_name(home).replace(b"dlsched-", b"dlsched-agent-", 1)
+
+
+def preload() -> None:
+    """Import what supervisors and jobs need before forking them (``DLSCHED_PRELOAD``)."""
+    import importlib
+
+    for name in os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(","):
+        if name.strip():
+            try:
+                importlib.import_module(name.strip())
+            except Exception:
+                pass
+    import cloudpickle  # noqa: F401
+
+    from .. import jobproc, worker  # noqa: F401
+    from ..staging import stager  # noqa: F401
+    from . import client  # noqa: F401  (supervisors tell the agent when their job ends)
+
+    jobproc.libc()
+
+
+class Agent:
+    """Serve one ledger: ``Agent(home).serve()`` runs until stopped (or idle, for one user)."""
+
+    def __init__(
+        self,
+        home: str | os.PathLike[str],
+        socket_path: str | os.PathLike[str] | None = None,
+        *,
+        config: ServiceConfig | None = None,
+        idle_exit: float = IDLE_EXIT,
+    ) -> None:
+        self.home = Path(home)
+        self.shared = socket_path is not None
+        self.socket_path = Path(socket_path) if socket_path is not None else None
+        self.config = config if config is not None or not self.shared else ServiceConfig.load(None)
+        self.idle_exit = idle_exit
+        self.uid = os.getuid()
+        self.peers: dict[int, Peer] = {}
+        self.selector = selectors.DefaultSelector()
+        self.listener: socket.socket | None = None
+        self.sched: AgentScheduler | None = None
+        self._dirty = True
+        self._stopping = False
+        self._address: str | bytes | None = None
+        self._ops: dict[str, Callable[[Peer, dict[str, Any], list[bytes]], dict[str, Any] | None]]
+        self._ops = {
+            "hello": self._hello,
+            "ping": lambda peer, msg, blobs: {},
+            "submit": self._submit,
+            "cancel": self._cancel,
+            "priority": self._priority,
+            "get": self._get,
+            "jobs": self._jobs,
+            "finished": self._finished,
+            "count": lambda peer, msg, blobs: {"counts": self._store.count_jobs()},
+            "seq": lambda peer, msg, blobs: {"seq": self._store.last_event_seq()},
+            "status": lambda peer, msg, blobs: {"status": self._status(peer)},
+            "changes": self._changes,
+            "events": self._events,
+            "meta": self._meta,
+            "progress": self._progress,
+            "ended": self._ended,
+            "tick": self._tick_request,
+            "settings": self._settings,
+            "stop": self._stop,
+        }
+
+    @property
+    def address(self) -> str | bytes:
+        """Where clients reach this agent (computed once: forked supervisors report to it)."""
+        if self._address is None:
+            self._address = (
+                str(self.socket_path) if self.socket_path is not None else user_address(self.home)
+            )
+        return self._address
+
+    @property
+    def _store(self) -> Any:
+        assert self.sched is not None
+        return self.sched.store
+
+    # -- start and loop ---------------------------------------------------------------------
+
+    def bind(self) -> bool:
+        """Take the socket; False when another agent already serves it."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self.socket_path is None:
+            try:
+                listener.bind(self.address)
+            except OSError:
+                listener.close()
+                return False
+        else:
+            folder = self.socket_path.parent
+            folder.mkdir(parents=True, exist_ok=True)
+            if _answers(str(self.socket_path)):
+                listener.close()
+                return False
+            try:
+                self.socket_path.unlink()
+            except FileNotFoundError:
+                pass
+            listener.bind(str(self.socket_path))
+            # anyone may connect: who they are comes from SO_PEERCRED, not the file's mode
+            os.chmod(self.socket_path, 0o666)
+        listener.listen(256)
+        listener.setblocking(False)
+        self.listener = listener
+        self.selector.register(listener, selectors.EVENT_READ, None)
+        return True
+
+    def open(self) -> None:
+        """Open the ledger (and in a shared pool make its folders traversable to users)."""
+        options: dict[str, Any] = {}
+        if self.config is not None:
+            params = dict(self.config.policy_params)
+            if self.config.policy == "fair" and "weights" not in params:
+                params["weights"] = self.config.owner_weights()
+            options = {"policy": self.config.policy, "policy_params": params}
+        self.sched = AgentScheduler(self, self.home, **options)
+        if self.shared:
+            # users reach their own spool folder (0700, theirs) through these; they cannot list them
+            os.chmod(self._store.home, 0o711)
+            os.chmod(self._store.spool_root, 0o711)
+
+    def serve(self) -> int:
+        """Bind, open, preload and run until stopped; 0 also when another agent serves."""
+        if not self.bind():
+            return 0
+        try:
+            self.open()
+            preload()
+            _set_name(b"dlsched-agent")
+            self.run()
+        finally:
+            self.close()
+        return 0
+
+    def run(self) -> None:
+        """The loop (after ``bind`` and ``open``): until SIGTERM, a ``stop``, or idle."""
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
+        signal.signal(signal.SIGTERM, lambda *_: self._request_stop())
+        self._loop()
+
+    def _request_stop(self) -> None:
+        self._stopping = True
+
+    def close(self) -> None:
+        for peer in list(self.peers.values()):
+            self._drop(peer)
+        if self.listener is not None:
+            self.selector.unregister(self.listener)
+            self.listener.close()
+            self.listener = None
+            if self.socket_path is not None:
+                try:
+                    self.socket_path.unlink()
+                except FileNotFoundError:
+                    pass
+        if self.sched is not None:
+            self.sched.store.close()
+
+    def _loop(self) -> None:
+        store = self._store
+        version = store.data_version()
+        last_change = last_tick = last_busy = time.monotonic()
+        last_refill = last_warned = 0.0
+        while not self._stopping:
+            quiet = time.monotonic() - last_change
+            timeout = 0.0 if self._dirty else min(0.25, max(0.002, quiet / 20))
+            for key, mask in self.selector.select(timeout):
+                if key.data is None:
+                    self._accept()
+                else:
+                    peer: Peer = key.data
+                    if mask & selectors.EVENT_READ:
+                        self._read(peer)
+                    if mask & selectors.EVENT_WRITE and peer.sock.fileno() in self.peers:
+                        self._flush(peer)
+            now = time.monotonic()
+            try:
+                current = store.data_version()
+                if current != version:
+                    version = current
+                    self._dirty = True
+                if self._dirty:
+                    last_change = now
+                if self._dirty or now - last_tick >= 1.0:
+                    self._dirty = False
+                    last_tick = now
+                    self._tick()
+                if now - last_refill >= 30.0:
+                    last_refill = now
+                    store.reserve.refill()
+            except LedgerUnavailable as error:
+                if now - last_warned >= 60.0:
+                    last_warned = now
+                    log.warning("dlsched agent: %s", error)
+                time.sleep(0.5)
+            except Exception:
+                log.exception("dlsched agent loop")
+                time.sleep(0.5)
+            self._answer_watchers()
+            if self.peers or not self.shared and self._has_waiting():
+                last_busy = now
+            if not self.shared and (now - last_busy > self.idle_exit or not self.home.is_dir()):
+                return
+
+    def _tick(self) -> None:
+        assert self.sched is not None
+        self.sched.tick()
+
+    def _has_waiting(self) -> bool:
+        counts = self._store.count_jobs()
+        return any(counts.get(s, 0) for s in WAITING)
+
+    # -- connections ------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as error:
+                if error.errno in (errno.EMFILE, errno.ENFILE):
+                    log.warning("dlsched agent: out of file descriptors")
+                return
+            pid, uid, gid = _UCRED.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+            )
+            if not self.shared and uid != self.uid:
+                # one user's pool: nobody else may talk to it (their own agent serves them)
+                refusal = PermissionDenied(
+                    f"this pool agent serves uid {self.uid} only; you are uid {uid}"
+                )
+                _refuse(sock, refusal)
+                continue
+            sock.setblocking(False)
+            admin = uid == self.uid or (
+                self.config is not None and self.config.is_admin(uid, self.uid)
+            )
+            peer = Peer(sock, pid, uid, gid, _user_name(uid), admin)
+            self.peers[sock.fileno()] = peer
+            self.selector.register(sock, selectors.EVENT_READ, peer)
+
+    def _read(self, peer: Peer) -> None:
+        try:
+            data = peer.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(peer)
+            return
+        peer.decoder.feed(data)
+        while peer.waiting is None:
+            try:
+                message = peer.decoder.pop()
+            except ProtocolError as error:
+                self._send(peer, error_reply(error))
+                self._drop(peer, flush=True)
+                return
+            if message is None:
+                return
+            self._handle(peer, *message)
+            if peer.sock.fileno() not in self.peers:
+                return
+
+    def _handle(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None:
+        op = message.get("op")
+        handler = self._ops.get(op) if isinstance(op, str) else None
+        try:
+            if handler is None:
+                raise ProtocolError(f"unknown request {op!r}")
+            reply = handler(peer, message, blobs)
+        except (DlschedError, ValueError, TypeError, KeyError) as error:
+            if not isinstance(error, DlschedError):
+                error = ProtocolError(f"a malformed {op!r} request: {error}")
+            self._send(peer, error_reply(error))
+            return
+        except Exception as error:
+            log.exception("dlsched agent: %s request", op)
+            self._send(peer, error_reply(DlschedError(f"the pool agent failed: {error}")))
+            return
+        if reply is not None:
+            self._send(peer, {"ok": True, **reply})
+
+    def _send(self, peer: Peer, reply: dict[str, Any], blobs: list[bytes] = ()) -> None:  # type: ignore[assignment]
+        peer.out += encode(reply, blobs)
+        self._flush(peer)
+
+    def _flush(self, peer: Peer) -> None:
+        while peer.out:
+            try:
+                sent = peer.sock.send(peer.out)
+            except BlockingIOError:
+                break
+            except OSError:
+                self._drop(peer)
+                return
+            del peer.out[:sent]
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.out else 0)
+        self.selector.modify(peer.sock, events, peer)
+
+    def _drop(self, peer: Peer, flush: bool = False) -> None:
+        if flush and peer.out:
+            try:
+                peer.sock.setblocking(True)
+                peer.sock.settimeout(1.0)
+                peer.sock.sendall(peer.out)
+            except OSError:
+                pass
+        fd = peer.sock.fileno()
+        if fd in self.peers:
+            del self.peers[fd]
+            self.selector.unregister(peer.sock)
+        peer.sock.close()
+
+    # -- forking supervisors ------------------------------------------------------------------
+
+    def fork_supervisor(self, job: JobInfo) -> None:
+        """Fork the supervisor of an allocated job (it runs in its own session)."""
+        pid = os.fork()
+        if pid != 0:
+            return
+        code = 1
+        try:
+            os.setsid()
+            _set_name(b"dlsched-sup")
+            if self.listener is not None:
+                self.listener.close()
+            for peer in self.peers.values():
+                peer.sock.close()
+            for sig in (signal.SIGCHLD, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            from ..worker import supervise
+
+            code = supervise(self.home, job.id, as_owner=self.shared, agent=self.address)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _hello(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "mode": "shared" if self.shared else "user",
+            "home": str(self.home),
+            "socket": self.socket_path and str(self.socket_path),
+            "pid": os.getpid(),
+            "uid": peer.uid,
+            "user": peer.user,
+            "admin": peer.admin,
+        }
+
+    def _submit(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        assert self.sched is not None
+        options = msg.get("options") or {}
+        if not isinstance(options, dict):
+            raise SpecError("options", options, "a mapping of resource options")
+        inline = bool(msg.get("inline"))
+        if self.shared and inline:
+            raise SpecError(
+                "inline",
+                True,
+                "a job that runs in the pool's own processes (a shared pool "
+                "cannot run a thread of your kernel): leave out --inline",
+            )
+        if self.shared and options.get("stage_in"):
+            raise SpecError(
+                "stage_in",
+                options["stage_in"],
+                "no stage_in in a shared pool yet (read the data from its source)",
+            )
+        spec = build_spec(
+            capacity=idle_capacity(self.sched.inventory),
+            kind=str(msg.get("kind", "function")),
+            default_name=str(msg.get("default_name", "job")),
+            origin=str(msg.get("origin", "")),
+            **options,
+        )
+        self._check_priority(peer, spec.priority)
+        jobs = msg.get("jobs")
+        if not isinstance(jobs, list) or not jobs:
+            raise ProtocolError("a submit request without jobs")
+        batch = []
+        for item in jobs:
+            files = {str(name): blobs[int(index)] for name, index in item["files"].items()}
+            batch.append((self._store.new_id(), spec, files))
+        self._store.insert_jobs(
+            batch, owner=peer.user, uid=peer.uid, backend="local", inline=inline
+        )
+        self._dirty = True
+        return {"ids": [job_id for job_id, _, _ in batch]}
+
+    def _check_priority(self, peer: Peer, priority: int) -> None:
+        if peer.admin or self.config is None:
+            return
+        cap = self.config.limits_for(peer.user).max_priority
+        if cap is not None and priority > cap:
+            raise PermissionDenied(
+                f"priority {priority_words(priority)} is above the highest a user may ask for "
+                f"in this pool ({priority_words(cap)}); an admin can raise it"
+            )
+
+    def _owned(self, peer: Peer, job_id: object, doing: str) -> JobInfo:
+        """The job, if ``peer`` may ``doing`` it: its owner, or an admin."""
+        if not isinstance(job_id, str):
+            raise JobNotFound(job_id)
+        info = self._store.get(job_id)
+        if info.uid != peer.uid and not peer.admin:
+            raise PermissionDenied(
+                f"job {info.id} belongs to {info.owner}: only its owner or a pool admin may "
+                f"{doing} it"
+            )
+        return info
+
+    def _cancel(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        assert self.sched is not None
+        info = self._owned(peer, msg.get("id"), "cancel")
+        self._dirty = True
+        return {"job": self._row(peer, self.sched.cancel(info.id))}
+
+    def _priority(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        assert self.sched is not None
+        from ..spec import parse_priority
+
+        info = self._owned(peer, msg.get("id"), "change the priority of")
+        priority = parse_priority(msg.get("priority"))
+        self._check_priority(peer, priority)
+        self._dirty = True
+        return {"job": self._row(peer, self.sched.set_priority(info.id, priority))}
+
+    def _row(self, peer: Peer, info: JobInfo) -> dict[str, Any]:
+        """A job as ``peer`` may see it: everything for its owner or an admin, else the queue's
+        columns (no environment, no notebook path, no data sources)."""
+        data = info_to_json(info)
+        if info.uid != peer.uid and not peer.admin:
+            data["env"] = {}
+            data["origin"] = ""
+            data["stage_in"] = {name: "" for name in info.stage_in}
+            if data.get("progress"):
+                data["progress"] = {**data["progress"], "metrics": {}}
+        return data
+
+    def _get(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        job_id = msg.get("id")
+        if not isinstance(job_id, str):
+            raise JobNotFound(job_id)
+        return {"job": self._row(peer, self._store.get(job_id))}
+
+    def _jobs(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        rows = self._store.jobs(
+            states=msg.get("states"),
+            owner=msg.get("owner"),
+            limit=msg.get("limit"),
+            offset=int(msg.get("offset") or 0),
+            ids=msg.get("ids"),
+            newest_first=bool(msg.get("newest_first")),
+        )
+        return {"jobs": [self._row(peer, info) for info in rows]}
+
+    def _finished(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        rows = self._store.finished_jobs(
+            since=float(msg.get("since") or 0.0), owner=msg.get("owner"), limit=msg.get("limit")
+        )
+        return {"jobs": [self._row(peer, info) for info in rows]}
+
+    def _status(self, peer: Peer) -> dict[str, Any]:
+        assert self.sched is not None
+        status = self.sched.status()
+        status["pool"] = {
+            "mode": "shared" if self.shared else "user",
+            "socket": str(self.socket_path) if self.socket_path else None,
+            "agent_pid": os.getpid(),
+            "you": peer.user,
+            "admin": peer.admin,
+        }
+        return status
+
+    def _events(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        job_id = msg.get("id")
+        if job_id is not None:
+            self._store.get(job_id)  # JobNotFound for an unknown id
+        return {"events": self._store.events(job_id, since=int(msg.get("since") or 0))}
+
+    def _meta(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        key = msg.get("key")
+        if not isinstance(key, str) or not (key in _METADATA_KEYS or key.startswith("inventory:")):
+            raise SpecError("key", key, "one of " + ", ".join(_METADATA_KEYS))
+        return {"value": self._store.get_meta(key)}
+
+    def _changes(
+        self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]
+    ) -> dict[str, Any] | None:
+        """State changes after ``since``; with ``wait``, held until there is one (or timeout)."""
+        since = int(msg.get("since") or 0)
+        wait = min(float(msg.get("wait") or 0.0), MAX_WAIT)
+        rows = self._store.state_changes_since(since)
+        if rows or wait <= 0:
+            return {"changes": [list(r) for r in rows]}
+        peer.waiting = (since, time.monotonic() + wait)
+        return None
+
+    def _answer_watchers(self) -> None:
+        watchers = [p for p in self.peers.values() if p.waiting is not None]
+        if not watchers:
+            return
+        now = time.monotonic()
+        seq = self._store.last_event_seq()
+        for peer in watchers:
+            assert peer.waiting is not None
+            since, deadline = peer.waiting
+            if seq <= since and now < deadline:
+                continue
+            peer.waiting = None
+            rows = self._store.state_changes_since(since) if seq > since else []
+            self._send(peer, {"ok": True, "changes": [list(r) for r in rows]})
+            if peer.sock.fileno() in self.peers:
+                self._read_buffered(peer)
+
+    def _read_buffered(self, peer: Peer) -> None:
+        """Requests that arrived while a ``changes`` request was held."""
+        while peer.waiting is None:
+            message = peer.decoder.pop()
+            if message is None:
+                return
+            self._handle(peer, *message)
+
+    def _progress(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        info = self._owned(peer, msg.get("id"), "report progress for")
+        progress = msg.get("progress")
+        if info.state != "running" or not isinstance(progress, dict):
+            return {"recorded": False}
+        self._store.update(info.id, progress=progress)
+        return {"recorded": True}
+
+    def _ended(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        self._dirty = True  # a job's resources are free: decide now
+        return {}
+
+    def _tick_request(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        self._dirty = True
+        return {}
+
+    def _settings(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        assert self.sched is not None
+        if self.shared and not peer.admin:
+            raise PermissionDenied("only a pool admin may change the pool's policy or leases")
+        self.sched._write_settings(
+            msg.get("policy"), msg.get("lease_ttl"), msg.get("grace"), msg.get("policy_params")
+        )
+        self._dirty = True
+        return {"settings": self._store.get_meta("settings")}
+
+    def _stop(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        if not peer.admin:
+            raise PermissionDenied("only a pool admin may stop the pool's service")
+        self._stopping = True
+        return {}
+
+
+def _refuse(sock: socket.socket, error: DlschedError) -> None:
+    """Tell a peer why it is refused, then close (briefly reading what it sent, so closing
+    does not reset the connection before the reason arrives)."""
+    try:
+        sock.settimeout(0.05)
+        sock.sendall(encode(error_reply(error)))
+        sock.shutdown(socket.SHUT_WR)
+        for _ in range(16):
+            if not sock.recv(65536):
+                break
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def _set_name(name: bytes) -> None:
+    """The process name ``ps`` and ``top`` show (``dlsched-agent``, ``dlsched-sup``)."""
+    from ..jobproc import libc
+
+    try:
+        libc().prctl(15, name, 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _answers(path: str) -> bool:
+    """True when an agent already listens on the socket file ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Run a jupyter-dlsched pool agent.")
+    parser.add_argument("--home", required=True, help="the pool's state folder")
+    parser.add_argument("--socket", help="serve a shared pool on this socket file")
+    parser.add_argument("--config", help="the shared pool's configuration (TOML)")
+    parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT)
+    args = parser.parse_args(argv)
+    config = ServiceConfig.load(args.config) if args.socket else None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    return Agent(args.home, args.socket, config=config, idle_exit=args.idle_exit).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""``dlsched service run``: a shared pool's service in the foreground (systemd, tests)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from .common import EXIT_OK, CommandError
+
+DEFAULT_HOME = "/var/lib/dlsched"
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    from ..agent.client import SYSTEM_SOCKET
+    from ..agent.config import ServiceConfig
+    from ..agent.service import Agent
+
+    config = ServiceConfig.load(args.config)
+    socket_path = args.socket or SYSTEM_SOCKET
+    home = args.service_home or DEFAULT_HOME
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    agent = Agent(home, socket_path, config=config)
+    if not agent.bind():
+        raise CommandError(f"another service already answers on {socket_path}")
+    logging.getLogger("jupyter_dlsched.agent").info(
+        "serving the pool in %s on %s (policy %s)", home, socket_path, config.policy
+    )
+    try:
+        agent.open()
+        from ..agent.service import _set_name, preload
+
+        preload()
+        _set_name(b"dlsched-agent")
+        agent.run()
+    finally:
+        agent.close()
+    return EXIT_OK
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    text = "run a shared pool for every user of this machine (as root, under systemd)"
+    service = sub.add_parser("service", help=text, description=text)
+    actions = service.add_subparsers(dest="service_action", metavar="ACTION", required=True)
+    run = actions.add_parser("run", help="serve in the foreground until stopped (SIGTERM)")
+    run.add_argument(
+        "--home",
+        dest="service_home",
+        help=f"the pool's state folder (default {DEFAULT_HOME})",
+    )
+    run.add_argument(
+        "--socket", help="the socket clients connect to (default /run/dlsched/dlsched.sock)"
+    )
+    run.add_argument(
+        "--config", help="the pool's configuration (default /etc/dlsched/service.toml)"
+    )
+    run.set_defaults(run=cmd_service)

@@ -1,0 +1,217 @@
+"""The per-user pool agent: one writer, clients over its socket, jobs that outlive it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from jupyter_dlsched.agent.client import AgentClient
+from jupyter_dlsched.agent.protocol import AgentUnavailable
+from jupyter_dlsched.agent.service import user_address
+from jupyter_dlsched.errors import JobNotFound, SpecError
+from jupyter_dlsched.scheduler import Scheduler
+
+
+def sleeper(seconds, value=None):
+    import time
+
+    time.sleep(seconds)
+    return value if value is not None else seconds
+
+
+def wait_for(predicate, timeout=30.0, step=0.05):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError("condition not met in time")
+
+
+def agent_pids(home):
+    """Agent processes serving ``home`` (there must never be two)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "name"]):
+        cmd = p.info["cmdline"] or []
+        if p.info["name"] == "dlsched-agent" and str(home) in cmd:
+            found.append(p.pid)
+    return found
+
+
+@pytest.fixture
+def agent_sched(home):
+    """A scheduler that works through this user's agent (started on first use)."""
+    with Scheduler(home, agent=True, lease_ttl=3.0, grace=2.0) as s:
+        yield s
+    for pid in agent_pids(home):
+        os.kill(pid, signal.SIGTERM)
+
+
+def test_a_client_submits_steers_and_reads_through_the_agent(agent_sched, home):
+    s = agent_sched
+    assert s.link is not None and s.link.hello["mode"] == "user"
+    assert agent_pids(home) == [s.link.hello["pid"]]
+    assert s.submit(pow, 2, 10).result(timeout=30) == 1024
+    assert [h.result(timeout=30) for h in s.map(abs, [-1, -2, -3])] == [1, 2, 3]
+    command = s.submit_command([sys.executable, "-c", "print('hi')"], name="greet")
+    assert command.result(timeout=30) == 0 and "hi" in command.logs()
+    # every change went through the agent: the jobs were written by the agent's process
+    assert {j.owner for j in s.jobs()} == {os.environ.get("USER") or s.owner}
+    waiting = s.submit(sleeper, 30, gpus=2)
+    blocked = s.submit(sleeper, 0, gpus=1, priority="low")
+    wait_for(lambda: waiting.state == "running")
+    assert s.set_priority(blocked.id, "high").priority == 100
+    assert wait_for(lambda: blocked.info().waiting) == "waiting for 1 GPU"
+    assert s.cancel(waiting.id).cancel_requested or waiting.state == "cancelled"
+    assert waiting.wait(timeout=30).state == "cancelled"
+    assert blocked.result(timeout=30) == 0
+    with pytest.raises(SpecError, match="gpus=9"):
+        s.submit(pow, 2, 1, gpus=9)
+    with pytest.raises(JobNotFound):
+        s.cancel("nosuchjob")
+    assert s.status()["pool"]["mode"] == "user"
+
+
+def test_submit_to_running_is_decided_by_the_agent_without_a_client_tick(agent_sched):
+    s = agent_sched
+    s.close()  # no loop in this process: only the agent can start the job
+    client = AgentClient(s.link.client.address, home=s.home)
+    handle = Scheduler(s.home, agent=True, loop=False).submit(sleeper, 0.2, 7)
+    wait_for(lambda: client.call("get", id=handle.id)["job"]["state"] == "succeeded")
+    client.close()
+
+
+def test_killing_the_agent_loses_no_job_and_a_new_agent_moves_the_queue_on(agent_sched, home):
+    s = agent_sched
+    first = [s.submit(sleeper, 3, i, gpus=1) for i in range(2)]
+    third = s.submit(sleeper, 0.5, 2, gpus=1)
+    wait_for(lambda: all(h.info().job_pid for h in first))
+    supervisors = [h.info().supervisor_pid for h in first]
+    [agent] = agent_pids(home)
+    os.kill(agent, signal.SIGKILL)
+    wait_for(lambda: not psutil.pid_exists(agent) or _zombie(agent))
+    # the running jobs are not the agent's to lose: their supervisors carry on
+    assert all(psutil.pid_exists(pid) for pid in supervisors)
+    assert third.state == "queued"
+    # the next client starts a fresh agent, which adopts the ledger as it is
+    with Scheduler(home, agent=True) as again:
+        assert again.link.hello["pid"] != agent
+        assert [again.get(h.id).result(timeout=60) for h in first] == [0, 1]
+        assert again.get(third.id).result(timeout=60) == 2
+    # never more than two 1-GPU jobs at once on the two GPUs
+    spans = []
+    for h in [*first, third]:
+        info = h.info()
+        spans.append((info.started, info.finished))
+    assert not any(
+        a[0] < b[0] < a[1] and c[0] < b[0] < c[1]
+        for a in spans
+        for b in spans
+        for c in spans
+        if len({a, b, c}) == 3
+    )
+    assert len(agent_pids(home)) == 1
+
+
+def _zombie(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_client_uses_an_agent_another_process_started(home):
+    env = {**os.environ, "DLSCHED_HOME": str(home)}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_dlsched.agent", "--home", str(home), "--idle-exit", "60"],
+        env=env,
+    )
+    try:
+        client = AgentClient(user_address(home))
+        wait_for(lambda: _answers(client), timeout=30)
+        with Scheduler(home, agent=True) as s:
+            assert s.link.hello["pid"] == agent.pid
+            assert s.submit(pow, 3, 3).result(timeout=30) == 27
+        # a second agent for the same folder steps aside: one writer per ledger
+        second = subprocess.run(
+            [sys.executable, "-m", "jupyter_dlsched.agent", "--home", str(home)],
+            env=env,
+            timeout=60,
+        )
+        assert second.returncode == 0 and agent.poll() is None
+        client.call("stop")
+        assert agent.wait(timeout=30) == 0
+        with pytest.raises(AgentUnavailable):
+            AgentClient(user_address(home)).call("ping")
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def _answers(client):
+    try:
+        client.call("ping")
+    except AgentUnavailable:
+        return False
+    return True
+
+
+def test_the_agent_refuses_a_peer_of_another_uid(agent_sched, other_user, home):
+    s = agent_sched
+    address = s.link.client.address
+    attack = other_user.run(
+        """
+import json, socket, struct, sys
+address = bytes.fromhex(sys.argv[1])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(address)
+head = json.dumps({"op": "submit", "kind": "command", "options": {},
+                   "jobs": [{"files": {"command.json": 0}}], "blobs": [22]}).encode()
+try:
+    s.sendall(struct.pack(">I", len(head)) + head + b'{"argv": ["/bin/id"]}  ')
+except OSError:
+    pass
+data = b""
+while True:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    data += chunk
+n = struct.unpack(">I", data[:4])[0]
+print(json.loads(data[4:4 + n])["error"]["message"])
+""",
+        address.hex(),
+    )
+    assert attack.returncode == 0, attack.stderr
+    assert f"serves uid {os.getuid()} only" in attack.stdout
+    assert [j.kind for j in s.jobs()] == []  # nothing was queued
+
+
+def test_the_cli_works_through_the_agent(home, tmp_path):
+    env = {**os.environ, "DLSCHED_HOME": str(home), "DLSCHED_AGENT": "1"}
+    dlsched = os.path.join(os.path.dirname(sys.executable), "dlsched")
+    try:
+        done = subprocess.run(
+            [dlsched, "submit", "--wait", "--name", "echo", "--", "sh", "-c", "echo hi; exit 3"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 3, done.stderr
+        assert "hi" in done.stdout
+        status = subprocess.run(
+            [dlsched, "status"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert status.returncode == 0, status.stderr
+        assert "pool: yours alone, agent pid" in status.stdout
+    finally:
+        for pid in agent_pids(home):
+            os.kill(pid, signal.SIGTERM)
