@@ -50,6 +50,48 @@ class OtherUser:
         entry = pwd.getpwnam(name)
         self.name, self.uid, self.gid = name, entry.pw_uid, entry.pw_gid
 
+    def command(self, *argv: str) -> list[str]:
+        return [
+            "setpriv",
+            f"--reuid={self.uid}",
+            f"--regid={self.gid}",
+            "--init-groups",
+            "--",
+            *argv,
+        ]
+
+    def client_env(self, **extra: str) -> dict[str, str]:
+        """An environment in which the system interpreter imports this checkout of the package
+        (and its dependencies) the way a user's own Python on a shared machine would."""
+        import sysconfig
+
+        import jupyter_dlsched
+
+        paths = [
+            str(Path(jupyter_dlsched.__file__).resolve().parents[1]),
+            sysconfig.get_paths()["purelib"],
+        ]
+        return {
+            "PATH": "/usr/bin:/bin",
+            "HOME": "/nonexistent",
+            "PYTHONPATH": os.pathsep.join(paths),
+            "PYTHONUNBUFFERED": "1",
+            **extra,
+        }
+
+    def python(
+        self, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``script`` as this user with the package importable (``client_env``)."""
+        return subprocess.run(
+            self.command("/usr/bin/python3", "-c", script, *args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd="/",
+            env=self.client_env(**(env or {})),
+        )
+
     def run(self, script: str, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [
@@ -71,22 +113,28 @@ class OtherUser:
         )
 
 
-@pytest.fixture(scope="session")
-def other_user() -> Iterator[OtherUser]:
-    """A second Unix user for attacks across users (created with useradd; needs root)."""
+@contextmanager
+def unix_user(name: str) -> Iterator[OtherUser]:
+    """A real Unix user created for the test session (useradd; needs root), removed after."""
     import shutil
 
     if os.geteuid() != 0:
         pytest.skip("needs root to create a second Unix user (CI runs as root)")
     if shutil.which("useradd") is None or not os.path.exists("/usr/bin/python3"):
         pytest.skip("needs useradd and /usr/bin/python3 to act as a second Unix user")
-    name = f"dlsb{os.getpid()}"
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
     try:
         yield OtherUser(name)
     finally:
         subprocess.run(["pkill", "-KILL", "-u", name], check=False)
         subprocess.run(["userdel", name], check=False)
+
+
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[OtherUser]:
+    """A second Unix user for attacks across users (created with useradd; needs root)."""
+    with unix_user(f"dlsb{os.getpid()}") as user:
+        yield user
 
 
 @contextmanager

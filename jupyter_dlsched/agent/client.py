@@ -55,20 +55,52 @@ def notify(address: str | bytes, message: dict[str, Any], timeout: float = 2.0) 
     return bool(reply.get("ok"))
 
 
-def spawn_agent(home: str | os.PathLike[str]) -> None:
-    """Start this user's agent for ``home`` in the background (its own session)."""
+#: The agent's own messages (start-up failures, warnings), in its state folder.
+AGENT_LOG = "agent.log"
+
+
+def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
+    """Start this user's agent for ``home`` in the background (its own session); its
+    messages go to ``<home>/agent.log``."""
+    from .. import private
     from .service import IDLE_EXIT
 
     idle = os.environ.get(AGENT_IDLE_ENV, str(IDLE_EXIT))
-    subprocess.Popen(
-        [sys.executable, "-m", "jupyter_dlsched.agent", "--home", str(home), "--idle-exit", idle],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        close_fds=True,
-        env={k: v for k, v in os.environ.items() if k != "MPLBACKEND"},
-    )
+    log_path = Path(home) / AGENT_LOG
+    try:
+        if log_path.stat().st_size > 1_000_000:
+            log_path.unlink()  # a fresh log now and then
+    except FileNotFoundError:
+        pass
+    log = private.open_append(log_path)
+    try:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyter_dlsched.agent",
+                "--home",
+                str(home),
+                "--idle-exit",
+                idle,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+            env={k: v for k, v in os.environ.items() if k != "MPLBACKEND"},
+        )
+    finally:
+        os.close(log)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no message"
+    return lines[-1] if lines else "no message"
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
@@ -120,7 +152,7 @@ class AgentClient:
 
     def _start_agent(self) -> socket.socket:
         assert self.home is not None
-        spawn_agent(self.home)
+        process = spawn_agent(self.home)
         deadline = time.monotonic() + START_TIMEOUT
         delay = 0.005
         while True:
@@ -130,6 +162,13 @@ class AgentClient:
                 return sock
             except OSError:
                 sock.close()
+                if process.poll() is not None and process.returncode != 0:
+                    raise AgentUnavailable(
+                        f"the pool agent for {self.home} could not start: "
+                        f"{_last_line(self.home / AGENT_LOG)}"
+                    ) from None
+                if process.poll() == 0 and time.monotonic() > deadline - START_TIMEOUT + 2:
+                    process = spawn_agent(self.home)  # it stepped aside for one that has gone
                 if time.monotonic() > deadline:
                     raise AgentUnavailable(
                         f"the pool agent for {self.home} did not start within "

@@ -41,19 +41,23 @@ def connect(
     if shared is not None:
         return AgentLink(AgentClient(shared), shared=True)
     if agent or (agent is None and agent_wanted()):
-        from ..store import default_home
+        from ..store import Store, default_home
 
         folder = Path(home).expanduser() if home is not None else default_home()
-        return AgentLink(AgentClient(user_address(folder), home=folder), shared=False)
+        # opened here first: a folder that is not safe or a ledger that cannot be read is
+        # this call's error, said as it is, not an agent that failed to start
+        store = Store(folder)
+        return AgentLink(AgentClient(user_address(store.home), home=store.home), store=store)
     return None
 
 
 class AgentLink:
     """A scheduler's requests to its agent (``hello`` says which pool it is)."""
 
-    def __init__(self, client: AgentClient, *, shared: bool) -> None:
+    def __init__(self, client: AgentClient, *, shared: bool = False, store: Any = None) -> None:
         self.client = client
         self.shared = shared
+        self._store = store
         self.hello: dict[str, Any] = client.call("hello")
         self.home = Path(self.hello["home"])
         self._watch: AgentClient | None = None
@@ -62,9 +66,11 @@ class AgentLink:
         """What the scheduler reads: the ledger itself in one's own pool, else the agent."""
         if self.shared:
             return RemoteLedger(self)
-        from ..store import Store
+        if self._store is None:
+            from ..store import Store
 
-        return Store(self.home)
+            self._store = Store(self.home)
+        return self._store
 
     def submit(
         self,
