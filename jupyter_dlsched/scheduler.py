@@ -230,6 +230,8 @@ class Scheduler:
         """
         from .staging import cache_info
 
+        if self.link is not None and self.link.shared:
+            return dict(self.link.client.call("cache")["cache"])
         return cache_info(self.store)
 
     # -- submitting ------------------------------------------------------------------------
@@ -534,6 +536,7 @@ class Scheduler:
         decisions: Decisions | None = None
         reaped: list[JobInfo] = []
         gate: StagingGate | None = None
+        positions: list[tuple[int | None, str | None, str]] = []
         if (waiting or expired) and due:
             settings = self.settings
             policy = self.policy()
@@ -557,6 +560,7 @@ class Scheduler:
                     external_gpu_mem=external,
                     lease_ttl=settings.lease_ttl,
                     now=now,
+                    deferred=positions,
                 )
                 last_event = self.store.last_event_seq(wdb)
             self._decided_on = (last_event, settings_json)
@@ -567,7 +571,15 @@ class Scheduler:
         for source_id in gate.armed if gate is not None else ():
             launcher.launch_stager(self.home, source_id)
         self._launch_mine(now, [s.job_id for s in decisions.starts] if decisions else [])
+        if decisions is not None:
+            self._queue_positions(positions)
         return decisions
+
+    def _queue_positions(self, changed: list[tuple[int | None, str | None, str]]) -> None:
+        """Write the waiting jobs' places in line and reasons (after launching what started)."""
+        if changed:
+            with self.store.transaction() as db:
+                self.store.set_queue_positions(db, changed)
 
     def _launch_mine(self, now: float, just_started: Iterable[str]) -> None:
         """Launch jobs of this user allocated by this tick, and orphans nobody launched."""
@@ -613,6 +625,8 @@ class Scheduler:
         """Stop the background loop; jobs keep running and the queue lives on in the ledger."""
         self._closed.set()
         self._wake.set()
+        if self.link is not None:
+            self.link.interrupt()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self.backend.close()

@@ -600,8 +600,12 @@ class Store:
     def set_queue_positions(
         db: sqlite3.Connection, changes: Iterable[tuple[int | None, str | None, str]]
     ) -> None:
-        """Record ``(position, waiting reason, job id)`` of waiting jobs whose place changed."""
-        db.executemany("UPDATE jobs SET position=?, waiting=? WHERE id=?", changes)
+        """Record ``(position, waiting reason, job id)`` of waiting jobs whose place changed
+        (a job that has started meanwhile keeps none)."""
+        db.executemany(
+            "UPDATE jobs SET position=?, waiting=? WHERE id=? AND state IN ('queued','preempted')",
+            changes,
+        )
 
     @staticmethod
     def request_preemption(db: sqlite3.Connection, job_id: str) -> None:

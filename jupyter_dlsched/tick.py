@@ -48,8 +48,13 @@ def decide(
     external_gpu_mem: dict[int, int],
     lease_ttl: float,
     now: float,
+    deferred: list[tuple[int | None, str | None, str]] | None = None,
 ) -> Decisions:
-    """Snapshot the active jobs, run the policy, commit its starts, preemptions and reasons."""
+    """Snapshot the active jobs, run the policy, commit its starts, preemptions and reasons.
+
+    ``deferred``: a list to receive the waiting jobs' new positions and reasons
+    instead of writing them here, so the caller can launch what started first
+    (with a deep queue every start moves every waiting job up one place)."""
     rows = store.snapshot(db, backend)
     running = [r for r in rows if r["state"] == "running"]
     waiting = [r for r in rows if r["state"] != "running"]
@@ -122,7 +127,10 @@ def decide(
         pos, reason = positions.get(job_id), reasons.get(job_id)
         if row["position"] != pos or row["waiting"] != reason:
             changed.append((pos, reason, job_id))
-    store.set_queue_positions(db, changed)
+    if deferred is not None:
+        deferred[:] = changed
+    else:
+        store.set_queue_positions(db, changed)
     return decisions
 
 

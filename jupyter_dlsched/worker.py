@@ -90,16 +90,29 @@ def supervise(
     outcome = _monitor(store, job, pids, settings, folder, owner)
     _record(store, job, outcome, folder, owner)
     store.close()
-    if agent is None or not _tell_agent(agent, job_id):
+    if agent is None:
         tick_after(home)
+    else:
+        _tell_agent(agent, job_id, home)
     return 0
 
 
-def _tell_agent(address: str | bytes, job_id: str) -> bool:
-    """Tell the pool agent a job ended (it decides what starts next); False if none answers."""
-    from .agent.client import notify
+def _tell_agent(address: str | bytes, job_id: str, home: str | os.PathLike[str]) -> None:
+    """Tell the pool agent a job ended, so it decides what starts next.
 
-    return notify(address, {"op": "ended", "id": job_id})
+    This user's agent is started again if it has gone (it is the only one that
+    decides); a shared pool's service that is down decides when it is back.
+    """
+    from .agent.client import AgentClient, notify
+    from .errors import DlschedError
+
+    if isinstance(address, str):
+        notify(address, {"op": "ended", "id": job_id})
+        return
+    try:
+        AgentClient(address, home=home).call("ended", id=job_id)
+    except DlschedError:
+        traceback.print_exc()
 
 
 @dataclass
@@ -383,7 +396,8 @@ def tick_after(home: str | os.PathLike[str]) -> None:
     try:
         from .scheduler import Scheduler
 
-        with Scheduler(home, backend="local", loop=False, probe_pool=False) as sched:
+        # the ledger directly: this supervisor belongs to a pool run without an agent
+        with Scheduler(home, backend="local", loop=False, probe_pool=False, agent=False) as sched:
             sched.tick()
     except LedgerUnavailable:
         pass  # disk full: the next participant with room ticks

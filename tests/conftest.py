@@ -25,6 +25,19 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.delenv("DLSCHED_BACKEND", raising=False)
     yield path
     launcher.stop(path)
+    stop_agent(path)
+
+
+def stop_agent(home: Path) -> None:
+    """Stop the pool agent of ``home`` if one runs (never starts one)."""
+    from jupyter_dlsched.agent.client import AgentClient
+    from jupyter_dlsched.agent.protocol import AgentUnavailable
+    from jupyter_dlsched.agent.service import user_address
+
+    try:
+        AgentClient(user_address(home)).call("stop")
+    except AgentUnavailable:
+        pass
 
 
 @pytest.fixture
@@ -39,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # a launcher a test could not stop (a supervisor started one after the test) exits soon
     os.environ.setdefault("DLSCHED_LAUNCHER_IDLE", "20")
+    os.environ.setdefault("DLSCHED_AGENT_IDLE", "20")
 
 
 class OtherUser:

@@ -111,7 +111,8 @@ def test_topology_islands_from_pcie_switches_and_nvlink(nvml):
 
 def test_memory_used_outside_the_scheduler_counts_as_taken(nvml, tmp_path):
     nvml(fake_nvml([("GPU", 16 * GiB, 10 * GiB, 50, [(999999, 10 * GiB)])]))
-    with Scheduler(tmp_path / "home", loop=False) as s:
+    # agent=False: NVML is faked in this process only, so this process must decide
+    with Scheduler(tmp_path / "home", loop=False, agent=False) as s:
         external = s.backend.external_gpu_mem([])
         assert external == {0: 10 * GiB}
         capacity = idle_capacity_minus(s.inventory, [], external)

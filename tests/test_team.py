@@ -283,7 +283,10 @@ def test_fair_share_starts_the_second_users_first_job_next(service, users):
     wait_for(lambda: service.job(b_jobs[0])["state"] != "queued")
     started = {j: service.job(j)["started"] for j in a_jobs[2:]}
     b_start = service.job(b_jobs[0])["started"]
-    assert all(s is None or s > b_start for s in started.values()), (b_start, started)
+    # B's first job took the first GPU that came free (in the same decision as another of
+    # A's when two came free at once), before the rest of A's queue
+    assert all(s is None or s >= b_start for s in started.values()), (b_start, started)
+    assert sum(s is not None and s <= b_start for s in started.values()) <= 1
 
 
 def test_a_user_over_the_gpu_limit_waits_with_the_reason_shown(service_factory, users):

@@ -191,7 +191,8 @@ def test_the_supervisor_stops_a_shared_job_over_its_gpu_memory_grant(home, tmp_p
     from jupyter_dlsched.scheduler import Scheduler
 
     marker = tmp_path / "went-over"
-    with Scheduler(home, lease_ttl=3.0, grace=2.0) as sched:
+    # agent=False: the stand-in NVML is for job supervisors only, not for probing the pool
+    with Scheduler(home, lease_ttl=3.0, grace=2.0, agent=False) as sched:
         handle = sched.submit(hold_gpu_memory, str(table), str(marker), gpu_mem="8GiB")
         info = handle.wait(timeout=60)
     assert marker.exists()  # it was not stopped while within its grant

@@ -22,7 +22,7 @@ from .protocol import AgentUnavailable, Decoder, encode, raise_error, recv_messa
 #: Where a shared pool's service listens unless ``DLSCHED_SOCKET`` says otherwise.
 SYSTEM_SOCKET = "/run/dlsched/dlsched.sock"
 SOCKET_ENV = "DLSCHED_SOCKET"
-#: ``DLSCHED_AGENT=1``: this user's jobs go through a per-user pool agent.
+#: ``DLSCHED_AGENT=0``: this user's schedulers use the ledger directly, without an agent.
 AGENT_ENV = "DLSCHED_AGENT"
 AGENT_IDLE_ENV = "DLSCHED_AGENT_IDLE"
 START_TIMEOUT = 20.0
@@ -38,8 +38,8 @@ def shared_socket() -> str | None:
 
 
 def agent_wanted() -> bool:
-    """True when ``DLSCHED_AGENT`` asks for a per-user pool agent."""
-    return os.environ.get(AGENT_ENV, "0").strip().lower() not in ("", "0", "no", "false")
+    """True unless ``DLSCHED_AGENT=0``: a user's pool is run by a per-user pool agent."""
+    return os.environ.get(AGENT_ENV, "1").strip().lower() not in ("0", "no", "false", "off")
 
 
 def notify(address: str | bytes, message: dict[str, Any], timeout: float = 2.0) -> bool:
@@ -211,6 +211,15 @@ class AgentClient:
         if not reply.get("ok"):
             raise_error(reply.get("error") or {})
         return reply
+
+    def interrupt(self) -> None:
+        """Wake a thread blocked in ``call`` on this connection (its call fails)."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def watcher(self) -> AgentClient:
         """A second connection, for ``changes`` long-polls that must not hold up calls."""

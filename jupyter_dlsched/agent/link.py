@@ -1,8 +1,10 @@
 """How a ``Scheduler`` works through a pool agent: submit, steer and read over its socket.
 
 ``connect(...)`` decides whether a scheduler is a client at all: a shared
-pool (``DLSCHED_SOCKET`` or the system socket) always; this user's own agent
-when asked (``Scheduler(agent=True)`` or ``DLSCHED_AGENT=1``). A client never
+pool (``DLSCHED_SOCKET`` or the system socket) always; else this user's own
+agent, unless ``Scheduler(agent=False)`` or ``DLSCHED_AGENT=0`` asks for the
+ledger directly (and a Ray or SLURM backend, or a policy object, always use
+the ledger directly). A client never
 writes the ledger: submissions, cancels and priority changes are requests the
 agent validates and applies. In its own pool a client still reads the ledger
 (SQLite readers do not block the writer); in a shared pool it cannot, and
@@ -23,9 +25,9 @@ from typing import Any
 from .. import private
 from ..errors import DlschedError, JobNotFound, PermissionDenied, SpecError
 from ..schema import JobInfo, info_from_json
-from ..spec import _after
+from ..spec import _after, parse_stage_in
 from .client import AgentClient, agent_wanted, shared_socket
-from .service import user_address
+from .service import code_stamp, user_address
 
 
 def connect(
@@ -59,8 +61,31 @@ class AgentLink:
         self.shared = shared
         self._store = store
         self.hello: dict[str, Any] = client.call("hello")
+        if not shared and self.hello.get("code") != code_stamp():
+            # the agent runs older (or newer) code than this client: replace it (its running
+            # jobs carry on under their supervisors); one agent per ledger at any time
+            self.hello = self._restart_agent()
         self.home = Path(self.hello["home"])
         self._watch: AgentClient | None = None
+
+    def _restart_agent(self) -> dict[str, Any]:
+        import time
+
+        old = self.hello.get("pid")
+        try:
+            self.client.call("stop")
+        except DlschedError:
+            pass
+        self.client.close()
+        deadline = time.monotonic() + 10.0
+        while isinstance(old, int) and old > 0 and time.monotonic() < deadline:
+            try:
+                os.kill(old, 0)  # the old agent has not exited yet
+            except OSError:
+                break
+            time.sleep(0.01)
+        hello: dict[str, Any] = self.client.call("hello")
+        return hello
 
     def ledger(self) -> Any:
         """What the scheduler reads: the ledger itself in one's own pool, else the agent."""
@@ -130,6 +155,11 @@ class AgentLink:
         rows = self._watch.call("changes", since=since, wait=wait)["changes"]
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
+    def interrupt(self) -> None:
+        """End a ``changes`` wait now (the scheduler is closing)."""
+        if self._watch is not None:
+            self._watch.interrupt()
+
     def close(self) -> None:
         self.client.close()
         if self._watch is not None:
@@ -148,10 +178,8 @@ def wire_options(options: dict[str, Any]) -> dict[str, Any]:
             value = value.total_seconds()
         elif isinstance(value, os.PathLike):
             value = os.fspath(value)
-        elif key == "stage_in" and isinstance(value, dict):
-            value = {
-                str(k): os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in value.items()
-            }
+        elif key == "stage_in" and value is not None:
+            value = parse_stage_in(value)  # relative paths are the submitter's, not the agent's
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecError(key, value, "a finite number")
         if not _jsonable(value):

@@ -60,6 +60,8 @@ log = logging.getLogger("jupyter_dlsched.agent")
 IDLE_EXIT = 600.0
 #: Longest a ``changes`` request waits for a state change before answering empty.
 MAX_WAIT = 30.0
+#: Waiting jobs whose place in line changed that are written at once; more wait up to 1 s.
+POSITIONS_AT_ONCE = 200
 #: Seconds before an allocated job nobody claimed is launched again.
 RELAUNCH_AFTER = 5.0
 _UCRED = struct.Struct("3i")
@@ -101,6 +103,8 @@ class AgentScheduler(Scheduler):
     def __init__(self, agent: Agent, home: str | os.PathLike[str], **options: Any) -> None:
         self.agent = agent
         self._tried: dict[str, float] = {}
+        self._positions: list[tuple[int | None, str | None, str]] = []
+        self._positions_at = 0.0
         super().__init__(home, backend=ForkingBackend(agent), loop=False, agent=False, **options)
 
     def policy(self) -> Policy:
@@ -108,6 +112,20 @@ class AgentScheduler(Scheduler):
         if self.agent.config is not None:
             return LimitsGate(policy, self.agent.config)
         return policy
+
+    def _queue_positions(self, changed: list[tuple[int | None, str | None, str]]) -> None:
+        """Places in line, written at most once a second when many moved (a deep queue moves
+        every job up at each start: written every time, that would be most of a decision)."""
+        self._positions = changed
+        if len(changed) <= POSITIONS_AT_ONCE:
+            self.flush_positions(force=True)
+
+    def flush_positions(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._positions and (force or now - self._positions_at >= 1.0):
+            super()._queue_positions(self._positions)
+            self._positions = []
+            self._positions_at = now
 
     def _launch_mine(self, now: float, just_started: Iterable[str]) -> None:
         """Launch every allocated job nobody claimed (a user's own, or all in a shared pool)."""
@@ -127,10 +145,22 @@ class AgentScheduler(Scheduler):
 
 
 def user_address(home: str | os.PathLike[str]) -> bytes:
-    """The abstract socket of one user's agent for ``home`` (and this code and interpreter)."""
-    from ..launcher import socket_name
+    """The abstract socket of one user's agent for ``home``: one agent per ledger.
 
-    return socket_name(home).replace(b"dlsched-", b"dlsched-agent-", 1)
+    (A client that finds an agent running older code asks it to stop and starts
+    a fresh one: see ``code_stamp``.)
+    """
+    import hashlib
+
+    key = f"{os.getuid()}:{os.path.abspath(home)}"
+    return b"\0dlsched-agent-" + hashlib.sha1(key.encode()).hexdigest()[:20].encode()
+
+
+def code_stamp() -> str:
+    """The interpreter and the newest source file of the package (changes on an upgrade)."""
+    from ..launcher import _code_stamp
+
+    return _code_stamp()
 
 
 def preload() -> None:
@@ -176,6 +206,7 @@ class Agent:
         self._dirty = True
         self._stopping = False
         self._address: str | bytes | None = None
+        self.code = code_stamp()
         self._ops: dict[str, Callable[[Peer, dict[str, Any], list[bytes]], dict[str, Any] | None]]
         self._ops = {
             "hello": self._hello,
@@ -196,6 +227,7 @@ class Agent:
             "ended": self._ended,
             "tick": self._tick_request,
             "settings": self._settings,
+            "cache": lambda peer, msg, blobs: {"cache": self._cache_info()},
             "stop": self._stop,
         }
 
@@ -323,6 +355,8 @@ class Agent:
                     self._dirty = False
                     last_tick = now
                     self._tick()
+                assert self.sched is not None
+                self.sched.flush_positions()
                 if now - last_refill >= 30.0:
                     last_refill = now
                     store.reserve.refill()
@@ -489,6 +523,7 @@ class Agent:
             "home": str(self.home),
             "socket": self.socket_path and str(self.socket_path),
             "pid": os.getpid(),
+            "code": self.code,
             "uid": peer.uid,
             "user": peer.user,
             "admin": peer.admin,
@@ -618,6 +653,11 @@ class Agent:
             "admin": peer.admin,
         }
         return status
+
+    def _cache_info(self) -> dict[str, Any]:
+        from ..staging import cache_info
+
+        return cache_info(self._store)
 
     def _events(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         job_id = msg.get("id")

@@ -52,10 +52,16 @@ class DlschedApp(ExtensionApp):
     state: ServerState | None = None
 
     def initialize_settings(self) -> None:
+        from ..errors import PermissionDenied
         from ..scheduler import Scheduler
 
         home = self.home or os.environ.get("DLSCHED_HOME") or None
-        scheduler = Scheduler(home=home, policy=self.policy or None, loop=False)
+        try:
+            scheduler = Scheduler(home=home, policy=self.policy or None, loop=False)
+        except PermissionDenied as error:
+            # a shared pool's policy is its service's: say so, and use the pool as it is
+            self.log.warning("jupyter-dlsched: DlschedApp.policy ignored: %s", error)
+            scheduler = Scheduler(home=home, loop=False)
         self.state = ServerState(
             scheduler,
             sample_interval=self.sample_interval,

@@ -20,7 +20,7 @@ from typing import Any
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 
-from ..errors import DlschedError, IllegalTransition, JobNotFound
+from ..errors import DlschedError, IllegalTransition, JobNotFound, PermissionDenied
 from ..spec import MAX_PRIORITY, PRIORITY_HELP, PRIORITY_NAMES
 from .logs import MAX_CHUNK, read_log
 from .state import ServerState
@@ -28,6 +28,8 @@ from .state import ServerState
 API_PREFIX = "/dlsched/api/v1"
 #: Job ids are short lower-case words; anything else (slashes, dots, escapes) is refused.
 JOB_ID = re.compile(r"^[a-z0-9]{1,32}$")
+#: The longest accounting period, in seconds (ten years of 366 days).
+MAX_ACCOUNTING = 316224000
 #: Rows of utilisation history returned at most; longer ranges are thinned evenly.
 MAX_SAMPLES = 20_000
 MAX_PAGE = 1000
@@ -72,6 +74,8 @@ def scheduler_errors() -> Iterator[None]:
         yield
     except JobNotFound as exc:
         raise ApiError(404, str(exc)) from None
+    except PermissionDenied as exc:  # another user's job in a shared pool
+        raise ApiError(403, str(exc)) from None
     except IllegalTransition as exc:
         raise ApiError(409, str(exc)) from None
     except DlschedError as exc:  # SpecError and every other refusal a user can cause
@@ -289,7 +293,14 @@ class LogHandler(DlschedHandler):
         if offset is not None and tail is not None:
             raise ApiError(400, "give offset or tail, not both")
         assert max_bytes is not None
-        chunk = read_log(self.dlsched.log_path(job_id), offset, tail, max_bytes)
+        try:
+            chunk = read_log(self.dlsched.log_path(job_id), offset, tail, max_bytes)
+        except PermissionError:
+            owner = self.dlsched.scheduler.info(job_id).owner
+            raise ApiError(
+                403,
+                f"job {job_id} belongs to {owner}: only its owner or a pool admin may read its log",
+            ) from None
         self.send({"id": job_id, **chunk})
 
 
@@ -316,7 +327,17 @@ class MetricsHandler(DlschedHandler):
 
 _ID = r"(?P<job_id>[^/]+)"
 
+
 #: The whole REST API (also described by openapi.json next to this file).
+class AccountingHandler(DlschedHandler):
+    @tornado.web.authenticated
+    def get(self) -> None:
+        since = self.float_arg("since", 7 * 86400.0)
+        if not 1 <= since <= MAX_ACCOUNTING:
+            raise ApiError(400, f"since must be a number of seconds from 1 to {MAX_ACCOUNTING}")
+        self.send(self.dlsched.accounting(since))
+
+
 HANDLERS: list[tuple[str, type[DlschedHandler]]] = [
     (f"{API_PREFIX}/status", StatusHandler),
     (f"{API_PREFIX}/pool", PoolHandler),
@@ -326,4 +347,5 @@ HANDLERS: list[tuple[str, type[DlschedHandler]]] = [
     (f"{API_PREFIX}/jobs/{_ID}/log", LogHandler),
     (f"{API_PREFIX}/jobs/{_ID}/cancel", CancelHandler),
     (f"{API_PREFIX}/metrics", MetricsHandler),
+    (f"{API_PREFIX}/accounting", AccountingHandler),
 ]

@@ -85,6 +85,8 @@ class ServerState:
         self.sample_interval = sample_interval
         self.history_retention = history_retention
         self.user = getpass.getuser()
+        #: a pool shared by every user of the machine (its ledger is the service's)
+        self.shared = bool(scheduler.link is not None and scheduler.link.shared)
         self.sampler = Sampler(
             self.store, self.read_pool, interval=sample_interval, retention=history_retention
         )
@@ -97,7 +99,8 @@ class ServerState:
 
     def start(self) -> None:
         self.scheduler.start()
-        self.sampler.start()
+        if not self.shared:  # a shared pool's history would be the service's to record
+            self.sampler.start()
 
     def close(self) -> None:
         self.sampler.stop()
@@ -114,9 +117,13 @@ class ServerState:
 
     def _compute_status(self) -> dict[str, Any]:
         status = dict(self.scheduler.status())
+        pool = status.get("pool") or {}
         status.update(
             {
                 "user": self.user,
+                # may cancel and reprioritise every job (one's own pool: always)
+                "admin": bool(pool.get("admin", True)),
+                "shared": self.shared,
                 "sample_interval": self.sample_interval,
                 "history_retention": self.history_retention,
                 "time": time.time(),
@@ -184,7 +191,29 @@ class ServerState:
     ) -> list[dict[str, Any]]:
         """Utilisation rows in ``[since, until]``, each source thinned evenly to fit ``max_rows``
         (``Store.thinned_samples``: thinned in SQLite, never loaded whole into the server)."""
+        if self.shared:
+            return []
         return self.store.thinned_samples(since, until, source, max_rows)
+
+    def accounting(self, since: float) -> dict[str, Any]:
+        """Per-user totals of the jobs that ended in the last ``since`` seconds."""
+        from ..history import totals_by_owner
+
+        start = time.time() - since
+        jobs = self.store.finished_jobs(since=start)
+        return {
+            "since": start,
+            "users": [
+                {
+                    "user": t.owner,
+                    "jobs": t.jobs,
+                    "succeeded": t.succeeded,
+                    "gpu_hours": round(t.gpu_hours, 6),
+                    "cpu_time": round(t.cpu_time, 3),
+                }
+                for t in totals_by_owner(jobs)
+            ],
+        }
 
     # -- steering --------------------------------------------------------------------------
 
