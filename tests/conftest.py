@@ -151,6 +151,18 @@ def other_user() -> Iterator[OtherUser]:
         yield user
 
 
+@pytest.fixture(scope="session")
+def team_users() -> Iterator[tuple[OtherUser, OtherUser]]:
+    with unix_user(f"dlsa{os.getpid()}") as a, unix_user(f"dlsc{os.getpid()}") as b:
+        probe = a.python("import jupyter_dlsched, cloudpickle, psutil")
+        if probe.returncode != 0:
+            pytest.skip(
+                "another user cannot import this checkout of the package (its folder or "
+                f"virtual environment is private): {probe.stderr.strip()[-200:]}"
+            )
+        yield a, b
+
+
 @contextmanager
 def small_disk(path: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` mounted at ``path`` (for disk-full tests), unmounted after.

@@ -8,163 +8,28 @@ service the way people on a shared GPU box would: from their own Python, with
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
+from contextlib import ExitStack
 
 import psutil
 import pytest
-from conftest import OtherUser, unix_user
-
-from jupyter_dlsched.agent.client import AgentClient
-from jupyter_dlsched.agent.protocol import AgentUnavailable
-
-DLSCHED = os.path.join(os.path.dirname(sys.executable), "dlsched")
-
-SUBMIT = """
-import sys
-import jupyter_dlsched as dls
-
-def work(seconds, tag):
-    import os, time
-    time.sleep(seconds)
-    return [tag, os.getuid()]
-
-s = dls.Scheduler(loop=False)
-seconds, tag, gpus = float(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-for i in range(int(sys.argv[4]) if len(sys.argv) > 4 else 1):
-    h = s.submit(work, seconds, tag, gpus=gpus, name=tag)
-    print(h.id, flush=True)
-"""
-
-RESULT = """
-import json, sys
-import jupyter_dlsched as dls
-s = dls.Scheduler(loop=False)
-print(json.dumps(s.get(sys.argv[1]).result(timeout=float(sys.argv[2]))))
-"""
+from team_pool import RESULT, Service, shared_pool, wait_for
 
 
-@pytest.fixture(scope="module")
-def users() -> Iterator[tuple[OtherUser, OtherUser]]:
-    with unix_user(f"dlsa{os.getpid()}") as a, unix_user(f"dlsc{os.getpid()}") as b:
-        probe = a.python("import jupyter_dlsched, cloudpickle, psutil")
-        if probe.returncode != 0:
-            pytest.skip(
-                "another user cannot import this checkout of the package (its folder or "
-                f"virtual environment is private): {probe.stderr.strip()[-200:]}"
-            )
-        yield a, b
-
-
-class Service:
-    """``dlsched service run`` in a folder every user can reach, two simulated GPUs."""
-
-    def __init__(self, root: Path, config: str = "") -> None:
-        self.root = root
-        self.home = root / "home"
-        self.socket = root / "run" / "dlsched.sock"
-        self.config = root / "service.toml"
-        self.config.write_text(config)
-        self.log = root / "service.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "DLSCHED_SIMULATE_GPUS": "2x16GiB"}
-        env.pop("DLSCHED_SOCKET", None)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    DLSCHED,
-                    "service",
-                    "run",
-                    "--home",
-                    str(self.home),
-                    "--socket",
-                    str(self.socket),
-                    "--config",
-                    str(self.config),
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait_for(self._answers, timeout=60, what=lambda: self.log.read_text())
-
-    def _answers(self) -> bool:
-        try:
-            AgentClient(str(self.socket)).call("ping")
-        except AgentUnavailable:
-            return False
-        return True
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-
-    def job(self, job_id: str) -> dict:
-        """The job's row as an admin (root) sees it."""
-        return AgentClient(str(self.socket)).call("get", id=job_id)["job"]
-
-    def events(self, job_id: str) -> list[dict]:
-        return AgentClient(str(self.socket)).call("events", id=job_id)["events"]
-
-    def as_user(self, user: OtherUser, script: str, *args: str, timeout: float = 120):
-        return user.python(script, *args, env={"DLSCHED_SOCKET": str(self.socket)}, timeout=timeout)
-
-    def submit(self, user: OtherUser, seconds: float, tag: str, gpus: float = 0, n: int = 1):
-        done = self.as_user(user, SUBMIT, str(seconds), tag, str(gpus), str(n))
-        assert done.returncode == 0, done.stderr
-        return done.stdout.split()
+@pytest.fixture
+def users(team_users):
+    return team_users
 
 
 @pytest.fixture
 def service_factory() -> Iterator:
-    started: list[Service] = []
-
-    def make(config: str = "") -> Service:
-        root = Path(tempfile.mkdtemp(prefix="dlsched-team-"))
-        os.chmod(root, 0o755)
-        service = Service(root, config)
-        service.start()
-        started.append(service)
-        return service
-
-    yield make
-    for service in started:
-        if service.proc is not None and service.proc.poll() is None:
-            client = AgentClient(str(service.socket))
-            for job in client.call("jobs", states=["queued", "running", "preempted"])["jobs"]:
-                client.call("cancel", id=job["id"])
-        service.stop()
-        subprocess.run(["rm", "-rf", str(service.root)], check=False)
+    with ExitStack() as stack:
+        yield lambda config="": stack.enter_context(shared_pool(config))
 
 
 @pytest.fixture
 def service(service_factory) -> Service:
     return service_factory()
-
-
-def wait_for(predicate, timeout=60.0, step=0.05, what=lambda: ""):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"condition not met in time {what()}")
 
 
 def test_two_users_share_the_gpus_and_each_job_runs_as_its_owner(service, users):

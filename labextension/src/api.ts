@@ -101,6 +101,10 @@ export interface IPool {
 
 export interface IStatus {
   user: string;
+  /** May cancel and reprioritise every job (always, in one's own pool). */
+  admin?: boolean;
+  /** The pool is shared by every user of the machine (team mode). */
+  shared?: boolean;
   version: string;
   policy: string;
   counts: { [state: string]: number };

@@ -47,7 +47,16 @@ export class SchedulerSidebar extends Widget {
     };
     this._queue = new JobList(actions, true, 'Nothing queued or running.');
     this._recent = new JobList(actions, false, 'No finished jobs yet.');
-    this._queueTitle = h('h3', {});
+    // In a pool shared by the machine's users: everyone's jobs, or only mine
+    this._filter = h(
+      'span',
+      { className: 'jp-dlsched-filter', attrs: { role: 'group', 'aria-label': 'Show' } },
+      filterButton('everyone', 'Everyone’s jobs', () => this._showMine(false)),
+      filterButton('mine', 'Only my jobs', () => this._showMine(true))
+    );
+    this._filter.hidden = true;
+    this._queueTitle = h('h3', {}, h('span', {}), this._filter);
+    this._markFilter();
     this._queueBox = h(
       'section',
       { className: 'jp-dlsched-section jp-dlsched-queue' },
@@ -94,7 +103,8 @@ export class SchedulerSidebar extends Widget {
         h(
           'span',
           { className: 'jp-dlsched-muted' },
-          `policy ${status.policy} · you are ${status.user}`
+          `policy ${status.policy} · you are ${status.user}` +
+            (status.shared ? ' · a pool shared by every user of this machine' : '')
         )
       );
     }
@@ -119,10 +129,18 @@ export class SchedulerSidebar extends Widget {
       this._gpuBox.replaceChildren(...this._gpus(model.pool, model.active));
       this._hostBox.replaceChildren(...this._host(model.pool));
     }
-    this._queueTitle.textContent = `Queue (${model.active.length})`;
-    this._queue.update(model.active, now);
-    this._recentTitle.textContent = `recent (${model.recent.length})`;
-    this._recent.update(model.recent, now);
+    const user = status?.user ?? '';
+    const admin = status?.admin !== false;
+    const mine = (job: IJob): boolean => admin || job.owner === user;
+    this._filter.hidden = !status?.shared;
+    const shown = (jobs: IJob[]): IJob[] =>
+      status?.shared && this._onlyMine ? jobs.filter(job => job.owner === user) : jobs;
+    const active = shown(model.active);
+    const recent = shown(model.recent);
+    setText(this._queueTitle.firstChild as Element, `Queue (${active.length})`);
+    this._queue.update(active, now, mine);
+    this._recentTitle.textContent = `recent (${recent.length})`;
+    this._recent.update(recent, now, mine);
   }
 
   private _message(): HTMLElement {
@@ -335,6 +353,19 @@ export class SchedulerSidebar extends Widget {
     ];
   }
 
+  private _showMine(onlyMine: boolean): void {
+    this._onlyMine = onlyMine;
+    this._markFilter();
+    this._render();
+  }
+
+  private _markFilter(): void {
+    for (const node of Array.from(this._filter.children) as HTMLElement[]) {
+      const pressed = (node.dataset.show === 'mine') === this._onlyMine;
+      node.setAttribute('aria-pressed', String(pressed));
+    }
+  }
+
   private async _cancel(job: IJob): Promise<void> {
     const result = await showDialog({
       title: `Cancel job ${job.id}?`,
@@ -378,6 +409,26 @@ export class SchedulerSidebar extends Widget {
   private _recent: JobList;
   private _recentTitle: HTMLElement;
   private _recentBox: HTMLDetailsElement;
+  private _filter: HTMLElement;
+  private _onlyMine = false;
+}
+
+function filterButton(text: string, title: string, onClick: () => void): HTMLButtonElement {
+  const node = h(
+    'button',
+    {
+      className: 'jp-dlsched-button jp-dlsched-filter-button',
+      title,
+      data: { show: text },
+      attrs: { type: 'button', 'aria-pressed': 'false' }
+    },
+    text
+  );
+  node.addEventListener('click', event => {
+    event.stopPropagation();
+    onClick();
+  });
+  return node;
 }
 
 /** A list of job rows kept by id: rows are patched in place and moved only when out of order. */
@@ -393,7 +444,7 @@ class JobList {
 
   readonly node: HTMLElement;
 
-  update(jobs: IJob[], now: number): void {
+  update(jobs: IJob[], now: number, mine: (job: IJob) => boolean = () => true): void {
     const keep = new Set(jobs.map(job => job.id));
     for (const [id, row] of this._rows) {
       if (!keep.has(id)) {
@@ -409,7 +460,7 @@ class JobList {
         row = new JobRow(this._actions, this._active);
         this._rows.set(job.id, row);
       }
-      row.update(job, now);
+      row.update(job, now, mine(job));
       if (row.node !== before) {
         // Moving a row that holds focus would blur it, so only rows out of place move.
         this.node.insertBefore(row.node, before);
@@ -446,7 +497,7 @@ class JobRow {
     this._meta = h('div', { className: 'jp-dlsched-meta' });
     const buttons = h('span', { className: 'jp-dlsched-actions' });
     if (active) {
-      buttons.append(
+      this._steering = [
         button('✕', 'Cancel this job', 'cancel', () => this._actions.cancel(this._job!)),
         button('↑', 'Raise its priority a step', 'raise', () =>
           this._actions.bump(this._job!, 1)
@@ -454,11 +505,13 @@ class JobRow {
         button('↓', 'Lower its priority a step', 'lower', () =>
           this._actions.bump(this._job!, -1)
         )
-      );
+      ];
+      buttons.append(...this._steering);
     }
-    buttons.append(
-      button('log', 'Open the log', 'log', () => this._actions.openLog(this._job!.id))
+    this._log = button('log', 'Open the log', 'log', () =>
+      this._actions.openLog(this._job!.id)
     );
+    buttons.append(this._log);
     this._buttons = buttons;
     this.node = h(
       'div',
@@ -468,13 +521,29 @@ class JobRow {
       this._why,
       this._usage
     );
-    this.node.addEventListener('click', () => this._actions.openLog(this._job!.id));
+    this.node.addEventListener('click', () => {
+      if (this._mine) {
+        this._actions.openLog(this._job!.id);
+      }
+    });
   }
 
   readonly node: HTMLElement;
 
-  update(job: IJob, now: number): void {
+  /**
+   * Show ``job``. ``mine``: the job is the user's own (or the user is an admin of a shared
+   * pool); other people's jobs are listed without cancel, priority and log actions, which
+   * the pool would refuse.
+   */
+  update(job: IJob, now: number, mine = true): void {
     this._job = job;
+    if (mine !== this._mine) {
+      this._mine = mine;
+      for (const node of [...this._steering, this._log]) {
+        node.hidden = !mine;
+      }
+      this._name.disabled = !mine;
+    }
     const tone = stateTone(job.state);
     const node = this.node;
     node.className = `jp-dlsched-job jp-dlsched-state-${tone}`;
@@ -486,7 +555,7 @@ class JobRow {
     setText(this._chip, stateChip(job.state));
     this._chip.title = words;
     setText(this._name, job.name);
-    this._name.title = `${job.name}: open the log`;
+    this._name.title = mine ? `${job.name}: open the log` : `${job.name} (${job.owner}'s job)`;
 
     const fraction = progressFraction(job);
     if (fraction === null) {
@@ -554,6 +623,9 @@ class JobRow {
 
   private _actions: JobRow.IActions;
   private _job: IJob | null = null;
+  private _mine = true;
+  private _steering: HTMLButtonElement[] = [];
+  private _log: HTMLButtonElement;
   private _chip: HTMLElement;
   private _name: HTMLButtonElement;
   private _progress: HTMLElement;

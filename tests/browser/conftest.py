@@ -71,8 +71,17 @@ class Lab:
             return json.loads(response.read())
 
 
-def start_lab(tmp: Path, server_config: dict[str, Any] | None = None) -> Lab:
-    """JupyterLab on 127.0.0.1 with private HOME, config, data and runtime folders."""
+def start_lab(
+    tmp: Path,
+    server_config: dict[str, Any] | None = None,
+    user: Any = None,
+    env: dict[str, str] | None = None,
+) -> Lab:
+    """JupyterLab on 127.0.0.1 with private HOME, config, data and runtime folders.
+
+    ``user`` (an ``OtherUser``): run it as that Unix user, with the system interpreter
+    and this environment's packages (as on a shared machine); ``tmp`` must be theirs.
+    """
     for name in ("home", "config/labconfig", "data", "runtime", "root", "dlsched"):
         (tmp / name).mkdir(parents=True, exist_ok=True)
     # Nothing in the page may reach out: no news, no update checks.
@@ -83,7 +92,8 @@ def start_lab(tmp: Path, server_config: dict[str, Any] | None = None) -> Lab:
         (tmp / "config/jupyter_server_config.json").write_text(json.dumps(server_config))
     port, token = free_port(), secrets.token_hex(16)
     env = {
-        **os.environ,
+        **(os.environ if user is None else user.client_env()),
+        **(env or {}),
         "HOME": str(tmp / "home"),
         "XDG_CONFIG_HOME": str(tmp / "home/.config"),
         "XDG_CACHE_HOME": str(tmp / "home/.cache"),
@@ -94,12 +104,23 @@ def start_lab(tmp: Path, server_config: dict[str, Any] | None = None) -> Lab:
         "DLSCHED_HOME": str(tmp / "dlsched"),
         "DLSCHED_SIMULATE_GPUS": "2x16GiB",
     }
+    command = [sys.executable, "-m", "jupyterlab"]
+    if user is not None:
+        # the system interpreter, with this environment's packages, labextensions and config
+        env["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")
+        env["JUPYTER_CONFIG_PATH"] = str(Path(sys.prefix) / "etc" / "jupyter")
+        app_dir = Path(sys.prefix) / "share" / "jupyter" / "lab"
+        command = [
+            *user.command("/usr/bin/python3"),
+            "-m",
+            "jupyterlab",
+            f"--LabApp.app_dir={app_dir}",
+        ]
+        subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(tmp)], check=True)
     log = tmp / "lab.log"
     process = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "jupyterlab",
+            *command,
             "--no-browser",
             "--ServerApp.allow_root=True",
             "--ServerApp.ip=127.0.0.1",

@@ -1,0 +1,69 @@
+"""The sidebar of a pool shared by the machine's users, in Chromium, as one of them.
+
+User B's own JupyterLab (the system interpreter, run as B) talks to the shared
+service; A's job is listed for B without cancel, priority or log actions, and
+B's own job with them; "mine" hides A's job.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from team_pool import Service, shared_pool, wait_for
+
+from .conftest import ARTIFACTS, Lab, start_lab, stop_lab
+from .test_sidebar import open_lab, open_sidebar, row
+
+
+@pytest.fixture
+def service() -> Iterator[Service]:
+    with shared_pool() as pool:
+        yield pool
+
+
+@pytest.fixture
+def lab_as_b(service: Service, team_users) -> Iterator[Lab]:
+    _, b = team_users
+    tmp = Path(tempfile.mkdtemp(prefix="dlsched-lab-b-"))
+    os.chmod(tmp, 0o755)
+    lab = start_lab(tmp / "lab", user=b, env={"DLSCHED_SOCKET": str(service.socket)})
+    try:
+        yield lab
+    finally:
+        stop_lab(lab)
+        os.system(f"rm -rf {tmp}")
+
+
+def test_b_sees_a_job_of_a_without_actions_and_its_own_with_them(
+    service, team_users, lab_as_b, browser_context
+):
+    a, b = team_users
+    [a_job] = service.submit(a, 120, "a-training", gpus=1)
+    [b_job] = service.submit(b, 120, "b-training", gpus=1)
+    wait_for(lambda: all(service.job(j)["state"] == "running" for j in (a_job, b_job)))
+    status = lab_as_b.api("dlsched/api/v1/status")
+    assert (status["user"], status["shared"], status["admin"]) == (b.name, True, False)
+    page = browser_context.new_page()
+    open_lab(page, lab_as_b)
+    open_sidebar(page)
+    theirs, mine = row(a_job, "running"), row(b_job, "running")
+    page.wait_for_selector(theirs)
+    page.wait_for_selector(mine)
+    assert a.name in page.inner_text(theirs)
+    for action in ("cancel", "raise", "lower", "log"):
+        assert page.is_hidden(f'{theirs} [data-action="{action}"]'), action
+        assert page.is_visible(f'{mine} [data-action="{action}"]'), action
+    page.screenshot(path=str(ARTIFACTS / "sidebar-shared-pool.png"))
+    # only mine: A's job leaves the list, B's stays
+    page.click('#jupyter-dlsched-sidebar .jp-dlsched-filter [data-show="mine"]')
+    page.wait_for_selector(theirs, state="detached")
+    assert page.is_visible(mine)
+    # B's cancel works on B's job, through the service
+    page.click(f'{mine} [data-action="cancel"]')
+    page.click(".jp-Dialog .jp-mod-accept.jp-mod-warn")
+    wait_for(lambda: service.job(b_job)["state"] == "cancelled")
+    assert service.job(a_job)["state"] == "running"

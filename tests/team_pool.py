@@ -1,0 +1,143 @@
+"""A shared pool for tests: ``dlsched service run`` in a folder every user can reach.
+
+Used by ``test_team.py`` and the browser test of the shared sidebar; the two
+Unix users come from the ``team_users`` fixture (``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from conftest import OtherUser
+
+from jupyter_dlsched.agent.client import AgentClient
+from jupyter_dlsched.agent.protocol import AgentUnavailable
+
+DLSCHED = os.path.join(os.path.dirname(sys.executable), "dlsched")
+
+SUBMIT = """
+import sys
+import jupyter_dlsched as dls
+
+def work(seconds, tag):
+    import os, time
+    time.sleep(seconds)
+    return [tag, os.getuid()]
+
+s = dls.Scheduler(loop=False)
+seconds, tag, gpus = float(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+for i in range(int(sys.argv[4]) if len(sys.argv) > 4 else 1):
+    h = s.submit(work, seconds, tag, gpus=gpus, name=tag)
+    print(h.id, flush=True)
+"""
+
+RESULT = """
+import json, sys
+import jupyter_dlsched as dls
+s = dls.Scheduler(loop=False)
+print(json.dumps(s.get(sys.argv[1]).result(timeout=float(sys.argv[2]))))
+"""
+
+
+class Service:
+    """``dlsched service run`` in a folder every user can reach, two simulated GPUs."""
+
+    def __init__(self, root: Path, config: str = "") -> None:
+        self.root = root
+        self.home = root / "home"
+        self.socket = root / "run" / "dlsched.sock"
+        self.config = root / "service.toml"
+        self.config.write_text(config)
+        self.log = root / "service.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "DLSCHED_SIMULATE_GPUS": "2x16GiB"}
+        env.pop("DLSCHED_SOCKET", None)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    DLSCHED,
+                    "service",
+                    "run",
+                    "--home",
+                    str(self.home),
+                    "--socket",
+                    str(self.socket),
+                    "--config",
+                    str(self.config),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for(self._answers, timeout=60, what=lambda: self.log.read_text())
+
+    def _answers(self) -> bool:
+        try:
+            AgentClient(str(self.socket)).call("ping")
+        except AgentUnavailable:
+            return False
+        return True
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+    def job(self, job_id: str) -> dict:
+        """The job's row as an admin (root) sees it."""
+        return AgentClient(str(self.socket)).call("get", id=job_id)["job"]
+
+    def events(self, job_id: str) -> list[dict]:
+        return AgentClient(str(self.socket)).call("events", id=job_id)["events"]
+
+    def as_user(self, user: OtherUser, script: str, *args: str, timeout: float = 120):
+        return user.python(script, *args, env={"DLSCHED_SOCKET": str(self.socket)}, timeout=timeout)
+
+    def submit(self, user: OtherUser, seconds: float, tag: str, gpus: float = 0, n: int = 1):
+        done = self.as_user(user, SUBMIT, str(seconds), tag, str(gpus), str(n))
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+
+@contextmanager
+def shared_pool(config: str = "") -> Iterator[Service]:
+    """A started service with two simulated GPUs; its jobs cancelled and folder removed after."""
+    root = Path(tempfile.mkdtemp(prefix="dlsched-team-"))
+    os.chmod(root, 0o755)
+    service = Service(root, config)
+    try:
+        service.start()
+        yield service
+    finally:
+        if service.proc is not None and service.proc.poll() is None:
+            client = AgentClient(str(service.socket))
+            for job in client.call("jobs", states=["queued", "running", "preempted"])["jobs"]:
+                client.call("cancel", id=job["id"])
+        service.stop()
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def wait_for(predicate, timeout=60.0, step=0.05, what=lambda: ""):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"condition not met in time {what()}")
