@@ -188,3 +188,23 @@ def test_killing_the_service_loses_no_job_of_either_user(service, users):
     assert json.loads(service.as_user(a, RESULT, a_next, "60").stdout) == ["a-next", a.uid]
     assert [service.job(j)["owner"] for j in (a_job, b_job, a_next)] == [a.name, b.name, a.name]
     assert all(service.job(j)["attempts"] == 1 for j in (a_job, b_job, a_next))
+
+
+def test_the_service_unit_runs_this_interpreter_and_spares_running_jobs():
+    import os
+    import subprocess
+    import sys
+
+    dlsched = os.path.join(os.path.dirname(sys.executable), "dlsched")
+    unit = subprocess.run(
+        [dlsched, "service", "unit", "--config", "/etc/dlsched/service.toml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert unit.returncode == 0, unit.stderr
+    assert (
+        f"ExecStart={sys.executable} -m jupyter_dlsched.cli service run --home /var/lib/dlsched "
+        "--socket /run/dlsched/dlsched.sock --config /etc/dlsched/service.toml"
+    ) in unit.stdout
+    assert "KillMode=process" in unit.stdout and "[Install]" in unit.stdout

@@ -57,6 +57,7 @@ def notify(address: str | bytes, message: dict[str, Any], timeout: float = 2.0) 
 
 #: The agent's own messages (start-up failures, warnings), in its state folder.
 AGENT_LOG = "agent.log"
+_SPAWNED: list[subprocess.Popen[bytes]] = []
 
 
 def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
@@ -73,8 +74,10 @@ def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
     except FileNotFoundError:
         pass
     log = private.open_append(log_path)
+    for earlier in [p for p in _SPAWNED if p.poll() is not None]:
+        _SPAWNED.remove(earlier)  # an agent that has exited: collected, no zombie left
     try:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -93,6 +96,8 @@ def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
         )
     finally:
         os.close(log)
+    _SPAWNED.append(process)
+    return process
 
 
 def _last_line(path: Path) -> str:

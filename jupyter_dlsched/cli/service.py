@@ -37,6 +37,45 @@ def cmd_service(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+UNIT = """\
+[Unit]
+Description=jupyter-dlsched: one GPU job pool for every user of this machine
+After=network.target
+
+[Service]
+ExecStart={python} -m jupyter_dlsched.cli service run --home {home} --socket {socket}{config}
+Restart=on-failure
+# stopping the service must not stop running jobs: each has a supervisor of its own
+KillMode=process
+RuntimeDirectory=dlsched
+RuntimeDirectoryPreserve=yes
+StateDirectory=dlsched
+StateDirectoryMode=0711
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def cmd_unit(args: argparse.Namespace) -> int:
+    """Print the systemd unit for this interpreter (``> /etc/systemd/system/dlsched.service``)."""
+    import sys
+
+    from ..agent.client import SYSTEM_SOCKET
+
+    config = f" --config {args.config}" if args.config else ""
+    print(
+        UNIT.format(
+            python=sys.executable,
+            home=args.service_home or DEFAULT_HOME,
+            socket=args.socket or SYSTEM_SOCKET,
+            config=config,
+        ),
+        end="",
+    )
+    return EXIT_OK
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     text = "run a shared pool for every user of this machine (as root, under systemd)"
     service = sub.add_parser("service", help=text, description=text)
@@ -54,3 +93,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--config", help="the pool's configuration (default /etc/dlsched/service.toml)"
     )
     run.set_defaults(run=cmd_service)
+    unit = actions.add_parser(
+        "unit", help="print a systemd unit that runs the service with this interpreter"
+    )
+    unit.add_argument("--home", dest="service_home", help=f"state folder (default {DEFAULT_HOME})")
+    unit.add_argument("--socket", help="the socket (default /run/dlsched/dlsched.sock)")
+    unit.add_argument("--config", help="a configuration file to pass to the service")
+    unit.set_defaults(run=cmd_unit)

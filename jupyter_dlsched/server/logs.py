@@ -35,6 +35,8 @@ def read_log(
     """
     try:
         size = os.path.getsize(path)
+    except PermissionError:
+        raise  # another user's log in a shared pool: refused, not shown as empty
     except OSError:
         return {"text": "", "offset": 0, "next_offset": 0, "size": 0}
     if tail is not None:

@@ -7,8 +7,11 @@ B's own job with them; "mine" hides A's job.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +50,13 @@ def test_b_sees_a_job_of_a_without_actions_and_its_own_with_them(
     wait_for(lambda: all(service.job(j)["state"] == "running" for j in (a_job, b_job)))
     status = lab_as_b.api("dlsched/api/v1/status")
     assert (status["user"], status["shared"], status["admin"]) == (b.name, True, False)
+    # B's server refuses A's job over REST too, with the owner named
+    for method, path in (("POST", f"jobs/{a_job}/cancel"), ("GET", f"jobs/{a_job}/log")):
+        code, body = rest(lab_as_b, method, f"dlsched/api/v1/{path}")
+        assert code == 403 and f"belongs to {a.name}" in body["message"], (path, code, body)
+    code, body = rest(lab_as_b, "PATCH", f"dlsched/api/v1/jobs/{a_job}", {"priority": "high"})
+    assert code == 403, body
+    assert service.job(a_job)["priority"] == 50 and not service.job(a_job)["cancel_requested"]
     page = browser_context.new_page()
     open_lab(page, lab_as_b)
     open_sidebar(page)
@@ -67,3 +77,20 @@ def test_b_sees_a_job_of_a_without_actions_and_its_own_with_them(
     page.click(".jp-Dialog .jp-mod-accept.jp-mod-warn")
     wait_for(lambda: service.job(b_job)["state"] == "cancelled")
     assert service.job(a_job)["state"] == "running"
+    # accounting per user over REST: B's cancelled job is counted, A's is still running
+    users = {u["user"]: u for u in lab_as_b.api("dlsched/api/v1/accounting?since=3600")["users"]}
+    assert users[b.name]["jobs"] == 1 and a.name not in users
+
+
+def rest(lab: Lab, method: str, path: str, body: object = None) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"{lab.url}{path}",
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"token {lab.token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
