@@ -35,6 +35,8 @@ from .store import JobInfo, RunEnd, Store, disk_full
 from .units import format_size
 
 POLL_SECONDS = 0.2
+#: Seconds a job runs before its pid is written to the ledger.
+PID_AFTER = 0.01
 MEMORY_CHECK_SECONDS = 0.5
 #: How often a job without memory limits has its usage read (peak RSS, CPU, GPU memory).
 USAGE_SECONDS = 1.0
@@ -48,14 +50,16 @@ def supervise(
     *,
     as_owner: bool = False,
     agent: str | bytes | None = None,
+    store: Store | None = None,
 ) -> int:
     """Run ``job_id`` to its end; returns the supervisor's exit status.
 
     ``as_owner``: a shared pool's service (root) supervises, and the job process
     runs as the job's owner, in a spool folder that belongs to the owner.
-    ``agent``: the pool agent to tell when the job has ended.
+    ``agent``: the pool agent to tell when the job has ended. ``store``: the ledger,
+    when the caller opened it already (a spare supervisor, before its job was known).
     """
-    store = Store(home)
+    store = store if store is not None else Store(home)
     try:
         job = store.get(job_id)
     except JobNotFound:
@@ -86,7 +90,6 @@ def supervise(
     cores = cores_for(job, store)
     pids = start_ranks(folder, job, env, context, payload, cores, log_fd, as_user=owner)
     os.close(log_fd)
-    store.update(job_id, job_pid=pids[0])
     outcome = _monitor(store, job, pids, settings, folder, owner)
     _record(store, job, outcome, folder, owner)
     store.close()
@@ -207,8 +210,12 @@ def _monitor(
         kill_at = time.time() + (0.0 if at_once else grace)
 
     next_usage = 0.0
+    pid_recorded = False
     while len(statuses) < len(pids):
-        for fd, _ in poller.poll(POLL_SECONDS * 1000):
+        # the job's pid is written once it has run for a moment: a job that ends at once
+        # costs no transaction for it (the end is recorded in one)
+        timeout = POLL_SECONDS if pid_recorded else PID_AFTER
+        for fd, _ in poller.poll(timeout * 1000):
             pid = pidfds[fd]
             poller.unregister(fd)
             os.close(fd)
@@ -221,6 +228,9 @@ def _monitor(
                 stop("rank", f"rank {rank} failed ({why}); stopped the other ranks")
         if len(statuses) == len(pids):
             break
+        if not pid_recorded:
+            pid_recorded = True
+            store.update(job.id, job_pid=pgid)
         now = time.time()
         if now >= next_renew:
             next_renew = now + settings.lease_ttl / 4

@@ -60,6 +60,8 @@ log = logging.getLogger("jupyter_dlsched.agent")
 IDLE_EXIT = 600.0
 #: Longest a ``changes`` request waits for a state change before answering empty.
 MAX_WAIT = 30.0
+#: Seconds after a launch before the next spare supervisor is forked.
+SPARE_DELAY = 0.05
 #: Waiting jobs whose place in line changed that are written at once; more wait up to 1 s.
 POSITIONS_AT_ONCE = 200
 #: Seconds before an allocated job nobody claimed is launched again.
@@ -206,6 +208,9 @@ class Agent:
         self._dirty = True
         self._stopping = False
         self._address: str | bytes | None = None
+        #: a supervisor forked ahead of time: (pid, the pipe its job id is written to)
+        self._spare: tuple[int, int] | None = None
+        self._spare_after = 0.0
         self.code = code_stamp()
         self._ops: dict[str, Callable[[Peer, dict[str, Any], list[bytes]], dict[str, Any] | None]]
         self._ops = {
@@ -312,6 +317,9 @@ class Agent:
         self._stopping = True
 
     def close(self) -> None:
+        if self._spare is not None:
+            os.close(self._spare[1])  # the spare reads the end of its pipe and exits
+            self._spare = None
         for peer in list(self.peers.values()):
             self._drop(peer)
         if self.listener is not None:
@@ -369,6 +377,8 @@ class Agent:
                 log.exception("dlsched agent loop")
                 time.sleep(0.5)
             self._answer_watchers()
+            if self._spare is None and not self._dirty:
+                self.fork_spare()  # off the path of the launch that used the last one
             if self.peers or not self.shared and self._has_waiting():
                 last_busy = now
             if not self.shared and (now - last_busy > self.idle_exit or not self.home.is_dir()):
@@ -490,10 +500,41 @@ class Agent:
     # -- forking supervisors ------------------------------------------------------------------
 
     def fork_supervisor(self, job: JobInfo) -> None:
-        """Fork the supervisor of an allocated job (it runs in its own session)."""
-        pid = os.fork()
-        if pid != 0:
+        """Start the supervisor of an allocated job (it runs in its own session).
+
+        The spare supervisor forked ahead of time takes it when there is one (it
+        has its ledger connection open already); a new spare is forked once the
+        loop is idle again.
+        """
+        if self._spare is not None:
+            pid, pipe = self._spare
+            self._spare = None
+            # the next spare waits until this job is under way (two forks at once compete
+            # for the same cores and pages)
+            self._spare_after = time.monotonic() + SPARE_DELAY
+            try:
+                os.write(pipe, f"{job.id}\n".encode())
+                return
+            except OSError:
+                pass  # the spare has gone: fork one for this job
+            finally:
+                os.close(pipe)
+        if os.fork() == 0:
+            self._become_supervisor(job.id, None)
+
+    def fork_spare(self) -> None:
+        """Fork a supervisor that opens the ledger and waits for the id of the next job."""
+        if self._spare is not None or self._stopping or time.monotonic() < self._spare_after:
             return
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(write)
+            self._become_supervisor(None, read)
+        os.close(read)
+        self._spare = (pid, write)
+
+    def _become_supervisor(self, job_id: str | None, pipe: int | None) -> None:
         code = 1
         try:
             os.setsid()
@@ -502,11 +543,25 @@ class Agent:
                 self.listener.close()
             for peer in self.peers.values():
                 peer.sock.close()
+            if self._spare is not None:
+                os.close(self._spare[1])
             for sig in (signal.SIGCHLD, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
+            from ..store import Store
             from ..worker import supervise
 
-            code = supervise(self.home, job.id, as_owner=self.shared, agent=self.address)
+            store = Store(self.home)
+            if pipe is not None:
+                with os.fdopen(pipe, "rb") as waiting:
+                    line = waiting.readline().decode().strip()
+                if not line:
+                    code = 0  # the agent has gone (or exited): nothing to supervise
+                    return
+                job_id = line
+            assert job_id is not None
+            code = supervise(
+                self.home, job_id, as_owner=self.shared, agent=self.address, store=store
+            )
         except BaseException:
             import traceback
 
