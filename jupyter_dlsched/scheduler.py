@@ -134,6 +134,8 @@ class Scheduler:
         self._orphan_tries: dict[str, float] = {}
         self._decided_on: tuple[int, str | None] = (-1, None)
         self._decide_again = 0.0
+        #: the waiting jobs kept between decisions (only by a pool agent, the one decider)
+        self._index: tick_steps.QueueIndex | None = None
         self._inline = InlineRunner(self)
         self._watch_lock = threading.Lock()
         self._event_seq = self._last_event_seq()
@@ -561,6 +563,7 @@ class Scheduler:
                     lease_ttl=settings.lease_ttl,
                     now=now,
                     deferred=positions,
+                    index=self._index,
                 )
                 last_event = self.store.last_event_seq(wdb)
             self._decided_on = (last_event, settings_json)
@@ -569,7 +572,7 @@ class Scheduler:
         for job in reaped:
             self.backend.reap(job)
         for source_id in gate.armed if gate is not None else ():
-            launcher.launch_stager(self.home, source_id)
+            self._launch_stager(source_id)
         self._launch_mine(now, [s.job_id for s in decisions.starts] if decisions else [])
         if decisions is not None:
             self._queue_positions(positions)
@@ -598,6 +601,10 @@ class Scheduler:
                     continue
                 self._orphan_tries[job_id] = now
             self.backend.launch(self.store.get(job_id))
+
+    def _launch_stager(self, source_id: str) -> None:
+        """Start the stager of a staging this tick armed."""
+        launcher.launch_stager(self.home, source_id)
 
     def _launch_inline(self) -> None:
         """Start the threads of this process's inline jobs the agent has allocated."""

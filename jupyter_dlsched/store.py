@@ -597,6 +597,39 @@ class Store:
         ).fetchall()
 
     @staticmethod
+    def snapshot_running(db: sqlite3.Connection, backend: str) -> list[sqlite3.Row]:
+        """The running jobs of ``snapshot``."""
+        return db.execute(
+            f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? AND state='running' "
+            "ORDER BY seq",
+            (backend,),
+        ).fetchall()
+
+    @staticmethod
+    def snapshot_of(db: sqlite3.Connection, backend: str, ids: Sequence[str]) -> list[sqlite3.Row]:
+        """The active jobs among ``ids``, with the columns of ``snapshot``."""
+        rows: list[sqlite3.Row] = []
+        for i in range(0, len(ids), 500):
+            part = list(ids[i : i + 500])
+            rows += db.execute(
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? "
+                f"AND state IN ('queued','preempted','running') "
+                f"AND id IN ({','.join('?' * len(part))})",
+                (backend, *part),
+            ).fetchall()
+        return rows
+
+    @staticmethod
+    def jobs_with_events_since(db: sqlite3.Connection, seq: int) -> list[str]:
+        """Ids of the jobs with an event after ``seq`` (what changed since a decision)."""
+        return [
+            r[0]
+            for r in db.execute(
+                "SELECT DISTINCT job_id FROM events WHERE seq > ? AND job_id IS NOT NULL", (seq,)
+            )
+        ]
+
+    @staticmethod
     def set_queue_positions(
         db: sqlite3.Connection, changes: Iterable[tuple[int | None, str | None, str]]
     ) -> None:

@@ -49,20 +49,30 @@ def decide(
     lease_ttl: float,
     now: float,
     deferred: list[tuple[int | None, str | None, str]] | None = None,
+    index: QueueIndex | None = None,
 ) -> Decisions:
     """Snapshot the active jobs, run the policy, commit its starts, preemptions and reasons.
 
     ``deferred``: a list to receive the waiting jobs' new positions and reasons
     instead of writing them here, so the caller can launch what started first
-    (with a deep queue every start moves every waiting job up one place)."""
-    rows = store.snapshot(db, backend)
-    running = [r for r in rows if r["state"] == "running"]
-    waiting = [r for r in rows if r["state"] != "running"]
+    (with a deep queue every start moves every waiting job up one place).
+    ``index``: the waiting jobs kept from the previous decision (the pool agent's),
+    so only the rows of jobs that changed since are read again."""
+    if index is not None:
+        running, waiting = index.read(store, db, backend)
+    else:
+        rows = store.snapshot(db, backend)
+        running = [r for r in rows if r["state"] == "running"]
+        waiting = [r for r in rows if r["state"] != "running"]
     dep_states = _dependency_states(store, db, waiting)
     queued: list[QueuedJob] = []
     blocked: dict[str, str] = {}
     attempts: dict[str, int] = {}
     for row in waiting:
+        if index is not None and row["after"] == "[]":
+            queued.append(index.queued(row))  # unchanged since it was last read: as it was
+            attempts[row["id"]] = row["attempts"]
+            continue
         after = json.loads(row["after"]) if row["after"] != "[]" else []
         states = [dep_states.get(d, "missing") for d in after]
         bad = [d for d, s in zip(after, states, strict=True) if s in TERMINAL and s != "succeeded"]
@@ -125,13 +135,74 @@ def decide(
         if job_id in started:
             continue
         pos, reason = positions.get(job_id), reasons.get(job_id)
-        if row["position"] != pos or row["waiting"] != reason:
+        if index is not None:
+            if index.place(job_id, row) != (pos, reason):
+                changed.append((pos, reason, job_id))
+                index.places[job_id] = (pos, reason)
+        elif row["position"] != pos or row["waiting"] != reason:
             changed.append((pos, reason, job_id))
     if deferred is not None:
         deferred[:] = changed
     else:
         store.set_queue_positions(db, changed)
     return decisions
+
+
+class QueueIndex:
+    """The waiting jobs of one backend, kept between decisions by the one process deciding.
+
+    Every change a decision depends on writes an ``events`` row (a submit, a
+    state change, a priority change, a staged input bound), so each decision
+    reads again only the rows of jobs with an event since the previous one
+    (and the few running jobs, whose stop flags change without one). The
+    policy's ``QueuedJob`` of a row is built once, and each job's place in line
+    is compared with the one last computed, not re-read.
+    """
+
+    def __init__(self) -> None:
+        self.seq = -1
+        self.waiting: dict[str, sqlite3.Row] = {}
+        self._queued: dict[str, QueuedJob] = {}
+        #: the place in line and reason last computed for each waiting job
+        self.places: dict[str, tuple[int | None, str | None]] = {}
+
+    def read(
+        self, store: Store, db: sqlite3.Connection, backend: str
+    ) -> tuple[list[sqlite3.Row], list[sqlite3.Row]]:
+        """``(running, waiting)`` rows, waiting ones in submit order."""
+        last = store.last_event_seq(db)
+        if self.seq < 0:
+            rows = store.snapshot(db, backend)
+            self.waiting = {r["id"]: r for r in rows if r["state"] != "running"}
+            self._queued.clear()
+            self.places.clear()
+            running = [r for r in rows if r["state"] == "running"]
+        else:
+            if last != self.seq:
+                changed = store.jobs_with_events_since(db, self.seq)
+                for job_id in changed:
+                    self.waiting.pop(job_id, None)
+                    self._queued.pop(job_id, None)
+                    self.places.pop(job_id, None)
+                fresh = [
+                    r for r in store.snapshot_of(db, backend, changed) if r["state"] != "running"
+                ]
+                if fresh:
+                    self.waiting.update((r["id"], r) for r in fresh)
+                    # submit order: a requeued job keeps its place by its number
+                    self.waiting = dict(sorted(self.waiting.items(), key=lambda kv: kv[1]["seq"]))
+            running = store.snapshot_running(db, backend)
+        self.seq = last
+        return running, list(self.waiting.values())
+
+    def queued(self, row: sqlite3.Row) -> QueuedJob:
+        job = self._queued.get(row["id"])
+        if job is None:
+            job = self._queued[row["id"]] = _queued(row)
+        return job
+
+    def place(self, job_id: str, row: sqlite3.Row) -> tuple[int | None, str | None]:
+        return self.places.get(job_id, (row["position"], row["waiting"]))
 
 
 def idle_capacity_minus(

@@ -399,6 +399,22 @@ def _run_end(job: JobInfo, outcome: Outcome, folder: Path, owner: int | None = N
     return RunEnd(to, why, exit_code=exit_code, term_signal=term_signal)
 
 
+def wake_pool(home: str | os.PathLike[str]) -> None:
+    """Have the pool decide now: this user's agent when the pool has one (started again if
+    it has gone), else a tick on the ledger directly."""
+    from .agent.client import AgentClient, agent_wanted
+    from .agent.service import user_address
+    from .errors import DlschedError
+
+    if not agent_wanted():
+        tick_after(home)
+        return
+    try:
+        AgentClient(user_address(home), home=home).call("tick")
+    except DlschedError:
+        traceback.print_exc()
+
+
 def tick_after(home: str | os.PathLike[str]) -> None:
     """Start whatever can start now that a job's resources (or its data) are ready."""
     if not (Path(home) / "ledger.sqlite").exists():

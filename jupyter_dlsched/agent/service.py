@@ -105,9 +105,21 @@ class AgentScheduler(Scheduler):
     def __init__(self, agent: Agent, home: str | os.PathLike[str], **options: Any) -> None:
         self.agent = agent
         self._tried: dict[str, float] = {}
-        self._positions: list[tuple[int | None, str | None, str]] = []
+        self._positions: dict[str, tuple[int | None, str | None]] = {}
         self._positions_at = 0.0
         super().__init__(home, backend=ForkingBackend(agent), loop=False, agent=False, **options)
+        from ..tick import QueueIndex
+
+        self._index = QueueIndex()
+
+    def tick(self, now: float | None = None) -> Any:
+        try:
+            return super().tick(now)
+        except BaseException:
+            from ..tick import QueueIndex
+
+            self._index = QueueIndex()  # read everything again after a failed decision
+            raise
 
     def policy(self) -> Policy:
         policy = super().policy()
@@ -115,18 +127,22 @@ class AgentScheduler(Scheduler):
             return LimitsGate(policy, self.agent.config)
         return policy
 
+    def _launch_stager(self, source_id: str) -> None:
+        self.agent.fork_stager(source_id)
+
     def _queue_positions(self, changed: list[tuple[int | None, str | None, str]]) -> None:
         """Places in line, written at most once a second when many moved (a deep queue moves
         every job up at each start: written every time, that would be most of a decision)."""
-        self._positions = changed
-        if len(changed) <= POSITIONS_AT_ONCE:
+        self._positions.update((job_id, (pos, why)) for pos, why, job_id in changed)
+        if len(self._positions) <= POSITIONS_AT_ONCE:
             self.flush_positions(force=True)
 
     def flush_positions(self, force: bool = False) -> None:
         now = time.monotonic()
         if self._positions and (force or now - self._positions_at >= 1.0):
-            super()._queue_positions(self._positions)
-            self._positions = []
+            rows = [(pos, why, job_id) for job_id, (pos, why) in self._positions.items()]
+            self._positions = {}
+            super()._queue_positions(rows)
             self._positions_at = now
 
     def _launch_mine(self, now: float, just_started: Iterable[str]) -> None:
@@ -522,6 +538,36 @@ class Agent:
         if os.fork() == 0:
             self._become_supervisor(job.id, None)
 
+    def fork_stager(self, source_id: str) -> None:
+        """Fork the stager of a staging (it copies a job's input into the cache)."""
+        if os.fork() != 0:
+            return
+        code = 1
+        try:
+            self._leave_agent(b"dlsched-stage")
+            from ..staging.stager import stage
+
+            code = stage(self.home, source_id)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+
+    def _leave_agent(self, name: bytes) -> None:
+        """In a forked child: its own session and name, none of the agent's sockets."""
+        os.setsid()
+        _set_name(name)
+        if self.listener is not None:
+            self.listener.close()
+        for peer in self.peers.values():
+            peer.sock.close()
+        if self._spare is not None:
+            os.close(self._spare[1])
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+
     def fork_spare(self) -> None:
         """Fork a supervisor that opens the ledger and waits for the id of the next job."""
         if self._spare is not None or self._stopping or time.monotonic() < self._spare_after:
@@ -537,16 +583,7 @@ class Agent:
     def _become_supervisor(self, job_id: str | None, pipe: int | None) -> None:
         code = 1
         try:
-            os.setsid()
-            _set_name(b"dlsched-sup")
-            if self.listener is not None:
-                self.listener.close()
-            for peer in self.peers.values():
-                peer.sock.close()
-            if self._spare is not None:
-                os.close(self._spare[1])
-            for sig in (signal.SIGCHLD, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_DFL)
+            self._leave_agent(b"dlsched-sup")
             from ..store import Store
             from ..worker import supervise
 

@@ -104,9 +104,9 @@ def stage(home: str | os.PathLike[str], source_id: str) -> int:
         _stage(store, source_id, row["source"], row["attempt"], since, settings.lease_ttl)
     finally:
         store.close()
-        from ..worker import tick_after
+        from ..worker import wake_pool
 
-        tick_after(home)  # start the jobs that were waiting for this data
+        wake_pool(home)  # start the jobs that were waiting for this data
     return 0
 
 
