@@ -2,6 +2,9 @@
 
     python benchmarks/core.py [--quick] [--only roundtrip,gap,drain,tick,map] [--profile DIR]
 
+The schedulers here use the ledger directly (``agent=False``, the path
+without a pool agent); ``benchmarks/agent.py`` measures the agent.
+
 Everything runs in private temporary folders with simulated GPUs
 (``DLSCHED_SIMULATE_GPUS``); nothing touches the user's state folder.
 
@@ -84,6 +87,8 @@ def scheduler_home(root: Path, name: str, **options: Any) -> Iterator[Any]:
     # editable install being worked on, files change under a long run; take the
     # current name, as a freshly started kernel would, and say when it moved.
     launcher._STAMP = launcher._code_stamp()
+    # this script measures the ledger used directly (benchmarks/agent.py: the pool agent)
+    options.setdefault("agent", False)
     s = Scheduler(home=home, **options)
     try:
         yield s

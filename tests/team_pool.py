@@ -34,8 +34,9 @@ def work(seconds, tag):
 
 s = dls.Scheduler(loop=False)
 seconds, tag, gpus = float(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-for i in range(int(sys.argv[4]) if len(sys.argv) > 4 else 1):
-    h = s.submit(work, seconds, tag, gpus=gpus, name=tag)
+n, cpus = int(sys.argv[4]), float(sys.argv[5])
+for i in range(n):
+    h = s.submit(work, seconds, tag, gpus=gpus, cpus=cpus, name=tag)
     print(h.id, flush=True)
 """
 
@@ -109,8 +110,17 @@ class Service:
     def as_user(self, user: OtherUser, script: str, *args: str, timeout: float = 120):
         return user.python(script, *args, env={"DLSCHED_SOCKET": str(self.socket)}, timeout=timeout)
 
-    def submit(self, user: OtherUser, seconds: float, tag: str, gpus: float = 0, n: int = 1):
-        done = self.as_user(user, SUBMIT, str(seconds), tag, str(gpus), str(n))
+    def submit(
+        self,
+        user: OtherUser,
+        seconds: float,
+        tag: str,
+        gpus: float = 0,
+        n: int = 1,
+        cpus: float = 0.25,
+    ) -> list[str]:
+        """Queue ``n`` jobs of ``user`` that sleep ``seconds`` and return ``[tag, uid]``."""
+        done = self.as_user(user, SUBMIT, str(seconds), tag, str(gpus), str(n), str(cpus))
         assert done.returncode == 0, done.stderr
         return done.stdout.split()
 

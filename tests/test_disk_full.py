@@ -45,6 +45,12 @@ def answer() -> int:
     return 42
 
 
+def empty_journal(s: Scheduler) -> None:
+    """Move the ledger's write-ahead log into the ledger and cut it to nothing, so that the
+    next write needs new disk space (a long-lived pool agent's log has room left in it)."""
+    s.store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
 def fill(path: Path) -> None:
     """Write zeros into ``path`` until the disk is full."""
     with open(path, "wb") as f:
@@ -75,6 +81,7 @@ def test_submitting_to_a_full_disk_is_a_clear_error_and_writes_nothing(small_hom
     with Scheduler(small_home, loop=False) as s:
         before = s.store.count_jobs()
         (small_home / RESERVE_NAME).unlink()
+        empty_journal(s)
         fill(small_home / "ballast")
         big = b"x" * (2 * MiB)  # more than the ledger's journal holds already
         with pytest.raises(LedgerUnavailable, match="the disk is full") as caught:
@@ -89,8 +96,9 @@ def test_submitting_to_a_full_disk_is_a_clear_error_and_writes_nothing(small_hom
 
 
 def test_the_cli_says_in_one_line_that_the_disk_is_full(small_home):
-    Scheduler(small_home, loop=False).close()
-    (small_home / RESERVE_NAME).unlink()
+    with Scheduler(small_home, loop=False) as s:
+        (small_home / RESERVE_NAME).unlink()
+        empty_journal(s)
     fill(small_home / "ballast")
     dlsched = str(Path(sys.executable).with_name("dlsched"))
     long_argv = ["python3", "-c", "pass", *(["x" * 1000] * 1200)]

@@ -56,6 +56,44 @@ def test_two_users_share_the_gpus_and_each_job_runs_as_its_owner(service, users)
         assert (folder / "result.pkl").stat().st_uid == user.uid
 
 
+IDENTITY = """
+import json, os
+import jupyter_dlsched as dls
+
+def who():
+    import os
+    mask = os.umask(0)
+    return [os.getuid(), os.geteuid(), os.getgid(), sorted(os.getgroups()), oct(mask),
+            os.environ["HOME"], os.environ["USER"]]
+
+print(json.dumps(dls.Scheduler(loop=False).submit(who).result(timeout=60)))
+"""
+
+
+def test_a_job_runs_with_its_owners_identity_and_the_cli_names_the_pool(service, users):
+    import grp
+    import pwd
+
+    _, b = users
+    done = service.as_user(b, IDENTITY)
+    assert done.returncode == 0, done.stderr
+    uid, euid, gid, groups, umask, home, user = json.loads(done.stdout)
+    entry = pwd.getpwuid(b.uid)
+    expected = sorted({entry.pw_gid} | {g.gr_gid for g in grp.getgrall() if b.name in g.gr_mem})
+    assert (uid, euid, gid, groups) == (b.uid, b.uid, b.gid, expected)
+    assert (umask, home, user) == ("0o77", entry.pw_dir, b.name)
+    status = b.python(
+        "import sys; from jupyter_dlsched.cli import main; sys.exit(main())",
+        "status",
+        env={"DLSCHED_SOCKET": str(service.socket)},
+    )
+    assert status.returncode == 0, status.stderr
+    assert f"pool: shared by every user of this machine, service at {service.socket}" in (
+        status.stdout
+    )
+    assert f"(you: {b.name})" in status.stdout
+
+
 ATTACKS = """
 import json, os, sys
 import jupyter_dlsched as dls
@@ -208,3 +246,18 @@ def test_the_service_unit_runs_this_interpreter_and_spares_running_jobs():
         "--socket /run/dlsched/dlsched.sock --config /etc/dlsched/service.toml"
     ) in unit.stdout
     assert "KillMode=process" in unit.stdout and "[Install]" in unit.stdout
+
+
+def test_a_user_at_the_running_limit_waits_with_the_reason_shown(service_factory, users):
+    a, b = users
+    service = service_factory(
+        f"[limits]\nmax_running = 1\n\n[limits.users.{b.name}]\nmax_running = 2\n"
+    )
+    first, second = service.submit(a, 30, "a-cpu", gpus=0, n=2)
+    wait_for(lambda: service.job(first)["state"] == "running")
+    reason = wait_for(lambda: service.job(second)["waiting"])
+    assert reason == f"{a.name} has 1 job running, the limit per user is 1"
+    # B's own limit is 2: both of B's jobs run beside A's
+    b_jobs = service.submit(b, 30, "b-cpu", gpus=0, n=2)
+    wait_for(lambda: all(service.job(j)["state"] == "running" for j in b_jobs))
+    assert service.job(second)["state"] == "queued"
