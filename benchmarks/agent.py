@@ -1,6 +1,6 @@
 """Pool agent: round trip, submit → running, queue drain, memory, team service.
 
-    python benchmarks/agent.py [--quick] [--only roundtrip,running,drain,memory,team]
+    python benchmarks/agent.py [--quick] [--only roundtrip,running,decision,drain,memory,team]
                                [--json PATH]
 
 Everything runs in private temporary folders with simulated GPUs
@@ -15,6 +15,9 @@ target is a ratio against a peer measured in the same run, or a bound.
 * submit → running: ``time.time()`` just before ``submit`` to the ``time`` of
   the job's ``running`` event in the ledger, one job at a time, through the
   agent and directly;
+* decision: a full decision of the agent's own scheduler (its queue kept in
+  memory, ``tick.QueueIndex``) with 10,000 and 100,000 one-GPU jobs queued
+  behind a job that holds the only GPU: the median of eight;
 * queue drain: the same ``python3 -c`` jobs as ``core.py`` (each appends its
   start time to a file) queued through the agent on one simulated GPU behind a
   job that holds it, then released; start-to-start p50 against task-spooler
@@ -223,6 +226,34 @@ def drain_agent(
 
 
 # -- 4. memory -------------------------------------------------------------------------------
+
+
+def decision_times(root: Path, n: int, repeats: int = 8) -> list[float]:
+    """Seconds of full decisions (``tick(now=...)`` always decides) of an agent's scheduler
+    with ``n`` one-GPU jobs queued behind one that holds the only GPU."""
+    from jupyter_dlsched.agent.service import Agent
+
+    with core.simulated("1x16GiB"):
+        agent = Agent(root / f"decide-{n}")
+        agent.open()
+        s = agent.sched
+        assert s is not None
+        try:
+            hold = s.submit_command(["sleep", "600"], gpus=1, cpus=1 / 64)
+            s.tick()
+            s.map(noop, range(n), gpus=1, cpus=1 / 64, priority="low")
+            s.tick(now=time.time())  # the first decision reads every row
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                s.tick(now=time.time())
+                times.append(time.perf_counter() - t0)
+        finally:
+            with s.store.transaction() as db:
+                db.execute("UPDATE jobs SET state='cancelled' WHERE state='queued'")
+            s.cancel(hold.id)
+            agent.close()
+    return times
 
 
 def agent_memory(root: Path, n: int) -> tuple[int, int, float]:
@@ -559,7 +590,7 @@ def team_rows(run: TeamRun, what: str, expected: int) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer jobs, smaller queues")
-    parser.add_argument("--only", default="roundtrip,running,drain,memory,team")
+    parser.add_argument("--only", default="roundtrip,running,decision,drain,memory,team")
     parser.add_argument("--json", type=Path, help="also write the rows here, as JSON")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -680,6 +711,21 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             core.print_progress(rows)
+        if "decision" in only:
+            for n, bound in ((10_000, 0.005), (100_000, 0.050)):
+                if quick and n > 10_000:
+                    continue
+                times = decision_times(root, n)
+                p50 = statistics.median(times)
+                rows.append(
+                    (
+                        f"full decision of the agent, {n:,} queued behind the only GPU (n=8)",
+                        f"{ms(p50)} (min {ms(min(times))})",
+                        f"≤ {ms(bound)}",
+                        verdict(p50 <= bound),
+                    )
+                )
+                core.print_progress(rows)
         if "memory" in only:
             before, peak, took = agent_memory(root, n_memory)
             rows.append(
