@@ -110,7 +110,8 @@ def read_file(path: Path, owner: int | None = None) -> bytes | None:
     between the check and the read).
     """
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+        # O_NONBLOCK: a FIFO planted under the name is refused below, never waited on
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as error:

@@ -107,10 +107,31 @@ def progress(done: float, total: float | None = None, **metrics: float) -> None:
             clean[str(key)] = float(value)
         except (TypeError, ValueError):
             clean[str(key)] = str(value)  # type: ignore[assignment]
-    _store(home).update(
-        job_id,
-        progress={"done": float(done), "total": total, "metrics": clean, "at": now},
-    )
+    report = {"done": float(done), "total": total, "metrics": clean, "at": now}
+    socket_path = os.environ.get(SOCKET_ENV) if _current.get() is None else None
+    if socket_path:
+        _report_to_pool(socket_path, job_id, report)
+    else:
+        _store(home).update(job_id, progress=report)
+
+
+SOCKET_ENV = "DLSCHED_SOCKET"
+_clients: dict[str, Any] = {}
+
+
+def _report_to_pool(socket_path: str, job_id: str, report: dict[str, Any]) -> None:
+    """A job of a shared pool reports through the pool's service (its ledger is not the
+    job's to write). A report that cannot be delivered is dropped: training goes on."""
+    from .agent.client import AgentClient
+
+    with _lock:
+        client = _clients.get(socket_path)
+        if client is None:
+            client = _clients[socket_path] = AgentClient(socket_path)
+    try:
+        client.call("progress", id=job_id, progress=report)
+    except DlschedError:
+        pass
 
 
 class DataNotStaged(DlschedError, LookupError):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from . import launcher
 from . import tick as tick_steps
 from .backends import Backend, make_backend
-from .errors import JobNotFound, LedgerUnavailable, SpecError
+from .errors import JobNotFound, LedgerUnavailable, SpecError, UnsafeStateFolder
 from .handle import JobHandle, job_exception
 
 if TYPE_CHECKING:
@@ -775,9 +775,15 @@ class Scheduler:
     def _job_exception(self, info: JobInfo) -> BaseException:
         if info.id in self._inline.errors:
             return self._inline.errors[info.id]
-        error_json = self.store.read_spool_file(info.id, "error.json")
-        return job_exception(
-            info,
-            error_json.decode("utf-8", "replace") if error_json is not None else None,
-            self.store.read_spool_file(info.id, "error.pkl"),
-        )
+        try:
+            error_json = self.store.read_spool_file(info.id, "error.json")
+            error_pickle = self.store.read_spool_file(info.id, "error.pkl")
+        except UnsafeStateFolder as unsafe:
+            # not a report the job wrote (a link, a FIFO): the failure without its traceback
+            log.warning("dlsched: job %s: its error report was not read: %s", info.id, unsafe)
+            error_json = error_pickle = None
+        try:
+            details = error_json.decode("utf-8", "replace") if error_json is not None else None
+            return job_exception(info, details, error_pickle)
+        except ValueError:
+            return job_exception(info, None, None)  # a report that is not JSON

@@ -261,3 +261,48 @@ def test_a_user_at_the_running_limit_waits_with_the_reason_shown(service_factory
     b_jobs = service.submit(b, 30, "b-cpu", gpus=0, n=2)
     wait_for(lambda: all(service.job(j)["state"] == "running" for j in b_jobs))
     assert service.job(second)["state"] == "queued"
+
+
+PROGRESS = """
+import json
+import jupyter_dlsched as dls
+
+def train():
+    for step in range(3):
+        dls.progress(step + 1, 3, loss=0.5 / (step + 1))
+    return "trained"
+
+h = dls.Scheduler(loop=False).submit(train)
+print(json.dumps([h.result(timeout=60), h.info().progress]))
+"""
+
+
+def test_a_job_in_a_shared_pool_reports_progress_through_the_service(service, users):
+    _, b = users
+    done = service.as_user(b, PROGRESS)
+    assert done.returncode == 0, done.stderr
+    result, progress = json.loads(done.stdout)
+    assert result == "trained"
+    assert (progress["done"], progress["total"], progress["metrics"]) == (3.0, 3, {"loss": 0.5 / 3})
+
+
+FIFO = """
+import json
+import jupyter_dlsched as dls
+
+def plant():
+    import os
+    os.mkfifo(os.path.join(os.environ["DLSCHED_HOME"], "spool", os.environ["DLSCHED_JOB_ID"],
+                           "error.json"))
+    os._exit(3)
+
+h = dls.Scheduler(loop=False).submit(plant)
+print(json.dumps([h.wait(timeout=60).state, h.info().reason]))
+"""
+
+
+def test_a_fifo_a_job_leaves_for_its_error_report_does_not_hang_its_supervisor(service, users):
+    _, b = users
+    done = service.as_user(b, FIFO)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["failed", "exit code 3"]

@@ -28,6 +28,7 @@ supervisors it did not start tell it when their jobs end.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import pwd
@@ -60,6 +61,8 @@ log = logging.getLogger("jupyter_dlsched.agent")
 IDLE_EXIT = 600.0
 #: Longest a ``changes`` request waits for a state change before answering empty.
 MAX_WAIT = 30.0
+#: Largest progress report a job may send (JSON bytes).
+MAX_PROGRESS = 64 * 1024
 #: Seconds after a launch before the next spare supervisor is forked.
 SPARE_DELAY = 0.05
 #: Waiting jobs whose place in line changed that are written at once; more wait up to 1 s.
@@ -805,6 +808,8 @@ class Agent:
         progress = msg.get("progress")
         if info.state != "running" or not isinstance(progress, dict):
             return {"recorded": False}
+        if len(json.dumps(progress)) > MAX_PROGRESS:
+            raise SpecError("progress", "...", f"at most {MAX_PROGRESS} bytes of JSON")
         self._store.update(info.id, progress=progress)
         return {"recorded": True}
 
