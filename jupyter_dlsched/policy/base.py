@@ -163,9 +163,17 @@ def describe_shortfall(request: Request, capacity: Capacity) -> str:
     """Words for why a request does not fit now: ``"waiting for 2 GPUs"``.
 
     Called for every waiting job of a live tick, so the words are cached per
-    request shape and the three numbers they depend on.
+    request shape and the three numbers they depend on; and those three are read once per
+    capacity (it is immutable), not once per job.
     """
-    return _shortfall(request, capacity.free_whole_gpus, capacity.cpus_free, capacity.mem_free)
+    last = _last_free[0]
+    if last[0] is not capacity:
+        last = (capacity, (capacity.free_whole_gpus, capacity.cpus_free, capacity.mem_free))
+        _last_free[0] = last  # one tuple, replaced whole: safe for a policy run in threads
+    return _shortfall(request, *last[1])
+
+
+_last_free: list[tuple[Any, tuple[int, float, int]]] = [(None, (0, 0.0, 0))]
 
 
 @lru_cache(maxsize=4096)
