@@ -138,6 +138,23 @@ def launch_stager(home: str | os.PathLike[str], source_id: str) -> None:
     spawn_supervisor(home, source_id, module="jupyter_dlsched.staging.stager")
 
 
+def preload() -> None:
+    """Import what supervisors, stagers and jobs need before forking them: the modules
+    named in ``DLSCHED_PRELOAD`` (default numpy), the supervisor and the job runner."""
+    for name in os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(","):
+        if name.strip():
+            try:
+                importlib.import_module(name.strip())
+            except Exception:
+                pass
+    import cloudpickle  # noqa: F401  (every function job unpickles its payload)
+
+    from . import jobproc, worker  # noqa: F401
+    from .staging import stager  # noqa: F401
+
+    jobproc.libc()
+
+
 def serve(home: str, idle_exit: float = IDLE_EXIT) -> int:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     address = socket_name(home)
@@ -147,17 +164,7 @@ def serve(home: str, idle_exit: float = IDLE_EXIT) -> int:
         return 0  # another launcher for this folder is already serving
     server.listen(64)
     server.settimeout(1.0)
-    for name in os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(","):
-        if name.strip():
-            try:
-                importlib.import_module(name.strip())
-            except Exception:
-                pass
-    from . import jobproc, worker  # noqa: F401  (preload the supervisor and job runner)
-    from .staging import stager  # noqa: F401  (and the stager)
-
-    jobproc.libc()
-
+    preload()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped automatically
     last = time.monotonic()
     while True:

@@ -28,6 +28,20 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     stop_agent(path)
 
 
+def wait_for(predicate: Any, timeout: float = 60.0, step: float = 0.05, what: Any = None) -> Any:
+    """Poll ``predicate`` until it returns something true (returned), or fail after
+    ``timeout`` seconds saying ``what()`` when given."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"condition not met in {timeout:g} s {what() if what else ''}")
+
+
 def stop_agent(home: Path) -> None:
     """Stop the pool agent of ``home`` if one runs (never starts one)."""
     from jupyter_dlsched.agent.client import AgentClient

@@ -11,12 +11,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from conftest import OtherUser
+from conftest import OtherUser, wait_for
 
 from jupyter_dlsched.agent.client import AgentClient
 from jupyter_dlsched.agent.protocol import AgentUnavailable
@@ -141,13 +140,3 @@ def shared_pool(config: str = "") -> Iterator[Service]:
                 client.call("cancel", id=job["id"])
         service.stop()
         subprocess.run(["rm", "-rf", str(root)], check=False)
-
-
-def wait_for(predicate, timeout=60.0, step=0.05, what=lambda: ""):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"condition not met in time {what()}")

@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+from conftest import wait_for
 
 from jupyter_dlsched.agent.client import AgentClient
 from jupyter_dlsched.agent.protocol import AgentUnavailable
@@ -19,20 +20,9 @@ from jupyter_dlsched.scheduler import Scheduler
 
 
 def sleeper(seconds, value=None):
-    import time
 
     time.sleep(seconds)
     return value if value is not None else seconds
-
-
-def wait_for(predicate, timeout=30.0, step=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
 
 
 def agent_pids(home):

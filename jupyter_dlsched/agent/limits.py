@@ -10,23 +10,19 @@ per user is 4"``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ..policy import Decisions, Policy, QueuedJob, RunningJob
+from ..policy.base import PolicyGate
 from ..resources import Capacity
 from .config import Limits, ServiceConfig
 
 
-class LimitsGate:
+class LimitsGate(PolicyGate):
     """``policy`` with each user's ``max_gpus`` and ``max_running`` applied."""
 
     def __init__(self, policy: Policy, config: ServiceConfig) -> None:
-        self._policy = policy
+        super().__init__(policy)
         self._config = config
-        self.name = getattr(policy, "name", "policy")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
 
     def __call__(
         self,

@@ -70,8 +70,6 @@ POSITIONS_AT_ONCE = 200
 #: Seconds before an allocated job nobody claimed is launched again.
 RELAUNCH_AFTER = 5.0
 _UCRED = struct.Struct("3i")
-PRELOAD_ENV = "DLSCHED_PRELOAD"
-DEFAULT_PRELOAD = "numpy"
 _METADATA_KEYS = ("inventory", "settings", "cache")
 
 
@@ -186,21 +184,10 @@ def code_stamp() -> str:
 
 def preload() -> None:
     """Import what supervisors and jobs need before forking them (``DLSCHED_PRELOAD``)."""
-    import importlib
-
-    for name in os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(","):
-        if name.strip():
-            try:
-                importlib.import_module(name.strip())
-            except Exception:
-                pass
-    import cloudpickle  # noqa: F401
-
-    from .. import jobproc, worker  # noqa: F401
-    from ..staging import stager  # noqa: F401
+    from .. import launcher
     from . import client  # noqa: F401  (supervisors tell the agent when their job ends)
 
-    jobproc.libc()
+    launcher.preload()
 
 
 class Agent:

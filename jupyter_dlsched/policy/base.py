@@ -159,6 +159,18 @@ class Policy(Protocol):
     ) -> Decisions: ...
 
 
+class PolicyGate:
+    """A policy wrapped for one decision (staging, per-user limits): it answers to the
+    wrapped policy's name and attributes, and narrows what the policy is offered."""
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self.name = getattr(policy, "name", "policy")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+
 def describe_shortfall(request: Request, capacity: Capacity) -> str:
     """Words for why a request does not fit now: ``"waiting for 2 GPUs"``.
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..policy import Decisions, Policy, QueuedJob, RunningJob
+from ..policy.base import PolicyGate
 from ..resources import Capacity
 from ..store import Store
 
@@ -54,19 +55,15 @@ def staging_words(rows: Sequence[sqlite3.Row | dict[str, Any]], next_up: bool = 
     return words
 
 
-class StagingGate:
+class StagingGate(PolicyGate):
     """A policy for one tick that leaves out jobs whose inputs are not staged yet."""
 
     def __init__(self, store: Store, policy: Policy, *, uid: int) -> None:
+        super().__init__(policy)
         self._store = store
-        self._policy = policy
         self._uid = uid
-        self.name = getattr(policy, "name", "policy")
         #: source ids armed by this tick, to launch after the commit
         self.armed: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
 
     def __call__(
         self,
