@@ -210,6 +210,8 @@ def _run_job(
             os.sched_setaffinity(0, cores)
         os.environ.clear()
         os.environ.update(env)
+        if as_user is not None:
+            _exec_as_owner(folder, job, env, context, payload, rank)  # never returns
         if job.kind == "command":
             argv = json.loads(payload)["argv"]
             try:
@@ -220,7 +222,7 @@ def _run_job(
         for entry in reversed(context.get("sys_path") or []):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        code = _run_python(folder, payload, rank)
+        code = run_python(folder, payload, rank)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -231,7 +233,41 @@ def _run_job(
             os._exit(code)
 
 
-def _run_python(folder: Path, data: bytes, rank: int = 0) -> int:
+def _exec_as_owner(
+    folder: Path,
+    job: JobInfo,
+    env: dict[str, str],
+    context: dict[str, Any],
+    payload: bytes,
+    rank: int,
+) -> None:
+    """A shared pool's job process (already its owner): a fresh program, so the job's code
+    finds nothing of the service in its memory or its open files."""
+    if job.kind == "command":
+        argv = json.loads(payload)["argv"]
+    else:
+        # the payload goes through the owner's own spool folder (this process is the owner)
+        private.write_file(folder / f"payload-{rank}.pkl", payload)
+        meta = {"sys_path": context.get("sys_path") or []}
+        private.write_file(folder / f"job-{rank}.json", json.dumps(meta).encode())
+        python = context.get("executable") or sys.executable
+        argv = [python, "-m", "jupyter_dlsched.jobrun", str(folder), str(rank)]
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as error:
+        print(f"[dlsched] cannot run {argv[0]!r}: {error}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(127)
+
+
+def run_python(folder: Path, data: bytes, rank: int = 0) -> int:
     import cloudpickle
 
     try:

@@ -62,7 +62,13 @@ def submit_context() -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
     if env.get("MPLBACKEND", "").startswith("module://"):
         env.pop("MPLBACKEND")  # an inline backend means nothing in a background process
-    return {"cwd": os.getcwd(), "sys_path": [p for p in sys.path if p], "env": env}
+    return {
+        "cwd": os.getcwd(),
+        "sys_path": [p for p in sys.path if p],
+        "env": env,
+        # a shared pool runs the job in this interpreter (as its owner), not in the service's
+        "executable": sys.executable,
+    }
 
 
 class Scheduler:

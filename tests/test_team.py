@@ -61,10 +61,17 @@ import json, os
 import jupyter_dlsched as dls
 
 def who():
-    import os
+    import os, sys
     mask = os.umask(0)
+    files = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            files.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
     return [os.getuid(), os.geteuid(), os.getgid(), sorted(os.getgroups()), oct(mask),
-            os.environ["HOME"], os.environ["USER"]]
+            os.environ["HOME"], os.environ["USER"], files,
+            "jupyter_dlsched.agent.service" in sys.modules]
 
 print(json.dumps(dls.Scheduler(loop=False).submit(who).result(timeout=60)))
 """
@@ -77,7 +84,10 @@ def test_a_job_runs_with_its_owners_identity_and_the_cli_names_the_pool(service,
     _, b = users
     done = service.as_user(b, IDENTITY)
     assert done.returncode == 0, done.stderr
-    uid, euid, gid, groups, umask, home, user = json.loads(done.stdout)
+    uid, euid, gid, groups, umask, home, user, files, service_code = json.loads(done.stdout)
+    # a fresh program of the owner's: nothing of the service's memory or open files
+    assert not service_code
+    assert not [f for f in files if str(service.home) in f and not f.endswith("/log")], files
     entry = pwd.getpwuid(b.uid)
     expected = sorted({entry.pw_gid} | {g.gr_gid for g in grp.getgrall() if b.name in g.gr_mem})
     assert (uid, euid, gid, groups) == (b.uid, b.uid, b.gid, expected)

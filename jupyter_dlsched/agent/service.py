@@ -525,12 +525,32 @@ class Agent:
                 pass  # the spare has gone: fork one for this job
             finally:
                 os.close(pipe)
-        if os.fork() == 0:
+        try:
+            pid = self._fork()
+        except OSError as error:
+            log.warning("dlsched agent: cannot start the supervisor of %s: %s", job.id, error)
+            return  # relaunched after RELAUNCH_AFTER, or reaped when its claim lapses
+        if pid == 0:
             self._become_supervisor(job.id, None)
+
+    def _fork(self) -> int:
+        """``os.fork()`` with the ledger connection closed first (it reopens on next use).
+
+        SQLite keeps, per process, the state of the locks its connections hold on
+        a file; a forked copy of that state would make the child believe it holds
+        the parent's locks, and a connection it opens would skip taking them.
+        """
+        assert self.sched is not None
+        self.sched.store.close()
+        return os.fork()
 
     def fork_stager(self, source_id: str) -> None:
         """Fork the stager of a staging (it copies a job's input into the cache)."""
-        if os.fork() != 0:
+        try:
+            if self._fork() != 0:
+                return
+        except OSError as error:
+            log.warning("dlsched agent: cannot start a stager: %s", error)
             return
         code = 1
         try:
@@ -562,8 +582,16 @@ class Agent:
         """Fork a supervisor that opens the ledger and waits for the id of the next job."""
         if self._spare is not None or self._stopping or time.monotonic() < self._spare_after:
             return
-        read, write = os.pipe()
-        pid = os.fork()
+        try:
+            read, write = os.pipe()
+        except OSError:
+            return
+        try:
+            pid = self._fork()
+        except OSError:
+            os.close(read)
+            os.close(write)
+            return
         if pid == 0:
             os.close(write)
             self._become_supervisor(None, read)
