@@ -103,7 +103,7 @@ def check_file(path: Path, st: os.stat_result, owner: int | None = None) -> None
         raise UnsafeStateFolder(path, why)
 
 
-def read_file(path: Path, owner: int | None = None) -> bytes | None:
+def read_file(path: Path, owner: int | None = None, max_bytes: int | None = None) -> bytes | None:
     """The bytes of a spool file written by the user's own job, or None when it is missing.
 
     Opened without following a symbolic link, and checked after opening (no gap
@@ -120,7 +120,7 @@ def read_file(path: Path, owner: int | None = None) -> bytes | None:
         raise
     with os.fdopen(fd, "rb") as f:
         check_file(path, os.fstat(f.fileno()), owner)
-        return f.read()
+        return f.read() if max_bytes is None else f.read(max_bytes)
 
 
 def write_file(path: Path, data: bytes) -> None:
@@ -144,7 +144,9 @@ def open_append(path: Path, owner: int | None = None) -> int:
 
     With ``owner``, a file this call creates is given to that user (a shared pool's logs).
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _CLOEXEC, 0o600)
+    # O_NONBLOCK: a FIFO planted under the name fails to open instead of blocking us
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK
+    fd = os.open(path, flags, 0o600)
     try:
         st = os.fstat(fd)
         if owner is not None and st.st_uid != owner and os.geteuid() == 0:
@@ -159,7 +161,12 @@ def open_append(path: Path, owner: int | None = None) -> int:
 
 def touch(path: Path, owner: int | None = None) -> None:
     """Create ``path`` if missing, never through a link (a flag file in a user's spool)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as error:
+        if error.errno in (errno.ENXIO, errno.ELOOP):
+            return  # a FIFO or a link in its place: the flag is not written, nothing waits
+        raise
     try:
         st = os.fstat(fd)
         if owner is not None and os.geteuid() == 0 and st.st_uid == 0 and st.st_nlink == 1:

@@ -127,11 +127,11 @@ def _report_to_pool(socket_path: str, job_id: str, report: dict[str, Any]) -> No
     with _lock:
         client = _clients.get(socket_path)
         if client is None:
-            client = _clients[socket_path] = AgentClient(socket_path)
+            client = _clients[socket_path] = AgentClient(socket_path, timeout=2.0)
     try:
         client.call("progress", id=job_id, progress=report)
-    except DlschedError:
-        pass
+    except (DlschedError, OSError):
+        pass  # includes a service too busy to answer within the client's timeout
 
 
 class DataNotStaged(DlschedError, LookupError):

@@ -204,8 +204,8 @@ def _monitor(
         if outcome.stop_reason is not None:
             return
         outcome.stop_reason, outcome.detail = reason, detail
-        private.touch(folder / STOP_FILE, owner)
         _signal_group(pgid, signal.SIGKILL if at_once else signal.SIGTERM)
+        private.touch(folder / STOP_FILE, owner)
         grace = settings.preempt_grace() if reason == "preempt" else settings.grace
         kill_at = time.time() + (0.0 if at_once else grace)
 
@@ -343,7 +343,8 @@ def _describe_status(
         return None, sig, f"killed by signal {signal.Signals(sig).name}"
     code = os.WEXITSTATUS(status)
     try:
-        text = private.read_file(folder / "error.json", owner)  # the job's, never via a link
+        # the job's own report, never through a link, and never more of it than a line needs
+        text = private.read_file(folder / "error.json", owner, max_bytes=1_000_000)
     except (OSError, UnsafeStateFolder):
         text = None
     if text is not None:

@@ -205,3 +205,59 @@ def test_the_cli_works_through_the_agent(home, tmp_path):
     finally:
         for pid in agent_pids(home):
             os.kill(pid, signal.SIGTERM)
+
+
+def test_malformed_messages_end_only_their_own_connection(agent_sched):
+    import json
+    import socket
+    import struct
+
+    address = agent_sched.link.client.address
+    attacks = [
+        b"[" * 200_000 + b"]" * 200_000,  # nesting deeper than the JSON parser goes
+        b"not json at all",
+        json.dumps({"op": "submit", "blobs": [-1]}).encode(),
+        json.dumps({"op": "no such request"}).encode(),
+    ]
+    for head in attacks:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(address)
+            sock.sendall(struct.pack(">I", len(head)) + head)
+            reply = sock.recv(65536)
+            assert b'"ok":false' in reply, reply[:200]
+    # a held `changes` request followed by bytes that are no message
+    seq = AgentClient(address).call("seq")["seq"]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(address)
+        held = json.dumps({"op": "changes", "since": seq + 10**6, "wait": 0.2}).encode()
+        sock.sendall(struct.pack(">I", len(held)) + held + b"\xff\xff\xff\xff")
+        assert b'"ok":true' in sock.recv(65536)
+    assert AgentClient(address).call("ping")["ok"]
+    assert agent_sched.submit(pow, 2, 5).result(timeout=30) == 32
+
+
+def test_a_client_refuses_an_agent_of_another_user_in_its_place(other_user, home):
+    # another user takes the name of this user's agent before it starts
+    squatter = subprocess.Popen(
+        other_user.command(
+            "/usr/bin/python3",
+            "-c",
+            "import socket, sys, time\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+            "s.bind(bytes.fromhex(sys.argv[1])); s.listen(8); print('ready', flush=True)\n"
+            "time.sleep(60)",
+            user_address(home).hex(),
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    try:
+        assert squatter.stdout.readline().strip() == "ready"
+        with pytest.raises(AgentUnavailable, match=f"served by uid {other_user.uid}"):
+            Scheduler(home, agent=True)
+    finally:
+        squatter.kill()
+        squatter.wait()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -129,9 +130,16 @@ class AgentClient:
     ``home`` (a user's own pool): an agent is started when none answers.
     """
 
-    def __init__(self, address: str | bytes, home: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        address: str | bytes,
+        home: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self.address = address
         self.home = Path(home) if home is not None else None
+        #: seconds a call may wait for its reply (None: as long as it takes)
+        self.timeout = timeout
         self._sock: socket.socket | None = None
         self._decoder = Decoder()
         self._lock = threading.Lock()
@@ -153,6 +161,27 @@ class AgentClient:
                     "`dlsched service run` running? Unset DLSCHED_SOCKET to use your own pool"
                 ) from None
             return self._start_agent()
+        return self._trusted(sock)
+
+    def _trusted(self, sock: socket.socket) -> socket.socket:
+        """``sock``, once the process at its other end is who it should be: this user's own
+        agent (one's payloads and environment go to it), or a shared pool's service (root,
+        or the owner of its socket file). Another user could otherwise listen in its place."""
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if isinstance(self.address, bytes):
+            allowed = {os.getuid()}
+        else:
+            try:
+                allowed = {0, os.stat(self.address).st_uid}
+            except OSError:
+                allowed = {0}
+        if uid not in allowed:
+            sock.close()
+            raise AgentUnavailable(
+                f"refusing {self.describe()}: it is served by uid {uid}, not by "
+                f"{' or '.join(f'uid {u}' for u in sorted(allowed))}"
+            )
         return sock
 
     def _start_agent(self) -> socket.socket:
@@ -164,7 +193,6 @@ class AgentClient:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(self.address)
-                return sock
             except OSError:
                 sock.close()
                 if process.poll() is not None and process.returncode != 0:
@@ -182,6 +210,8 @@ class AgentClient:
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.1)
+            else:
+                return self._trusted(sock)
 
     def call(self, op: str, blobs: list[bytes] | tuple[bytes, ...] = (), **fields: Any) -> Any:
         """Send ``op`` with ``fields``; the reply's fields (a refusal raises)."""
@@ -192,6 +222,7 @@ class AgentClient:
             for attempt in (0, 1):
                 if self._sock is None:
                     self._sock = self._connect()
+                    self._sock.settimeout(self.timeout)
                     self._decoder = Decoder()
                 try:
                     self._sock.sendall(data)

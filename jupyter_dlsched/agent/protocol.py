@@ -65,6 +65,11 @@ class Decoder:
     def feed(self, data: bytes) -> None:
         self._buffer += data
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken as messages."""
+        return len(self._buffer)
+
     def pop(self) -> tuple[dict[str, Any], list[bytes]] | None:
         buf = self._buffer
         if self._head is None:
@@ -77,7 +82,7 @@ class Decoder:
                 return None
             try:
                 head = json.loads(bytes(buf[HEADER.size : HEADER.size + size]))
-            except ValueError as error:
+            except (ValueError, RecursionError) as error:
                 raise ProtocolError(f"a message header that is not JSON: {error}") from None
             if not isinstance(head, dict):
                 raise ProtocolError("a message header that is not a JSON object")

@@ -61,6 +61,12 @@ log = logging.getLogger("jupyter_dlsched.agent")
 IDLE_EXIT = 600.0
 #: Longest a ``changes`` request waits for a state change before answering empty.
 MAX_WAIT = 30.0
+#: Connections one user may hold to a shared pool at once.
+MAX_PEERS = 256
+#: Bytes a peer may send while one of its requests is held (a ``changes`` wait).
+MAX_HELD = 1 << 20
+#: Rows a list request returns at most.
+MAX_ROWS = 100_000
 #: Largest progress report a job may send (JSON bytes).
 MAX_PROGRESS = 64 * 1024
 #: Seconds after a launch before the next spare supervisor is forked.
@@ -127,6 +133,10 @@ class AgentScheduler(Scheduler):
         if self.agent.config is not None:
             return LimitsGate(policy, self.agent.config)
         return policy
+
+    def wake(self) -> None:
+        """Decide at the end of this loop turn, not in the middle of a request."""
+        self.agent._dirty = True
 
     def _launch_stager(self, source_id: str) -> None:
         self.agent.fork_stager(source_id)
@@ -351,12 +361,17 @@ class Agent:
             for key, mask in self.selector.select(timeout):
                 if key.data is None:
                     self._accept()
-                else:
-                    peer: Peer = key.data
+                    continue
+                peer: Peer = key.data
+                try:
                     if mask & selectors.EVENT_READ:
                         self._read(peer)
                     if mask & selectors.EVENT_WRITE and peer.sock.fileno() in self.peers:
                         self._flush(peer)
+                except Exception:
+                    # one peer's bad input ends that peer's connection, never the agent
+                    log.exception("dlsched agent: dropping a connection of uid %s", peer.uid)
+                    self._drop(peer)
             now = time.monotonic()
             try:
                 current = store.data_version()
@@ -421,6 +436,15 @@ class Agent:
                 )
                 _refuse(sock, refusal)
                 continue
+            if self.shared and sum(p.uid == uid for p in self.peers.values()) >= MAX_PEERS:
+                _refuse(
+                    sock,
+                    DlschedError(
+                        f"uid {uid} has {MAX_PEERS} connections to this pool already; close "
+                        "some (each kernel, CLI and Jupyter server holds one or two)"
+                    ),
+                )
+                continue
             sock.setblocking(False)
             admin = uid == self.uid or (
                 self.config is not None and self.config.is_admin(uid, self.uid)
@@ -440,6 +464,9 @@ class Agent:
             self._drop(peer)
             return
         peer.decoder.feed(data)
+        if peer.waiting is not None and peer.decoder.buffered > MAX_HELD:
+            self._drop(peer)  # sending on while its request is held: not a client of ours
+            return
         while peer.waiting is None:
             try:
                 message = peer.decoder.pop()
@@ -724,6 +751,8 @@ class Agent:
         if info.uid != peer.uid and not peer.admin:
             data["env"] = {}
             data["origin"] = ""
+            if info.state in ("failed", "lost", "timeout"):
+                data["reason"] = info.state  # its exception's words are its owner's to read
             data["stage_in"] = {name: "" for name in info.stage_in}
             if data.get("progress"):
                 data["progress"] = {**data["progress"], "metrics": {}}
@@ -739,7 +768,7 @@ class Agent:
         rows = self._store.jobs(
             states=msg.get("states"),
             owner=msg.get("owner"),
-            limit=msg.get("limit"),
+            limit=min(int(msg.get("limit") or MAX_ROWS), MAX_ROWS),
             offset=int(msg.get("offset") or 0),
             ids=msg.get("ids"),
             newest_first=bool(msg.get("newest_first")),
@@ -748,7 +777,9 @@ class Agent:
 
     def _finished(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         rows = self._store.finished_jobs(
-            since=float(msg.get("since") or 0.0), owner=msg.get("owner"), limit=msg.get("limit")
+            since=float(msg.get("since") or 0.0),
+            owner=msg.get("owner"),
+            limit=min(int(msg.get("limit") or MAX_ROWS), MAX_ROWS),
         )
         return {"jobs": [self._row(peer, info) for info in rows]}
 
@@ -808,7 +839,11 @@ class Agent:
             rows = self._store.state_changes_since(since) if seq > since else []
             self._send(peer, {"ok": True, "changes": [list(r) for r in rows]})
             if peer.sock.fileno() in self.peers:
-                self._read_buffered(peer)
+                try:
+                    self._read_buffered(peer)
+                except ProtocolError as error:
+                    self._send(peer, error_reply(error))
+                    self._drop(peer)
 
     def _read_buffered(self, peer: Peer) -> None:
         """Requests that arrived while a ``changes`` request was held."""
