@@ -473,6 +473,13 @@ class Store:
             counts[state] = n
         return counts
 
+    def count_waiting(self, uid: int) -> int:
+        """Jobs of user ``uid`` waiting to start (``queued`` or ``preempted``)."""
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE uid=? AND state IN ('queued','preempted')", (uid,)
+        ).fetchone()
+        return int(row[0])
+
     def states(self, ids: Sequence[str], db: sqlite3.Connection | None = None) -> dict[str, str]:
         """The state of each of these jobs that exists (inside ``db``'s transaction if given)."""
         db = self.db if db is None else db

@@ -316,3 +316,16 @@ def test_a_fifo_a_job_leaves_for_its_error_report_does_not_hang_its_supervisor(s
     done = service.as_user(b, FIFO)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ["failed", "exit code 3"]
+
+
+def test_a_user_cannot_queue_more_than_the_limit(service_factory, users):
+    from team_pool import SUBMIT
+
+    a, _ = users
+    service = service_factory("[limits]\nmax_queued = 2\n")
+    done = service.as_user(a, SUBMIT, "30", "a-many", "2", "4", "0.25")
+    assert done.returncode != 0
+    assert f"{a.name} has 2 jobs waiting; the limit per user is 2" in done.stderr
+    first, *waiting = done.stdout.split()
+    wait_for(lambda: service.job(first)["state"] == "running")
+    assert [service.job(j)["state"] for j in waiting] == ["queued", "queued"]

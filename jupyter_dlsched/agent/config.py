@@ -12,6 +12,7 @@
     [limits]                        # per user; leave one out for no limit
     max_gpus = 4                    # GPUs held at once by one user's running jobs
     max_running = 8                 # running jobs of one user
+    max_queued = 10000              # waiting jobs of one user (more are refused at submit)
     max_priority = "high"           # the highest priority a user may ask for (admins: any)
 
     [limits.users.ana]              # one user's own limits
@@ -33,7 +34,7 @@ from ..errors import SpecError
 from ..spec import parse_priority
 
 DEFAULT_CONFIG = Path("/etc/dlsched/service.toml")
-_LIMIT_KEYS = ("max_gpus", "max_running", "max_priority")
+_LIMIT_KEYS = ("max_gpus", "max_running", "max_queued", "max_priority")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Limits:
     max_gpus: float | None = None
     max_running: int | None = None
     max_priority: int | None = None
+    max_queued: int | None = None
 
 
 @dataclass
@@ -142,7 +144,8 @@ def _limits(table: dict[str, Any], where: str) -> Limits:
         raise SpecError(f"{where}.{key}", table[key], "one of " + ", ".join(_LIMIT_KEYS))
     gpus = table.get("max_gpus")
     running = table.get("max_running")
-    for key, value in (("max_gpus", gpus), ("max_running", running)):
+    queued = table.get("max_queued")
+    for key, value in (("max_gpus", gpus), ("max_running", running), ("max_queued", queued)):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int | float) or value < 0
         ):
@@ -152,4 +155,5 @@ def _limits(table: dict[str, Any], where: str) -> Limits:
         max_gpus=float(gpus) if gpus is not None else None,
         max_running=int(running) if running is not None else None,
         max_priority=parse_priority(priority) if priority is not None else None,
+        max_queued=int(queued) if queued is not None else None,
     )

@@ -152,8 +152,8 @@ class AgentScheduler(Scheduler):
         now = time.monotonic()
         if self._positions and (force or now - self._positions_at >= 1.0):
             rows = [(pos, why, job_id) for job_id, (pos, why) in self._positions.items()]
+            super()._queue_positions(rows)  # kept for the next try if the disk is full
             self._positions = {}
-            super()._queue_positions(rows)
             self._positions_at = now
 
     def _launch_mine(self, now: float, just_started: Iterable[str]) -> None:
@@ -227,6 +227,7 @@ class Agent:
         #: a supervisor forked ahead of time: (pid, the pipe its job id is written to)
         self._spare: tuple[int, int] | None = None
         self._spare_after = 0.0
+        self._names: dict[int, tuple[str, bool, float]] = {}
         self.code = code_stamp()
         self._ops: dict[str, Callable[[Peer, dict[str, Any], list[bytes]], dict[str, Any] | None]]
         self._ops = {
@@ -446,12 +447,22 @@ class Agent:
                 )
                 continue
             sock.setblocking(False)
+            name, admin = self._who(uid)
+            peer = Peer(sock, pid, uid, gid, name, admin)
+            self.peers[sock.fileno()] = peer
+            self.selector.register(sock, selectors.EVENT_READ, peer)
+
+    def _who(self, uid: int) -> tuple[str, bool]:
+        """A peer's user name and whether it is an admin, looked up at most once a minute
+        (a directory service can be slow, and the loop serves everyone)."""
+        now = time.monotonic()
+        known = self._names.get(uid)
+        if known is None or now - known[2] > 60.0:
             admin = uid == self.uid or (
                 self.config is not None and self.config.is_admin(uid, self.uid)
             )
-            peer = Peer(sock, pid, uid, gid, _user_name(uid), admin)
-            self.peers[sock.fileno()] = peer
-            self.selector.register(sock, selectors.EVENT_READ, peer)
+            known = self._names[uid] = (_user_name(uid), admin, now)
+        return known[0], known[1]
 
     def _read(self, peer: Peer) -> None:
         try:
@@ -696,6 +707,7 @@ class Agent:
         jobs = msg.get("jobs")
         if not isinstance(jobs, list) or not jobs:
             raise ProtocolError("a submit request without jobs")
+        self._check_queued(peer, len(jobs))
         batch = []
         for item in jobs:
             files = {str(name): blobs[int(index)] for name, index in item["files"].items()}
@@ -714,6 +726,19 @@ class Agent:
             raise PermissionDenied(
                 f"priority {priority_words(priority)} is above the highest a user may ask for "
                 f"in this pool ({priority_words(cap)}); an admin can raise it"
+            )
+
+    def _check_queued(self, peer: Peer, adding: int) -> None:
+        if self.config is None:
+            return
+        cap = self.config.limits_for(peer.user).max_queued
+        if cap is None:
+            return
+        waiting = self._store.count_waiting(peer.uid)
+        if waiting + adding > cap:
+            raise PermissionDenied(
+                f"{peer.user} has {waiting} job{'s' if waiting != 1 else ''} waiting; the "
+                f"limit per user is {cap} (this request adds {adding})"
             )
 
     def _owned(self, peer: Peer, job_id: object, doing: str) -> JobInfo:
