@@ -51,6 +51,16 @@ def empty_journal(s: Scheduler) -> None:
     s.store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
+def fill_past_the_reserve(s: Scheduler, home: Path) -> None:
+    """A full disk with the reserve spent: the journal emptied, the disk filled, then the
+    reserve's space filled too (the pool agent puts the reserve back while there is room
+    for three of it, so it is taken away only once the disk is full)."""
+    empty_journal(s)
+    fill(home / "ballast")
+    (home / RESERVE_NAME).unlink(missing_ok=True)
+    fill(home / "ballast-2")
+
+
 def fill(path: Path) -> None:
     """Write zeros into ``path`` until the disk is full."""
     with open(path, "wb") as f:
@@ -80,16 +90,15 @@ def test_the_job_that_fills_the_disk_fails_saying_so_and_the_queue_goes_on(small
 def test_submitting_to_a_full_disk_is_a_clear_error_and_writes_nothing(small_home):
     with Scheduler(small_home, loop=False) as s:
         before = s.store.count_jobs()
-        (small_home / RESERVE_NAME).unlink()
-        empty_journal(s)
-        fill(small_home / "ballast")
+        fill_past_the_reserve(s, small_home)
         big = b"x" * (2 * MiB)  # more than the ledger's journal holds already
         with pytest.raises(LedgerUnavailable, match="the disk is full") as caught:
             s.submit(len, big)
         assert "Free some space" in str(caught.value)
         assert s.store.count_jobs() == before
 
-        (small_home / "ballast").unlink()
+        for ballast in small_home.glob("ballast*"):
+            ballast.unlink()
         s.store.reserve.refill()
         assert (small_home / RESERVE_NAME).exists(), "the reserve comes back with the space"
         assert s.submit(len, big).id
@@ -97,9 +106,7 @@ def test_submitting_to_a_full_disk_is_a_clear_error_and_writes_nothing(small_hom
 
 def test_the_cli_says_in_one_line_that_the_disk_is_full(small_home):
     with Scheduler(small_home, loop=False) as s:
-        (small_home / RESERVE_NAME).unlink()
-        empty_journal(s)
-    fill(small_home / "ballast")
+        fill_past_the_reserve(s, small_home)
     dlsched = str(Path(sys.executable).with_name("dlsched"))
     long_argv = ["python3", "-c", "pass", *(["x" * 1000] * 1200)]
     done = subprocess.run(
