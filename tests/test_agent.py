@@ -207,6 +207,26 @@ def test_the_cli_works_through_the_agent(home, tmp_path):
             os.kill(pid, signal.SIGTERM)
 
 
+def test_dlsched_agent_0_uses_the_ledger_without_an_agent(home):
+    env = {**os.environ, "DLSCHED_HOME": str(home), "DLSCHED_AGENT": "0"}
+    dlsched = os.path.join(os.path.dirname(sys.executable), "dlsched")
+    done = subprocess.run(
+        [dlsched, "submit", "--wait", "--", "sh", "-c", "echo direct"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "direct" in done.stdout
+    status = subprocess.run(
+        [dlsched, "status"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert f"pool: yours alone, state in {home}" in status.stdout, status.stdout
+    assert agent_pids(home) == []
+    assert not (home / "agent.log").exists()
+
+
 def test_malformed_messages_end_only_their_own_connection(agent_sched):
     import json
     import socket

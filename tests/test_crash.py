@@ -10,26 +10,16 @@ import textwrap
 import time
 
 import psutil
+from conftest import wait_for
 
 from jupyter_dlsched.backends.local import LocalBackend
 from jupyter_dlsched.scheduler import Scheduler
 
 
 def sleeper(seconds):
-    import time
 
     time.sleep(seconds)
     return seconds
-
-
-def wait_for(predicate, timeout=30.0, step=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
 
 
 def running_with_pids(sched, handle):

@@ -15,12 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import small_disk
+from conftest import small_disk, wait_for
 
 import jupyter_dlsched as dls
 from jupyter_dlsched import launcher
@@ -52,16 +52,6 @@ def folder_digest(path: Path) -> str:
         digest.update(file.relative_to(path).as_posix().encode())
         digest.update(file.read_bytes())
     return digest.hexdigest()
-
-
-def wait_for(what: Callable[[], Any], timeout: float = 60.0, every: float = 0.05) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = what()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def read_input(name: str) -> dict[str, Any]:
@@ -106,7 +96,7 @@ def test_job_is_staged_while_a_blocker_runs_and_starts_in_the_tick_after_it(
             seen.add(info.waiting)
         return any("train staged" in r for r in reasons(sched, job.id))
 
-    wait_for(staged, timeout=60, every=0.02)
+    wait_for(staged, timeout=60, step=0.02)
     assert job.state == "queued"
     assert any(re.fullmatch(r"staging data \d+ %, [\d.]+ [kMG]B/s", w) for w in seen), seen
     assert sched.cache_info()["in_use"] == 1  # the waiting job holds its entry

@@ -198,11 +198,6 @@ def _jsonable(value: object) -> bool:
     return False
 
 
-class _NoReserve:
-    def refill(self) -> None:
-        return None
-
-
 class RemoteLedger:
     """The ledger of a shared pool, read through its agent (the reads a client makes).
 
@@ -216,7 +211,6 @@ class RemoteLedger:
         self.home = link.home
         self.spool_root = self.home / "spool"
         self.path = self.home / "ledger.sqlite"
-        self.reserve = _NoReserve()
 
     def get(self, job_id: str) -> JobInfo:
         if not isinstance(job_id, str):
@@ -261,9 +255,6 @@ class RemoteLedger:
 
     def last_event_seq(self) -> int:
         return int(self._client.call("seq")["seq"])
-
-    def data_version(self) -> int:
-        return self.last_event_seq()
 
     def state_changes_since(self, seq: int) -> list[tuple[int, str, str]]:
         rows = self._client.call("changes", since=seq)["changes"]
