@@ -629,12 +629,9 @@ class Store:
     @staticmethod
     def jobs_with_events_since(db: sqlite3.Connection, seq: int) -> list[str]:
         """Ids of the jobs with an event after ``seq`` (what changed since a decision)."""
-        return [
-            r[0]
-            for r in db.execute(
-                "SELECT DISTINCT job_id FROM events WHERE seq > ? AND job_id IS NOT NULL", (seq,)
-            )
-        ]
+        # not DISTINCT in SQL: SQLite would answer that by scanning the whole job_id index
+        rows = db.execute("SELECT job_id FROM events WHERE seq > ?", (seq,))
+        return list(dict.fromkeys(r[0] for r in rows if r[0] is not None))
 
     @staticmethod
     def set_queue_positions(

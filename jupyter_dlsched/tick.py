@@ -6,12 +6,16 @@ module holds the steps, reading the ledger with one lean query.
 
 from __future__ import annotations
 
+import bisect
 import json
 import sqlite3
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .policy import Decisions, FinishedJob, Policy, QueuedJob, RunningJob
+from .policy import Decisions, FinishedJob, Policy, PresortedQueue, QueuedJob, RunningJob
 from .resources import Capacity, GpuFree, Placement, Request
 from .store import TERMINAL, JobInfo, RunEnd, Store
 
@@ -57,37 +61,38 @@ def decide(
     instead of writing them here, so the caller can launch what started first
     (with a deep queue every start moves every waiting job up one place).
     ``index``: the waiting jobs kept from the previous decision (the pool agent's),
-    so only the rows of jobs that changed since are read again."""
+    so only the rows of jobs that changed since are read again, and with a deep
+    queue a decision looks only at its head (``QueueIndex.head``)."""
+    started = time.perf_counter()
+    blocked: dict[str, str] = {}
+    attempts: Mapping[str, int]
     if index is not None:
-        running, waiting = index.read(store, db, backend)
+        running = index.read(store, db, backend)
+        blocked = index.resolve_dependencies(store, db, now)
+        active = [_running(r, now) for r in running if r["placement"]]
+        capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
+        quick = index.head(policy, now)
+        if quick is not None:
+            decisions = policy(quick, active, capacity, now)
+            if decisions.settled or len(quick) == len(index.offered):
+                _commit(store, db, decisions, index.attempts, lease_ttl, now)
+                index.stale()
+                if deferred is not None:
+                    deferred[:] = []
+                due = index.places_due()
+                if decisions.wake_at is None or due < decisions.wake_at:
+                    decisions.wake_at = due
+                return decisions
+        waiting = index.in_submit_order()
+        queued = [index.queued(row) for row in waiting if row["id"] in index.offered]
+        attempts = index.attempts
     else:
         rows = store.snapshot(db, backend)
         running = [r for r in rows if r["state"] == "running"]
         waiting = [r for r in rows if r["state"] != "running"]
-    dep_states = _dependency_states(store, db, waiting)
-    queued: list[QueuedJob] = []
-    blocked: dict[str, str] = {}
-    attempts: dict[str, int] = {}
-    for row in waiting:
-        if index is not None and row["after"] == "[]":
-            queued.append(index.queued(row))  # unchanged since it was last read: as it was
-            attempts[row["id"]] = row["attempts"]
-            continue
-        after = json.loads(row["after"]) if row["after"] != "[]" else []
-        states = [dep_states.get(d, "missing") for d in after]
-        bad = [d for d, s in zip(after, states, strict=True) if s in TERMINAL and s != "succeeded"]
-        if bad:
-            why = f"dependency {bad[0]} {dep_states[bad[0]]}"
-            store.transition_in(db, row["id"], "failed", why, now=now, finished=now)
-            continue
-        pending = [d for d, s in zip(after, states, strict=True) if s != "succeeded"]
-        if pending:
-            blocked[row["id"]] = f"waiting for job {pending[0]} to finish"
-            continue
-        attempts[row["id"]] = row["attempts"]
-        queued.append(_queued(row))
-    active = [_running(r, now) for r in running if r["placement"]]
-    capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
+        queued, blocked, attempts = _ready(store, db, waiting, now)
+        active = [_running(r, now) for r in running if r["placement"]]
+        capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
     learn = getattr(policy, "learn", None)
     if callable(learn):
         # a learning policy (gittins) ranks by the sizes of jobs that ran to their end here
@@ -100,6 +105,80 @@ def decide(
             replace=True,
         )
     decisions = policy(queued, active, capacity, now)
+    _commit(store, db, decisions, attempts, lease_ttl, now)
+    started_ids = {s.job_id for s in decisions.starts}
+    order = [j for j in decisions.order if j not in started_ids]
+    positions = {job_id: i + 1 for i, job_id in enumerate(order)}
+    reasons = {**decisions.waiting, **blocked}
+    changed = []
+    for row in waiting:
+        job_id = row["id"]
+        if job_id in started_ids:
+            continue
+        pos, reason = positions.get(job_id), reasons.get(job_id)
+        if index is not None:
+            if index.place(job_id, row) != (pos, reason):
+                changed.append((pos, reason, job_id))
+                index.places[job_id] = (pos, reason)
+        elif row["position"] != pos or row["waiting"] != reason:
+            changed.append((pos, reason, job_id))
+    if index is not None:
+        index.placed(time.perf_counter() - started)
+    if deferred is not None:
+        deferred[:] = changed
+    else:
+        store.set_queue_positions(db, changed)
+    return decisions
+
+
+def _ready(
+    store: Store, db: sqlite3.Connection, waiting: list[sqlite3.Row], now: float
+) -> tuple[list[QueuedJob], dict[str, str], dict[str, int]]:
+    """The waiting jobs whose dependencies have succeeded, the others' reasons (a job whose
+    dependency failed fails here), and the attempts so far of each."""
+    dep_states = _dependency_states(store, db, waiting)
+    queued: list[QueuedJob] = []
+    blocked: dict[str, str] = {}
+    attempts: dict[str, int] = {}
+    for row in waiting:
+        why = _blocked(store, db, row, dep_states, now)
+        if why is None:
+            attempts[row["id"]] = row["attempts"]
+            queued.append(_queued(row))
+        elif why:
+            blocked[row["id"]] = why
+    return queued, blocked, attempts
+
+
+def _blocked(
+    store: Store, db: sqlite3.Connection, row: sqlite3.Row, dep_states: dict[str, str], now: float
+) -> str | None:
+    """Why ``row`` waits for its dependencies (``None``: they all succeeded; ``""``: one
+    failed, and so has the job now)."""
+    if row["after"] == "[]":
+        return None
+    after = json.loads(row["after"])
+    states = [dep_states.get(d, "missing") for d in after]
+    bad = [d for d, s in zip(after, states, strict=True) if s in TERMINAL and s != "succeeded"]
+    if bad:
+        why = f"dependency {bad[0]} {dep_states.get(bad[0], 'missing')}"
+        store.transition_in(db, row["id"], "failed", why, now=now, finished=now)
+        return ""
+    pending = [d for d, s in zip(after, states, strict=True) if s != "succeeded"]
+    if pending:
+        return f"waiting for job {pending[0]} to finish"
+    return None
+
+
+def _commit(
+    store: Store,
+    db: sqlite3.Connection,
+    decisions: Decisions,
+    attempts: Mapping[str, Any],
+    lease_ttl: float,
+    now: float,
+) -> None:
+    """Write a decision's starts and preemptions."""
     for start in decisions.starts:
         store.transition_in(
             db,
@@ -110,7 +189,7 @@ def decide(
             event_data={"placement": start.placement.to_json()},
             placement=start.placement,
             started=now,
-            attempts=attempts.get(start.job_id, 0) + 1,
+            attempts=(attempts.get(start.job_id) or 0) + 1,
             # time to claim: a supervisor's interpreter start can be slow on a busy machine
             lease_expires=now + max(lease_ttl, CLAIM_GRACE),
             supervisor_pid=None,
@@ -125,27 +204,44 @@ def decide(
         )
     for preempt in decisions.preempts:
         store.request_preemption(db, preempt.job_id)
-    started = {s.job_id for s in decisions.starts}
-    order = [j for j in decisions.order if j not in started]
-    positions = {job_id: i + 1 for i, job_id in enumerate(order)}
-    reasons = {**decisions.waiting, **blocked}
-    changed = []
-    for row in waiting:
-        job_id = row["id"]
-        if job_id in started:
-            continue
-        pos, reason = positions.get(job_id), reasons.get(job_id)
-        if index is not None:
-            if index.place(job_id, row) != (pos, reason):
-                changed.append((pos, reason, job_id))
-                index.places[job_id] = (pos, reason)
-        elif row["position"] != pos or row["waiting"] != reason:
-            changed.append((pos, reason, job_id))
-    if deferred is not None:
-        deferred[:] = changed
-    else:
-        store.set_queue_positions(db, changed)
-    return decisions
+
+
+class _Attempts(Mapping[str, int]):
+    """The attempts so far of the index's waiting jobs, read from their rows when asked."""
+
+    def __init__(self, rows: dict[str, sqlite3.Row]) -> None:
+        self._rows = rows
+
+    def __getitem__(self, job_id: str) -> int:
+        return int(self._rows[job_id]["attempts"])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+class _Lane:
+    """One lane of a policy's queue: jobs sorted by a key that does not change while they
+    wait (two lists, so a job goes in and out by bisection)."""
+
+    __slots__ = ("jobs", "keys")
+
+    def __init__(self, keys: list[Any] | None = None, jobs: list[QueuedJob] | None = None) -> None:
+        self.keys: list[Any] = keys or []
+        self.jobs: list[QueuedJob] = jobs or []
+
+    def add(self, key: Any, job: QueuedJob) -> None:
+        i = bisect.bisect_right(self.keys, key)
+        self.keys.insert(i, key)
+        self.jobs.insert(i, job)
+
+    def remove(self, key: Any, job_id: str) -> None:
+        i = bisect.bisect_left(self.keys, key)
+        while self.jobs[i].id != job_id:
+            i += 1
+        del self.keys[i], self.jobs[i]
 
 
 class QueueIndex:
@@ -157,43 +253,191 @@ class QueueIndex:
     (and the few running jobs, whose stop flags change without one). The
     policy's ``QueuedJob`` of a row is built once, and each job's place in line
     is compared with the one last computed, not re-read.
+
+    With ``HEAD_FROM`` or more jobs offered, and a policy that can order its
+    queue by lanes (``lane_layout``, ``lane``, ``head``: priority, fair, and
+    the ranked policies that neither preempt nor learn), the jobs are also
+    kept sorted in those lanes, and a decision offers the policy only the
+    first ``HEAD`` of them in its order, with the requests of all. A policy
+    that stops because none of those requests fits any more has decided what
+    it would have decided over the whole queue; one that runs out of jobs
+    first is asked again with the whole queue. Places in line and reasons
+    come from the whole-queue decisions, taken at most every ``PLACES_EVERY``
+    seconds (or ten times as long as one takes) while heads are decided.
     """
+
+    #: Offered jobs from which a decision looks at the head of the queue only.
+    HEAD_FROM = 1000
+    #: Jobs in that head.
+    HEAD = 256
+    #: Seconds between whole-queue decisions (places in line) while heads are decided.
+    PLACES_EVERY = 1.0
 
     def __init__(self) -> None:
         self.seq = -1
         self.waiting: dict[str, sqlite3.Row] = {}
+        self._in_order = True
         self._queued: dict[str, QueuedJob] = {}
         #: the place in line and reason last computed for each waiting job
         self.places: dict[str, tuple[int | None, str | None]] = {}
+        #: waiting jobs offered to the policy (no dependency, or all of them succeeded)
+        self.offered: dict[str, QueuedJob] = {}
+        #: waiting jobs with a dependency not known to have succeeded
+        self.pending: dict[str, sqlite3.Row] = {}
+        self.shapes: Counter[Request] = Counter()
+        self.attempts = _Attempts(self.waiting)
+        self._layout: Any = None
+        self._lanes: dict[Any, _Lane] = {}
+        self._lane_of: dict[str, tuple[Any, Any]] = {}
+        self._policy: Any = None
+        self._places_at = 0.0  # time.monotonic() of the last whole-queue decision
+        self._places_took = 0.0
+        #: places in line may be out of date (something changed since they were written)
+        self._stale = False
 
-    def read(
-        self, store: Store, db: sqlite3.Connection, backend: str
-    ) -> tuple[list[sqlite3.Row], list[sqlite3.Row]]:
-        """``(running, waiting)`` rows, waiting ones in submit order."""
+    def read(self, store: Store, db: sqlite3.Connection, backend: str) -> list[sqlite3.Row]:
+        """The running jobs' rows, after bringing the waiting ones up to date."""
         last = store.last_event_seq(db)
         if self.seq < 0:
             rows = store.snapshot(db, backend)
-            self.waiting = {r["id"]: r for r in rows if r["state"] != "running"}
-            self._queued.clear()
-            self.places.clear()
+            self._stale = True
+            self._forget(list(self.waiting))
+            self._add([r for r in rows if r["state"] != "running"])
             running = [r for r in rows if r["state"] == "running"]
         else:
             if last != self.seq:
+                self._stale = True
                 changed = store.jobs_with_events_since(db, self.seq)
-                for job_id in changed:
-                    self.waiting.pop(job_id, None)
-                    self._queued.pop(job_id, None)
-                    self.places.pop(job_id, None)
+                self._forget(changed)
                 fresh = [
                     r for r in store.snapshot_of(db, backend, changed) if r["state"] != "running"
                 ]
-                if fresh:
-                    self.waiting.update((r["id"], r) for r in fresh)
-                    # submit order: a requeued job keeps its place by its number
-                    self.waiting = dict(sorted(self.waiting.items(), key=lambda kv: kv[1]["seq"]))
+                self._add(sorted(fresh, key=lambda r: r["seq"]))
             running = store.snapshot_running(db, backend)
         self.seq = last
-        return running, list(self.waiting.values())
+        return running
+
+    def _forget(self, ids: Iterable[str]) -> None:
+        for job_id in ids:
+            if self.waiting.pop(job_id, None) is None:
+                continue
+            self._queued.pop(job_id, None)
+            self.places.pop(job_id, None)
+            self.pending.pop(job_id, None)
+            job = self.offered.pop(job_id, None)
+            if job is not None:
+                self._withdraw(job)
+
+    def _add(self, rows: list[sqlite3.Row]) -> None:
+        """Rows of waiting jobs, in submit order."""
+        if rows and self.waiting:
+            last = next(reversed(self.waiting.values()))
+            self._in_order = self._in_order and rows[0]["seq"] > last["seq"]
+        for row in rows:
+            self.waiting[row["id"]] = row
+            if row["after"] == "[]":
+                self._offer(self.queued(row))
+            else:
+                self.pending[row["id"]] = row
+
+    def _offer(self, job: QueuedJob) -> None:
+        self.offered[job.id] = job
+        self.shapes[job.request] += 1
+        if self._layout is not None:
+            lane, key = self._policy.lane(job)
+            self._lane_of[job.id] = (lane, key)
+            kept = self._lanes.get(lane)
+            if kept is None:
+                kept = self._lanes[lane] = _Lane()
+            kept.add(key, job)
+
+    def _withdraw(self, job: QueuedJob) -> None:
+        self.shapes[job.request] -= 1
+        if self.shapes[job.request] <= 0:
+            del self.shapes[job.request]
+        placed = self._lane_of.pop(job.id, None)
+        if placed is not None:
+            lane, key = placed
+            self._lanes[lane].remove(key, job.id)
+            if not self._lanes[lane].jobs:
+                del self._lanes[lane]
+
+    def in_submit_order(self) -> list[sqlite3.Row]:
+        """The waiting jobs' rows in submit order (a requeued job keeps its number)."""
+        if not self._in_order:
+            self.waiting = dict(sorted(self.waiting.items(), key=lambda kv: kv[1]["seq"]))
+            self.attempts = _Attempts(self.waiting)
+            self._in_order = True
+        return list(self.waiting.values())
+
+    def resolve_dependencies(
+        self, store: Store, db: sqlite3.Connection, now: float
+    ) -> dict[str, str]:
+        """Offer the jobs whose dependencies have all succeeded; fail those with a failed one;
+        the reasons of the others, which still wait for theirs."""
+        if not self.pending:
+            return {}
+        rows = list(self.pending.values())
+        dep_states = _dependency_states(store, db, rows)
+        blocked: dict[str, str] = {}
+        for row in rows:
+            why = _blocked(store, db, row, dep_states, now)
+            if why is None:
+                del self.pending[row["id"]]
+                self._offer(self.queued(row))
+            elif why:
+                blocked[row["id"]] = why
+        return blocked
+
+    def head(self, policy: Policy, now: float) -> PresortedQueue | None:
+        """The head of the queue to decide on (see the class), or ``None``: decide on all."""
+        layout = getattr(policy, "lane_layout", None)
+        if (
+            len(self.offered) < self.HEAD_FROM
+            or not callable(layout)
+            or (self._stale and time.monotonic() >= self.places_due_monotonic())
+        ):
+            return None
+        if layout() != self._layout:
+            self._layout, self._policy = layout(), policy
+            self._build_lanes(policy)
+        self._policy = policy
+        lanes = {lane: kept.jobs for lane, kept in self._lanes.items()}
+        queue = policy.head(lanes, now, self.HEAD)  # type: ignore[attr-defined]
+        if queue is not None:
+            queue.shapes = frozenset(self.shapes)
+        return queue
+
+    def _build_lanes(self, policy: Any) -> None:
+        placed: dict[Any, list[tuple[Any, QueuedJob]]] = {}
+        self._lane_of = {}
+        for job in self.offered.values():
+            lane, key = self._lane_of[job.id] = policy.lane(job)
+            kept = placed.get(lane)
+            if kept is None:
+                kept = placed[lane] = []
+            kept.append((key, job))
+        self._lanes = {}
+        for lane, kept in placed.items():
+            kept.sort(key=lambda kj: kj[0])
+            self._lanes[lane] = _Lane([k for k, _ in kept], [j for _, j in kept])
+
+    def stale(self) -> None:
+        """A head was decided: places in line wait for the next whole-queue decision."""
+        self._stale = True  # (every start moved the jobs behind it up)
+
+    def placed(self, took: float) -> None:
+        """A whole-queue decision wrote places in line; it took ``took`` seconds."""
+        self._stale = False
+        self._places_at = time.monotonic()
+        self._places_took = took
+
+    def places_due_monotonic(self) -> float:
+        return self._places_at + max(self.PLACES_EVERY, 10 * self._places_took)
+
+    def places_due(self) -> float:
+        """When (``time.time()``) the next whole-queue decision is due."""
+        return time.time() + max(0.0, self.places_due_monotonic() - time.monotonic())
 
     def queued(self, row: sqlite3.Row) -> QueuedJob:
         job = self._queued.get(row["id"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..policy import Decisions, Policy, QueuedJob, RunningJob
-from ..policy.base import PolicyGate
+from ..policy.base import PolicyGate, narrowed
 from ..resources import Capacity
 from .config import Limits, ServiceConfig
 
@@ -46,7 +46,7 @@ class LimitsGate(PolicyGate):
                 offered.append(job)
         if not held and not any(_limited(self._config.limits_for(j.owner)) for j in queued):
             return self._policy(queued, running, capacity, now)
-        decisions = self._policy(offered, running, capacity, now)
+        decisions = self._policy(narrowed(queued, offered), running, capacity, now)
         by_id = {j.id: j for j in offered}
         kept = []
         for start in decisions.starts:

@@ -133,6 +133,9 @@ class Decisions:
     # Ask again at this time even if nothing else happens (a running job
     # crosses a ``las`` threshold, say); ``None``: only when something changes.
     wake_at: float | None = None
+    # The policy stopped looking because nothing left in the queue could start
+    # (see ``PresortedQueue.shapes``): jobs it did not look at change nothing.
+    settled: bool = False
 
 
 class Policy(Protocol):
@@ -144,8 +147,11 @@ class Policy(Protocol):
     the job waits, unless ``model_version`` changes; see ``PresortedQueue``),
     ``learn(finished)`` (a policy that learns job sizes: the caller passes jobs
     that have finished, each once; ``model_version`` counts how often what it
-    learnt changed its ranking) and ``oracle`` (True when it reads the true
-    remaining run time, which only the simulator has).
+    learnt changed its ranking), ``oracle`` (True when it reads the true
+    remaining run time, which only the simulator has), and the three of a
+    policy whose decisions a caller may take on the head of a deep queue
+    (``lane_layout()``, ``lane(job)``, ``head(lanes, now, k)``; see
+    ``jupyter_dlsched.tick.QueueIndex``).
     """
 
     name: str
@@ -220,6 +226,17 @@ class PresortedQueue(list[QueuedJob]):
     the same priority and no deadline. ``sizes``, when kept, counts the queued
     jobs by whole GPUs asked, so a policy can tell that nothing left fits.
 
+    The live agent passes one of these holding only the head of a deep queue
+    (``QueueIndex``): ``in_order`` says the jobs are already in the policy's
+    own order at this decision's moment, and ``shapes`` holds the distinct
+    requests of every job of the queue, these and those behind. A policy then
+    stops as soon as none of ``shapes`` fits what is left, and says so with
+    ``Decisions.settled``; if it runs out of jobs without settling, the caller
+    asks again with the whole queue. ``waiting`` and ``order`` then cover only
+    the jobs it looked at. ``cut`` names the lanes of a head that leaves jobs
+    out in the middle of the policy's order (``fair``: the owners with more
+    jobs behind), which the policy must not run out of and still settle.
+
     >>> q = PresortedQueue([], key=submit_order, gpu_only=True)
     >>> q.key is submit_order, len(q)
     (True, 0)
@@ -232,12 +249,52 @@ class PresortedQueue(list[QueuedJob]):
         gpu_only: bool = False,
         uniform_priority: bool = False,
         sizes: dict[int, int] | None = None,
+        shapes: frozenset[Request] | None = None,
+        in_order: bool = False,
+        cut: frozenset[Any] = frozenset(),
     ) -> None:
         super().__init__(jobs)
         self.key = key
         self.gpu_only = gpu_only
         self.uniform_priority = uniform_priority
         self.sizes = sizes
+        self.shapes = shapes
+        self.in_order = in_order
+        self.cut = cut
+
+    def narrowed(self, jobs: Iterable[QueuedJob]) -> PresortedQueue:
+        """The same queue with only ``jobs`` (a subsequence of it, in its order) offered."""
+        return PresortedQueue(
+            jobs,
+            self.key,
+            self.gpu_only,
+            self.uniform_priority,
+            self.sizes,
+            self.shapes,
+            self.in_order,
+            self.cut,
+        )
+
+
+def narrowed(queued: Sequence[QueuedJob], jobs: list[QueuedJob]) -> Sequence[QueuedJob]:
+    """``jobs`` (some of ``queued``, in its order), keeping what a ``PresortedQueue`` says."""
+    return queued.narrowed(jobs) if isinstance(queued, PresortedQueue) else jobs
+
+
+def shapes_of(queued: Sequence[QueuedJob]) -> frozenset[Request] | None:
+    """The requests of the whole queue when ``queued`` is only its head, else ``None``."""
+    return queued.shapes if isinstance(queued, PresortedQueue) else None
+
+
+def nothing_fits(room: Room | GangRoom, shapes: frozenset[Request]) -> bool:
+    """Whether none of ``shapes`` can be placed in ``room`` (so, room only shrinking while a
+    policy decides, no job of those shapes can start in this decision any more).
+
+    >>> room = Room(Capacity.empty(n_gpus=1, gpu_mem=16 * 2**30, cpus=4, mem=2**34))
+    >>> nothing_fits(room, frozenset({Request(gpus=2)})), nothing_fits(room, frozenset({Request(gpus=1)}))
+    (True, False)
+    """
+    return all(room.place(shape) is None for shape in shapes)
 
 
 class RunningSet(list[RunningJob]):

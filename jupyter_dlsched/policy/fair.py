@@ -10,19 +10,24 @@ al., "Dominant Resource Fairness", NSDI'11).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
 
 from ..resources import Capacity, Request
 from .base import (
     Decisions,
+    PresortedQueue,
     QueuedJob,
     Room,
     RunningJob,
     Start,
     describe_shortfall,
     gpu_only,
+    nothing_fits,
     presorted,
+    shapes_of,
     smallest_size,
     submit_order,
 )
@@ -51,6 +56,22 @@ class FairPolicy:
     def weight(self, owner: str) -> float:
         return float(self.weights.get(owner, self.default_weight)) or 1e-9
 
+    # -- the head of a deep queue (see PresortedQueue) ------------------------------------
+
+    def lane_layout(self) -> Hashable:
+        return ("fair",)
+
+    def lane(self, job: QueuedJob) -> tuple[Hashable, Any]:
+        return job.owner, job.seq
+
+    def head(
+        self, lanes: Mapping[Hashable, Sequence[QueuedJob]], now: float, k: int
+    ) -> PresortedQueue | None:
+        """Each owner's first ``k`` jobs, in submit order (an owner's jobs start in that order)."""
+        jobs = sorted((j for owned in lanes.values() for j in islice(owned, k)), key=submit_order)
+        cut = frozenset(owner for owner, owned in lanes.items() if len(owned) > k)
+        return PresortedQueue(jobs, key=submit_order, in_order=True, cut=cut)
+
     def __call__(
         self,
         queued: Sequence[QueuedJob],
@@ -62,6 +83,10 @@ class FairPolicy:
         room = Room(capacity)
         lean = presorted(queued, submit_order) and gpu_only(queued)
         if lean and room.whole < smallest_size(queued):
+            return out
+        shapes = shapes_of(queued)
+        if shapes is not None and nothing_fits(room, shapes):
+            out.settled = True
             return out
         totals = (
             float(len(capacity.gpus)) or 1.0,
@@ -83,10 +108,12 @@ class FairPolicy:
         heap = [(share(o), jobs[0].seq, o) for o, jobs in by_owner.items()]
         heapq.heapify(heap)
         position = dict.fromkeys(by_owner, 0)
+        cut = getattr(queued, "cut", frozenset())  # owners with jobs behind a head
         while heap and not (lean and room.whole == 0):
             _, _, owner = heapq.heappop(heap)
             jobs = by_owner[owner]
             i = position[owner]
+            full = False
             while i < len(jobs):
                 # a job that did not fit will not fit later in this call: room only shrinks
                 placement = room.place(jobs[i].request)
@@ -95,10 +122,16 @@ class FairPolicy:
                     room.take(placement)
                     out.starts.append(Start(jobs[i - 1].id, placement))
                     _add(usage, owner, jobs[i - 1].request, placement.cpu_share)
+                    full = shapes is not None and nothing_fits(room, shapes)
                     break
+            if full:
+                out.settled = True
+                break
             position[owner] = i
             if i < len(jobs):
                 heapq.heappush(heap, (share(owner), jobs[i].seq, owner))
+            elif owner in cut:
+                break  # the next of this owner's jobs is behind the head: not settled
         if not lean:
             started = {s.job_id for s in out.starts}
             rest = sorted(

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import islice
+from typing import Any
 
 from ..placement import place
 from ..resources import EPS, Capacity, Placement, Request
@@ -28,11 +30,15 @@ from .base import (
     Start,
     describe_shortfall,
     gpu_only,
+    nothing_fits,
     presorted,
+    shapes_of,
     smallest_size,
     submit_order,
 )
 from .ranked import _victims_for
+
+_DEADLINE_LANE = ("deadline",)
 
 
 @dataclass
@@ -78,6 +84,43 @@ class PriorityPolicy:
         deadline = job.deadline if job.deadline is not None else math.inf
         return (-self.effective_priority(job, now), deadline, job.seq)
 
+    # -- the head of a deep queue (see PresortedQueue) ------------------------------------
+
+    def lane_layout(self) -> Hashable:
+        return ("priority", self.aging_interval > 0, self.preempt)
+
+    def lane(self, job: QueuedJob) -> tuple[Hashable, Any]:
+        """A job's lane and its place in it, neither changing while the job waits.
+
+        Jobs of one base priority without a deadline keep their order as they
+        age (the earlier submitted has aged as much or more, then submit order
+        breaks ties), so each such lane stays sorted; jobs with deadlines share
+        a lane sorted again at each decision.
+        """
+        if job.deadline is not None:
+            return _DEADLINE_LANE, job.seq
+        if self.aging_interval > 0:
+            return (job.priority,), (job.submitted, job.seq)
+        return (job.priority,), job.seq
+
+    def head(
+        self, lanes: Mapping[Hashable, Sequence[QueuedJob]], now: float, k: int
+    ) -> PresortedQueue | None:
+        """The first ``k`` jobs of the queue in this policy's order at ``now``, merged from
+        the lanes; ``None`` with preemption on (victims are chosen over the whole queue)."""
+        if self.preempt:
+            return None
+
+        def key(job: QueuedJob) -> tuple:
+            return self.sort_key(job, now)
+
+        streams: list[Any] = [
+            islice(jobs, k) for lane, jobs in lanes.items() if lane != _DEADLINE_LANE
+        ]
+        if lanes.get(_DEADLINE_LANE):
+            streams.append(sorted(lanes[_DEADLINE_LANE], key=key)[:k])
+        return PresortedQueue(islice(heapq.merge(*streams, key=key), k), key=key, in_order=True)
+
     def __call__(
         self,
         queued: Sequence[QueuedJob],
@@ -96,7 +139,12 @@ class PriorityPolicy:
         room = Room(capacity)
         if lean and room.whole < smallest_size(queued):
             return out
-        ordered = queued if fast else sorted(queued, key=lambda j: self.sort_key(j, now))
+        shapes = shapes_of(queued)
+        if shapes is not None and nothing_fits(room, shapes):
+            out.settled = True
+            return out
+        in_order = fast or getattr(queued, "in_order", False)
+        ordered = queued if in_order else sorted(queued, key=lambda j: self.sort_key(j, now))
         if not lean:
             out.order = [j.id for j in ordered]
         holders: list[tuple[float | None, Placement]] | None = None
@@ -113,12 +161,18 @@ class PriorityPolicy:
                     room.take(placement)
                     out.starts.append(Start(job.id, placement))
                     ahead.append(job)
+                    if shapes is not None and nothing_fits(room, shapes):
+                        out.settled = True
+                        break
                     continue
                 out.waiting[job.id] = describe_shortfall(job.request, room.capacity)
                 if now - job.submitted < self.reserve_after:
                     continue  # not waited long enough to hold resources back: first fit
                 head = job
                 if not self.backfill:
+                    if shapes is not None:
+                        out.settled = True  # nothing behind the head starts
+                        break
                     continue
                 holders = [(r.expected_end, r.placement) for r in running]
                 holders.extend(
@@ -149,6 +203,9 @@ class PriorityPolicy:
             room.take(placement)
             protected = Room(_take_clamped(protected.capacity, placement))
             out.starts.append(Start(job.id, placement))
+            if shapes is not None and nothing_fits(room, shapes):
+                out.settled = True
+                break
         if self.preempt and head is not None and not fast:
             self._plan_preemptions(ordered, running, room, now, out)
         return out

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 from ..resources import Capacity, Placement
@@ -20,13 +21,16 @@ from .base import (
     Decisions,
     GangRoom,
     Preempt,
+    PresortedQueue,
     QueuedJob,
     Room,
     RunningJob,
     Start,
     describe_shortfall,
     gpu_only,
+    nothing_fits,
     presorted,
+    shapes_of,
     smallest_size,
     submit_order,
 )
@@ -80,6 +84,28 @@ class RankedPolicy:
     def running_ranks(self) -> RunningRanks | None:
         """An index of running jobs by rank that a caller may keep for this policy, if any."""
         return None
+
+    # -- the head of a deep queue (see PresortedQueue) ------------------------------------
+
+    def lane_layout(self) -> Hashable:
+        return (type(self).__name__, repr(self))
+
+    def lane(self, job: QueuedJob) -> tuple[Hashable, Any]:
+        return (), self.queue_key(job)
+
+    def head(
+        self, lanes: Mapping[Hashable, Sequence[QueuedJob]], now: float, k: int
+    ) -> PresortedQueue | None:
+        """The first ``k`` jobs by ``queue_key``; ``None`` for a policy that preempts, promotes
+        by age or learns (those look at the whole queue, or re-rank it, at each decision)."""
+        if (
+            self.preempt
+            or getattr(self, "promote_after", None) is not None
+            or callable(getattr(self, "learn", None))
+            or getattr(self, "oracle", False)
+        ):
+            return None
+        return PresortedQueue(islice(lanes.get((), ()), k), key=self.queue_key, in_order=True)
 
     def blocked_reason(self, head: QueuedJob) -> str:
         return f"behind {head.id} (first in line)"
@@ -254,11 +280,16 @@ class RankedPolicy:
         # lean: count the sizes still waiting, to stop as soon as none of them fits
         sizes = dict(queued.sizes) if lean and queued.sizes else {}  # type: ignore[attr-defined]
         smallest = smallest_size(queued) if lean else 0
+        shapes = shapes_of(queued)
+        if shapes is not None and nothing_fits(room, shapes):
+            out.settled = True
+            return
         for job in ordered:
             if lean and room.whole < smallest:
                 break  # nothing further can start: leave the rest unexamined
             if blocked is not None and not self.skip:
-                if lean:
+                if lean or shapes is not None:
+                    out.settled = shapes is not None
                     break  # strict order: nothing behind a blocked head starts
                 waiting.append(job)
                 continue
@@ -269,6 +300,9 @@ class RankedPolicy:
                 continue
             room.take(placement)
             out.starts.append(Start(job.id, placement))
+            if shapes is not None and nothing_fits(room, shapes):
+                out.settled = True
+                break
             if sizes:
                 n = job.request.whole_gpus
                 sizes[n] -= 1

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..policy import Decisions, Policy, QueuedJob, RunningJob
-from ..policy.base import PolicyGate
+from ..policy.base import PolicyGate, narrowed
 from ..resources import Capacity
 from ..store import Store
 
@@ -116,7 +116,7 @@ class StagingGate(PolicyGate):
                     db, sid, row["source"], row["uid"], now + CLAIM_GRACE
                 ):
                     self.armed.append(sid)
-        ready = [q for q in queued if q.id not in held_ids]
+        ready = narrowed(queued, [q for q in queued if q.id not in held_ids])
         decisions = self._policy(ready, running, capacity, now)
         for job_id in order:
             rows = [

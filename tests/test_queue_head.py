@@ -1,0 +1,273 @@
+"""Deciding on the head of a deep queue: the same starts as deciding on the whole queue.
+
+The pool agent keeps its waiting jobs in each policy's lanes and, with a deep
+queue, offers the policy only the first jobs in its order plus the requests
+of all (``PresortedQueue.shapes``). A decision the policy calls ``settled``
+must start exactly what the whole queue would have started; these tests
+check that over random queues, pools and policies, then through the agent's
+own scheduler on a real ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jupyter_dlsched.agent.config import Limits, ServiceConfig
+from jupyter_dlsched.agent.limits import LimitsGate
+from jupyter_dlsched.placement import place
+from jupyter_dlsched.policy import (
+    Decisions,
+    PresortedQueue,
+    QueuedJob,
+    RunningJob,
+    get_policy,
+)
+from jupyter_dlsched.resources import Capacity, Request
+from jupyter_dlsched.tick import QueueIndex
+
+GIB = 2**30
+
+SHAPES = [
+    Request(gpus=1, cpus=1),
+    Request(gpus=2, cpus=1),
+    Request(gpus=4, cpus=2),
+    Request(gpus=0.5, cpus=1),
+    Request(gpus=0.25, cpus=1, mem=4 * GIB),
+    Request(gpus=0, cpus=2, mem=8 * GIB),
+    Request(gpus=0, cpus=6, mem=40 * GIB),
+]
+
+POLICIES: list[tuple[str, dict[str, Any]]] = [
+    ("priority", {}),
+    ("priority", {"backfill": False}),
+    ("priority", {"aging_interval": 0}),
+    ("priority", {"reserve_after": 50.0}),
+    ("fair", {}),
+    ("fair", {"weights": {"ana": 3}}),
+    ("fifo", {}),
+    ("fifo-ff", {}),
+    ("sjf", {}),
+]
+
+
+@st.composite
+def queues(draw: Any) -> tuple[list[QueuedJob], list[RunningJob], Capacity, float]:
+    n_gpus = draw(st.sampled_from([1, 2, 4, 8]))
+    capacity = Capacity.empty(n_gpus=n_gpus, gpu_mem=16 * GIB, cpus=8, mem=64 * GIB)
+    now = 10_000.0
+    running: list[RunningJob] = []
+    for i in range(draw(st.integers(0, 4))):
+        request = draw(st.sampled_from(SHAPES))
+        spot = place(request, capacity)
+        if spot is None:
+            continue
+        capacity = capacity.take(spot)
+        limit = draw(st.one_of(st.none(), st.sampled_from([60.0, 600.0, 6000.0])))
+        running.append(
+            RunningJob(
+                f"r{i}",
+                i,
+                submitted=now - 5000,
+                started=now - draw(st.sampled_from([10.0, 300.0])),
+                request=request,
+                placement=spot,
+                owner=draw(st.sampled_from(["ana", "bo"])),
+                time_limit=limit,
+            )
+        )
+    jobs = []
+    seq = 100
+    submitted = now - 4000.0
+    for i in range(draw(st.integers(1, 40))):
+        seq += 1
+        submitted += draw(st.sampled_from([0.0, 1.0, 250.0, 700.0]))
+        jobs.append(
+            QueuedJob(
+                f"q{i}",
+                seq,
+                submitted=submitted,
+                request=draw(st.sampled_from(SHAPES)),
+                priority=draw(st.sampled_from([25, 50, 50, 75])),
+                owner=draw(st.sampled_from(["ana", "bo", "cy"])),
+                deadline=draw(st.one_of(st.none(), st.none(), st.sampled_from([9e4, 2e4]))),
+                time_limit=draw(st.one_of(st.none(), st.sampled_from([30.0, 3000.0]))),
+            )
+        )
+    return jobs, running, capacity, now
+
+
+def head_of(policy: Any, jobs: list[QueuedJob], now: float, k: int) -> PresortedQueue:
+    """What ``QueueIndex.head`` offers: the policy's lanes, their head, all the shapes."""
+    lanes: dict[Any, list[tuple[Any, QueuedJob]]] = {}
+    for job in jobs:
+        lane, key = policy.lane(job)
+        lanes.setdefault(lane, []).append((key, job))
+    sorted_lanes = {
+        lane: [job for _, job in sorted(kept, key=lambda kj: kj[0])]
+        for lane, kept in lanes.items()
+    }
+    head = policy.head(sorted_lanes, now, k)
+    assert head is not None
+    head.shapes = frozenset(j.request for j in jobs)
+    return head
+
+
+def starts(decisions: Decisions) -> list[tuple[str, Any]]:
+    return [(s.job_id, s.placement) for s in decisions.starts]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=queues(), which=st.sampled_from(POLICIES), k=st.integers(1, 8))
+def test_a_settled_decision_on_the_head_starts_what_the_whole_queue_would(
+    case: tuple[list[QueuedJob], list[RunningJob], Capacity, float],
+    which: tuple[str, dict[str, Any]],
+    k: int,
+) -> None:
+    jobs, running, capacity, now = case
+    policy = get_policy(which[0], **which[1])
+    whole = policy(list(jobs), running, capacity, now)
+    head = head_of(policy, jobs, now, k)
+    quick = policy(head, running, capacity, now)
+    assert not whole.settled  # only a head decision may say so
+    if quick.settled:
+        assert starts(quick) == starts(whole)
+    # the head is the whole queue's order, cut short
+    if not quick.settled and len(head) == len(jobs):
+        assert starts(quick) == starts(whole)
+
+
+def test_the_head_is_the_first_jobs_of_the_policys_own_order() -> None:
+    policy = get_policy("priority")
+    now = 10_000.0
+    jobs = [
+        QueuedJob("old-low", 1, submitted=now - 3000, request=SHAPES[0], priority=25),
+        QueuedJob("normal", 2, submitted=now - 10, request=SHAPES[0], priority=50),
+        QueuedJob("due", 3, submitted=now - 5, request=SHAPES[0], priority=50, deadline=now),
+        QueuedJob("high", 4, submitted=now - 1, request=SHAPES[0], priority=75),
+    ]
+    whole = sorted(jobs, key=lambda j: policy.sort_key(j, now))
+    head = head_of(policy, jobs, now, 3)
+    # 3000 s of aging lifts old-low from 25 to 75: ahead of "high" (submitted later)
+    assert [j.id for j in head] == [j.id for j in whole][:3] == ["old-low", "high", "due"]
+
+
+def test_a_head_decision_settles_when_nothing_left_fits_and_not_before() -> None:
+    policy = get_policy("priority")
+    now = 10_000.0
+    capacity = Capacity.empty(n_gpus=2, gpu_mem=16 * GIB, cpus=8, mem=64 * GIB)
+    jobs = [
+        QueuedJob(f"j{i}", i, submitted=now - 100 + i, request=SHAPES[0]) for i in range(50)
+    ]
+    quick = policy(head_of(policy, jobs, now, 8), [], capacity, now)
+    assert quick.settled and [s.job_id for s in quick.starts] == ["j0", "j1"]
+    # a pool where the head's jobs all fit: the policy runs out of jobs, not of room
+    big = Capacity.empty(n_gpus=8, gpu_mem=16 * GIB, cpus=8, mem=64 * GIB)
+    assert not policy(head_of(policy, jobs, now, 3), [], big, now).settled
+    # nothing fits at all: settled at once, nothing looked at
+    full = big.take(place(Request(gpus=8, cpus=8), big))  # type: ignore[arg-type]
+    nothing = policy(head_of(policy, jobs, now, 3), [], full, now)
+    assert nothing.settled and not nothing.starts and not nothing.waiting
+
+
+def test_a_policy_that_preempts_or_learns_offers_no_head() -> None:
+    for name, params in [("priority", {"preempt": True}), ("las", {}), ("gittins", {})]:
+        policy = get_policy(name, **params)
+        assert policy.head({}, 0.0, 8) is None, name  # type: ignore[attr-defined]
+
+
+def test_per_user_limits_keep_a_head_decision_exact() -> None:
+    config = ServiceConfig(limits=Limits(max_gpus=1))
+    policy = LimitsGate(get_policy("fair"), config)
+    now = 10_000.0
+    capacity = Capacity.empty(n_gpus=4, gpu_mem=16 * GIB, cpus=8, mem=64 * GIB)
+    jobs = [
+        QueuedJob(f"{owner}{i}", 10 * i + n, submitted=now, request=SHAPES[0], owner=owner)
+        for i in range(30)
+        for n, owner in enumerate(["ana", "bo"])
+    ]
+    whole = policy(list(jobs), [], capacity, now)
+    quick = policy(head_of(policy, jobs, now, 4), [], capacity, now)
+    # the policy fills the pool from the head, the limit keeps one job per user
+    assert [s.job_id for s in whole.starts] == ["ana0", "bo0"]
+    assert quick.settled and starts(quick) == starts(whole)
+
+
+# -- through the agent's scheduler, on a real ledger ------------------------------------------
+
+
+def noop(x: int) -> int:
+    return x
+
+
+@pytest.fixture
+def small_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decide on heads from 30 waiting jobs, 4 at a time; whole-queue decisions (places in
+    line) whenever they are due."""
+    monkeypatch.setattr(QueueIndex, "HEAD_FROM", 30)
+    monkeypatch.setattr(QueueIndex, "HEAD", 4)
+    monkeypatch.setattr(QueueIndex, "PLACES_EVERY", 0.0)
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
+
+
+def test_the_agent_decides_on_the_head_and_places_catch_up(
+    tmp_path: Path, small_head: None
+) -> None:
+    from jupyter_dlsched.agent.service import Agent
+
+    agent = Agent(tmp_path / "home")
+    agent.open()
+    s = agent.sched
+    assert s is not None
+    try:
+        holders = [s.submit_command(["sleep", "600"], gpus=1, cpus=1) for _ in range(2)]
+        s.tick(now=time.time())
+        low = s.map(noop, range(40), gpus=1, cpus=1, priority="low")
+        urgent = s.submit(noop, -1, gpus=1, cpus=1, priority="high")
+        time.sleep(0.2)  # past ten times the last whole-queue decision's time
+        first = s.tick(now=time.time())  # places are out of date and due: the whole queue
+        assert first is not None and not first.settled and not first.starts
+        places = {j.id: j.position for j in s.jobs(state="queued")}
+        assert places[urgent.id] == 1 and places[low[0].id] == 2
+        assert sorted(places.values()) == list(range(1, 42))
+
+        # a GPU frees: a head decision starts the job first in line, nothing else
+        QueueIndex.PLACES_EVERY = 3600.0
+        s.cancel(holders[0].id)
+        _until_free(s, holders[0].id)
+        decision = s.tick(now=time.time())
+        assert decision is not None and decision.settled
+        assert [d.job_id for d in decision.starts] == [urgent.id]
+        # places were not rewritten by it (the next whole-queue decision does that)
+        assert s.info(low[0].id).position == 2
+
+        # once due, a whole-queue decision writes every place again
+        QueueIndex.PLACES_EVERY = 0.0
+        time.sleep(0.2)
+        again = s.tick(now=time.time())
+        assert again is not None and not again.settled
+        # (the urgent job may have ended meanwhile and the next low one started)
+        places = {j.id: j.position for j in s.jobs(state="queued")}
+        waiting = [h.id for h in low if h.id in places]
+        assert [places[job_id] for job_id in waiting] == list(range(1, len(waiting) + 1))
+        assert len(waiting) >= 39
+    finally:
+        with s.store.transaction() as db:
+            db.execute("UPDATE jobs SET state='cancelled' WHERE state='queued'")
+        for job in s.jobs(state="running"):
+            s.cancel(job.id)
+        agent.close()
+
+
+def _until_free(s: Any, job_id: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while s.info(job_id).state == "running":
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{job_id} still running")
+        s.tick()
+        time.sleep(0.05)
