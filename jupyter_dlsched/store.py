@@ -900,14 +900,20 @@ class Store:
             ),
         )
 
-    def events(self, job_id: str | None = None, since: int = 0) -> list[dict[str, Any]]:
-        """The audit trail, oldest first."""
+    def events(
+        self, job_id: str | None = None, since: int = 0, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The audit trail, oldest first (the first ``limit`` events after ``since``)."""
         sql = "SELECT * FROM events WHERE seq > ?"
         args: list[Any] = [since]
         if job_id is not None:
             sql += " AND job_id=?"
             args.append(job_id)
-        rows = self.db.execute(sql + " ORDER BY seq", args)
+        sql += " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        rows = self.db.execute(sql, args)
         return [{**dict(r), "data": json.loads(r["data"]) if r["data"] else None} for r in rows]
 
     def last_event_seq(self, db: sqlite3.Connection | None = None) -> int:
@@ -918,10 +924,12 @@ class Store:
         rows = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchall()
         return int(rows[0][0])
 
-    def state_changes_since(self, seq: int) -> list[sqlite3.Row]:
-        """``(seq, job_id, to_state)`` of every event after ``seq``, oldest first."""
+    def state_changes_since(self, seq: int, limit: int = -1) -> list[sqlite3.Row]:
+        """``(seq, job_id, to_state)`` of every event after ``seq`` (the first ``limit``;
+        -1: all), oldest first."""
         return self.db.execute(
-            "SELECT seq, job_id, to_state FROM events WHERE seq > ? ORDER BY seq", (seq,)
+            "SELECT seq, job_id, to_state FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+            (seq, limit),
         ).fetchall()
 
     # -- staged inputs and the cache (see ``staging/``) --------------------------------

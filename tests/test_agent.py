@@ -281,3 +281,45 @@ def test_a_client_refuses_an_agent_of_another_user_in_its_place(other_user, home
     finally:
         squatter.kill()
         squatter.wait()
+
+
+def test_long_event_lists_come_a_page_at_a_time(agent_sched, monkeypatch):
+    from jupyter_dlsched.agent.link import RemoteLedger
+
+    jobs = [agent_sched.submit(pow, 2, i) for i in range(3)]
+    for job in jobs:
+        job.result(timeout=30)
+    client = agent_sched.link.client
+    first = client.call("events", since=0, limit=2)
+    assert len(first["events"]) == 2 and first["more"] is True
+    with pytest.raises(SpecError):
+        client.call("events", since=0, limit=0)
+    everything = agent_sched.store.events()
+    assert len(everything) >= 9  # queued, running, succeeded for each job
+    monkeypatch.setattr(RemoteLedger, "PAGE", 2)
+    remote = RemoteLedger(agent_sched.link)
+    assert [e["seq"] for e in remote.events()] == [e["seq"] for e in everything]
+    assert [e["seq"] for e in remote.events(jobs[1].id)] == [
+        e["seq"] for e in everything if e["job_id"] == jobs[1].id
+    ]
+    changes = remote.state_changes_since(0)
+    assert [c[0] for c in changes] == [e["seq"] for e in everything]
+
+
+def test_a_shared_socket_is_created_open_to_all_and_a_planted_link_is_not_followed(tmp_path):
+    from jupyter_dlsched.agent.service import Agent
+
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    target.chmod(0o600)
+    sock = tmp_path / "run" / "dlsched.sock"
+    sock.parent.mkdir()
+    sock.symlink_to(target)
+    agent = Agent(tmp_path / "pool", socket_path=sock)
+    try:
+        assert agent.bind()
+        assert sock.is_socket() and not sock.is_symlink()
+        assert sock.stat().st_mode & 0o777 == 0o666
+        assert target.stat().st_mode & 0o777 == 0o600 and target.read_text() == "keep"
+    finally:
+        agent.close()

@@ -109,8 +109,7 @@ def head_of(policy: Any, jobs: list[QueuedJob], now: float, k: int) -> Presorted
         lane, key = policy.lane(job)
         lanes.setdefault(lane, []).append((key, job))
     sorted_lanes = {
-        lane: [job for _, job in sorted(kept, key=lambda kj: kj[0])]
-        for lane, kept in lanes.items()
+        lane: [job for _, job in sorted(kept, key=lambda kj: kj[0])] for lane, kept in lanes.items()
     }
     head = policy.head(sorted_lanes, now, k)
     assert head is not None
@@ -161,9 +160,7 @@ def test_a_head_decision_settles_when_nothing_left_fits_and_not_before() -> None
     policy = get_policy("priority")
     now = 10_000.0
     capacity = Capacity.empty(n_gpus=2, gpu_mem=16 * GIB, cpus=8, mem=64 * GIB)
-    jobs = [
-        QueuedJob(f"j{i}", i, submitted=now - 100 + i, request=SHAPES[0]) for i in range(50)
-    ]
+    jobs = [QueuedJob(f"j{i}", i, submitted=now - 100 + i, request=SHAPES[0]) for i in range(50)]
     quick = policy(head_of(policy, jobs, now, 8), [], capacity, now)
     assert quick.settled and [s.job_id for s in quick.starts] == ["j0", "j1"]
     # a pool where the head's jobs all fit: the policy runs out of jobs, not of room

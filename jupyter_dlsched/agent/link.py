@@ -205,6 +205,9 @@ class RemoteLedger:
     spool folder; they are read directly, with the same checks as at home.
     """
 
+    #: Rows asked for per request of a long list (the service answers at most its MAX_ROWS).
+    PAGE = 10_000
+
     def __init__(self, link: AgentLink) -> None:
         self._link = link
         self._client = link.client
@@ -257,11 +260,22 @@ class RemoteLedger:
         return int(self._client.call("seq")["seq"])
 
     def state_changes_since(self, seq: int) -> list[tuple[int, str, str]]:
-        rows = self._client.call("changes", since=seq)["changes"]
-        return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+        out: list[tuple[int, str, str]] = []
+        while True:  # the service answers a page at a time
+            rows = self._client.call("changes", since=seq, limit=self.PAGE)["changes"]
+            if not rows:
+                return out
+            out += [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+            seq = out[-1][0]
 
     def events(self, job_id: str | None = None, since: int = 0) -> list[dict[str, Any]]:
-        return list(self._client.call("events", id=job_id, since=since)["events"])
+        out: list[dict[str, Any]] = []
+        while True:  # the service answers a page at a time
+            reply = self._client.call("events", id=job_id, since=since, limit=self.PAGE)
+            out += reply["events"]
+            if not reply.get("more") or not reply["events"]:
+                return out
+            since = int(out[-1]["seq"])
 
     def spool(self, job_id: str) -> Path:
         from ..store import _ID

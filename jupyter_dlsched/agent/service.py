@@ -173,6 +173,16 @@ class AgentScheduler(Scheduler):
             self._tried = {k: v for k, v in self._tried.items() if now - v < 60.0}
 
 
+def _page(msg: dict[str, Any]) -> int:
+    """Rows one list request answers: its ``limit``, at most ``MAX_ROWS``."""
+    limit = msg.get("limit")
+    if limit is None:
+        return MAX_ROWS
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise SpecError("limit", limit, "a whole number of rows, 1 or more")
+    return min(limit, MAX_ROWS)
+
+
 def user_address(home: str | os.PathLike[str]) -> bytes:
     """The abstract socket of one user's agent for ``home``: one agent per ledger.
 
@@ -288,9 +298,13 @@ class Agent:
                 self.socket_path.unlink()
             except FileNotFoundError:
                 pass
-            listener.bind(str(self.socket_path))
-            # anyone may connect: who they are comes from SO_PEERCRED, not the file's mode
-            os.chmod(self.socket_path, 0o666)
+            # anyone may connect: who they are comes from SO_PEERCRED, not the file's mode.
+            # The mode is given at creation (a chmod afterwards would follow a planted link).
+            umask = os.umask(0o111)
+            try:
+                listener.bind(str(self.socket_path))
+            finally:
+                os.umask(umask)
         listener.listen(256)
         listener.setblocking(False)
         self.listener = listener
@@ -829,7 +843,9 @@ class Agent:
         job_id = msg.get("id")
         if job_id is not None:
             self._store.get(job_id)  # JobNotFound for an unknown id
-        return {"events": self._store.events(job_id, since=int(msg.get("since") or 0))}
+        page = _page(msg)
+        rows = self._store.events(job_id, since=int(msg.get("since") or 0), limit=page + 1)
+        return {"events": rows[:page], "more": len(rows) > page}
 
     def _meta(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         key = msg.get("key")
@@ -843,7 +859,7 @@ class Agent:
         """State changes after ``since``; with ``wait``, held until there is one (or timeout)."""
         since = int(msg.get("since") or 0)
         wait = min(float(msg.get("wait") or 0.0), MAX_WAIT)
-        rows = self._store.state_changes_since(since)
+        rows = self._store.state_changes_since(since, _page(msg))  # the next from the last one
         if rows or wait <= 0:
             return {"changes": [list(r) for r in rows]}
         peer.waiting = (since, time.monotonic() + wait)
@@ -861,7 +877,7 @@ class Agent:
             if seq <= since and now < deadline:
                 continue
             peer.waiting = None
-            rows = self._store.state_changes_since(since) if seq > since else []
+            rows = self._store.state_changes_since(since, MAX_ROWS) if seq > since else []
             self._send(peer, {"ok": True, "changes": [list(r) for r in rows]})
             if peer.sock.fileno() in self.peers:
                 try:

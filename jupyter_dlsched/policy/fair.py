@@ -108,7 +108,7 @@ class FairPolicy:
         heap = [(share(o), jobs[0].seq, o) for o, jobs in by_owner.items()]
         heapq.heapify(heap)
         position = dict.fromkeys(by_owner, 0)
-        cut = getattr(queued, "cut", frozenset())  # owners with jobs behind a head
+        cut: frozenset[str] = getattr(queued, "cut", frozenset())  # owners with jobs behind a head
         while heap and not (lean and room.whole == 0):
             _, _, owner = heapq.heappop(heap)
             jobs = by_owner[owner]
