@@ -79,7 +79,7 @@ def simulated(spec: str) -> Iterator[None]:
 @contextmanager
 def scheduler_home(root: Path, name: str, **options: Any) -> Iterator[Any]:
     """A ``Scheduler`` on a fresh folder; its launcher is stopped on the way out."""
-    from jupyter_dlsched import launcher
+    from jupyter_dlsched.local import launcher
     from jupyter_dlsched.scheduler import Scheduler
 
     home = root / name

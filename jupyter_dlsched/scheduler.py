@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import launcher
 from . import tick as tick_steps
 from .backends import Backend, make_backend
 from .errors import JobNotFound, LedgerUnavailable, SpecError, UnsafeStateFolder
 from .handle import JobHandle, job_exception
+from .local import launcher
 
 if TYPE_CHECKING:
     from .agent.link import AgentLink

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_dlsched import launcher
+from jupyter_dlsched.local import launcher
 from jupyter_dlsched.scheduler import Scheduler
 
 

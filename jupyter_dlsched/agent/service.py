@@ -187,14 +187,14 @@ def user_address(home: str | os.PathLike[str]) -> bytes:
 
 def code_stamp() -> str:
     """The interpreter and the newest source file of the package (changes on an upgrade)."""
-    from ..launcher import _code_stamp
+    from ..local.launcher import _code_stamp
 
     return _code_stamp()
 
 
 def preload() -> None:
     """Import what supervisors and jobs need before forking them (``DLSCHED_PRELOAD``)."""
-    from .. import launcher
+    from ..local import launcher
     from . import client  # noqa: F401  (supervisors tell the agent when their job ends)
 
     launcher.preload()
@@ -640,8 +640,8 @@ class Agent:
         code = 1
         try:
             self._leave_agent(b"dlsched-sup")
+            from ..local.supervisor import supervise
             from ..store import Store
-            from ..worker import supervise
 
             store = Store(self.home)
             if pipe is not None:
@@ -931,7 +931,7 @@ def _refuse(sock: socket.socket, error: DlschedError) -> None:
 
 def _set_name(name: bytes) -> None:
     """The process name ``ps`` and ``top`` show (``dlsched-agent``, ``dlsched-sup``)."""
-    from ..jobproc import libc
+    from ..local.jobproc import libc
 
     try:
         libc().prctl(15, name, 0, 0, 0)  # PR_SET_NAME

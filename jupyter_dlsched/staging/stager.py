@@ -104,7 +104,7 @@ def stage(home: str | os.PathLike[str], source_id: str) -> int:
         _stage(store, source_id, row["source"], row["attempt"], since, settings.lease_ttl)
     finally:
         store.close()
-        from ..worker import wake_pool
+        from ..local.supervisor import wake_pool
 
         wake_pool(home)  # start the jobs that were waiting for this data
     return 0

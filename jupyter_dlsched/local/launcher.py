@@ -1,12 +1,12 @@
 """A per-user launcher with the package preloaded that forks job supervisors in milliseconds.
 
-Starting a job through ``python -m jupyter_dlsched.worker`` costs an
+Starting a job through ``python -m jupyter_dlsched.local.supervisor`` costs an
 interpreter start-up; the launcher pays it once. It listens on an abstract
 Unix socket named after the state folder, the interpreter and the code, only
 answers its own user (``SO_PEERCRED``), never imports CUDA libraries, and
 exits when idle or when its state folder disappears.
 
-    python -m jupyter_dlsched.launcher --home ~/.local/share/jupyter/dlsched
+    python -m jupyter_dlsched.local.launcher --home ~/.local/share/jupyter/dlsched
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ DEFAULT_PRELOAD = "numpy"
 
 
 _stamp: tuple[float, str] = (0.0, "")
-_CODE_FOLDERS = ("", "policy", "backends", "staging")  # what supervisors and stagers run
+_CODE_FOLDERS = ("", "local", "policy", "backends", "staging")  # what supervisors and stagers run
 
 
 def _code_stamp() -> str:
@@ -43,7 +43,7 @@ def _code_stamp() -> str:
     global _stamp
     now = time.monotonic()
     if now - _stamp[0] > 2.0:
-        package = os.path.dirname(os.path.abspath(__file__))
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         newest = 0
         for folder in _CODE_FOLDERS:
             with os.scandir(os.path.join(package, folder)) as entries:
@@ -100,7 +100,7 @@ def spawn_launcher(home: str | os.PathLike[str]) -> None:
         [
             sys.executable,
             "-m",
-            "jupyter_dlsched.launcher",
+            "jupyter_dlsched.local.launcher",
             "--home",
             str(home),
             "--idle-exit",
@@ -116,7 +116,7 @@ def spawn_launcher(home: str | os.PathLike[str]) -> None:
 
 
 def spawn_supervisor(
-    home: str | os.PathLike[str], job_id: str, module: str = "jupyter_dlsched.worker"
+    home: str | os.PathLike[str], job_id: str, module: str = "jupyter_dlsched.local.supervisor"
 ) -> None:
     """The slow path: a fresh interpreter runs the supervisor (or ``module``)."""
     subprocess.Popen(
@@ -149,8 +149,8 @@ def preload() -> None:
                 pass
     import cloudpickle  # noqa: F401  (every function job unpickles its payload)
 
-    from . import jobproc, worker  # noqa: F401
-    from .staging import stager  # noqa: F401
+    from ..staging import stager  # noqa: F401
+    from . import jobproc, supervisor  # noqa: F401
 
     jobproc.libc()
 
@@ -206,11 +206,11 @@ def _become_supervisor(home: str, job_id: str, verb: str = "start") -> None:
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         if verb == "stage":
-            from .staging.stager import stage
+            from ..staging.stager import stage
 
             code = stage(home, job_id)
         else:
-            from .worker import supervise
+            from .supervisor import supervise
 
             code = supervise(home, job_id)
     finally:
