@@ -187,17 +187,17 @@ def user_address(home: str | os.PathLike[str]) -> bytes:
 
 def code_stamp() -> str:
     """The interpreter and the newest source file of the package (changes on an upgrade)."""
-    from ..local.launcher import _code_stamp
+    from ..local.launcher import code_stamp as stamp
 
-    return _code_stamp()
+    return stamp()
 
 
 def preload() -> None:
     """Import what supervisors and jobs need before forking them (``DLSCHED_PRELOAD``)."""
-    from ..local import launcher
+    from ..local import forkserver
     from . import client  # noqa: F401  (supervisors tell the agent when their job ends)
 
-    launcher.preload()
+    forkserver.preload()
 
 
 class Agent:

@@ -1,38 +1,34 @@
-"""A per-user launcher with the package preloaded that forks job supervisors in milliseconds.
+"""Starting a job's supervisor (or a stager): ask this user's launcher, else a fresh interpreter.
 
 Starting a job through ``python -m jupyter_dlsched.local.supervisor`` costs an
-interpreter start-up; the launcher pays it once. It listens on an abstract
-Unix socket named after the state folder, the interpreter and the code, only
-answers its own user (``SO_PEERCRED``), never imports CUDA libraries, and
-exits when idle or when its state folder disappears.
+interpreter start-up; the launcher pays it once. The launcher is one process
+per user, state folder, interpreter and code version (``forkserver.py``) with
+the package preloaded, listening on an abstract Unix socket named after those
+four, so a launcher never serves code older than its caller. This module is
+what the deciding process does with it: find it, ask it to start something,
+start one in the background, stop it, and the slow path when none answers.
 
-    python -m jupyter_dlsched.local.launcher --home ~/.local/share/jupyter/dlsched
+>>> if not request_start(home, job_id):  # doctest: +SKIP
+...     spawn_supervisor(home, job_id)
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import importlib
 import os
-import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 IDLE_EXIT = 600.0
-PRELOAD_ENV = "DLSCHED_PRELOAD"
-DEFAULT_PRELOAD = "numpy"
 
 
 _stamp: tuple[float, str] = (0.0, "")
 _CODE_FOLDERS = ("", "local", "policy", "backends", "staging")  # what supervisors and stagers run
 
 
-def _code_stamp() -> str:
+def code_stamp() -> str:
     """Interpreter and newest source file: a launcher never serves code older than its caller.
 
     Re-read at most every two seconds, so an upgraded or edited package gets a
@@ -56,7 +52,7 @@ def _code_stamp() -> str:
 
 def socket_name(home: str | os.PathLike[str]) -> bytes:
     """The abstract socket address for this user, state folder, interpreter and code."""
-    key = f"{os.getuid()}:{os.path.abspath(home)}:{_code_stamp()}"
+    key = f"{os.getuid()}:{os.path.abspath(home)}:{code_stamp()}"
     return b"\0dlsched-" + hashlib.sha1(key.encode()).hexdigest()[:20].encode()
 
 
@@ -100,7 +96,7 @@ def spawn_launcher(home: str | os.PathLike[str]) -> None:
         [
             sys.executable,
             "-m",
-            "jupyter_dlsched.local.launcher",
+            "jupyter_dlsched.local.forkserver",
             "--home",
             str(home),
             "--idle-exit",
@@ -136,94 +132,3 @@ def launch_stager(home: str | os.PathLike[str], source_id: str) -> None:
     ):
         return
     spawn_supervisor(home, source_id, module="jupyter_dlsched.staging.stager")
-
-
-def preload() -> None:
-    """Import what supervisors, stagers and jobs need before forking them: the modules
-    named in ``DLSCHED_PRELOAD`` (default numpy), the supervisor and the job runner."""
-    for name in os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(","):
-        if name.strip():
-            try:
-                importlib.import_module(name.strip())
-            except Exception:
-                pass
-    import cloudpickle  # noqa: F401  (every function job unpickles its payload)
-
-    from ..staging import stager  # noqa: F401
-    from . import jobproc, supervisor  # noqa: F401
-
-    jobproc.libc()
-
-
-def serve(home: str, idle_exit: float = IDLE_EXIT) -> int:
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    address = socket_name(home)
-    try:
-        server.bind(address)
-    except OSError:
-        return 0  # another launcher for this folder is already serving
-    server.listen(64)
-    server.settimeout(1.0)
-    preload()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped automatically
-    last = time.monotonic()
-    while True:
-        try:
-            conn, _ = server.accept()
-        except TimeoutError:
-            if time.monotonic() - last > idle_exit or not Path(home).is_dir():
-                return 0
-            continue
-        last = time.monotonic()
-        with conn:
-            try:
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                _pid, uid, _gid = struct.unpack("3i", creds)
-                if uid != os.getuid():
-                    conn.sendall(b"refused\n")
-                    continue
-                line = conn.recv(256).decode().strip()
-                verb, _, job_id = line.partition(" ")
-                if verb == "stop":
-                    conn.sendall(b"ok\n")
-                    return 0
-                if verb not in ("start", "stage") or not job_id:
-                    conn.sendall(b"bad request\n")
-                    continue
-                pid = os.fork()
-                if pid == 0:
-                    server.close()
-                    conn.close()
-                    _become_supervisor(home, job_id, verb)
-                conn.sendall(f"ok {pid}\n".encode())
-            except OSError:
-                continue
-
-
-def _become_supervisor(home: str, job_id: str, verb: str = "start") -> None:
-    code = 1
-    try:
-        os.setsid()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        if verb == "stage":
-            from ..staging.stager import stage
-
-            code = stage(home, job_id)
-        else:
-            from .supervisor import supervise
-
-            code = supervise(home, job_id)
-    finally:
-        os._exit(code)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--home", required=True)
-    parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT)
-    args = parser.parse_args(argv)
-    return serve(args.home, args.idle_exit)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
