@@ -19,15 +19,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .agent.link import AgentLink, connect
 from .backends import Backend, make_backend
 from .deciding import Deciding
 from .errors import JobNotFound, SpecError, UnsafeStateFolder
 from .handle import JobHandle, job_exception
-
-if TYPE_CHECKING:
-    from .agent.link import AgentLink
 from .inline import InlineRunner
 from .options import RESOURCE_ARGS
 from .policy import Policy, get_policy
@@ -100,8 +98,6 @@ class Scheduler(Deciding):
         backend_name = backend if backend is not None else os.environ.get("DLSCHED_BACKEND")
         in_process = policy is not None and not isinstance(policy, str)
         if backend_name in (None, "local") and not in_process and not backend_options:
-            from .agent.link import connect
-
             self.link = connect(home, socket_path=socket_path, agent=agent)
         elif socket_path is not None or agent:
             raise SpecError(

@@ -46,19 +46,20 @@ from typing import Any
 from .. import __version__
 from ..backends.local import LocalBackend
 from ..errors import DlschedError, JobNotFound, LedgerUnavailable, PermissionDenied, SpecError
+from ..local.launcher import code_stamp
 from ..policy import Policy
 from ..pool import idle_capacity
 from ..scheduler import Scheduler
 from ..schema import WAITING, JobInfo, info_to_json
 from ..spec import build_spec
 from ..words import priority_words
+from .client import IDLE_EXIT, user_address
 from .config import ServiceConfig
 from .limits import LimitsGate
 from .protocol import Decoder, ProtocolError, encode, error_reply
 
 log = logging.getLogger("jupyter_dlsched.agent")
 
-IDLE_EXIT = 600.0
 #: Longest a ``changes`` request waits for a state change before answering empty.
 MAX_WAIT = 30.0
 #: Connections one user may hold to a shared pool at once.
@@ -173,29 +174,9 @@ class AgentScheduler(Scheduler):
             self._tried = {k: v for k, v in self._tried.items() if now - v < 60.0}
 
 
-def user_address(home: str | os.PathLike[str]) -> bytes:
-    """The abstract socket of one user's agent for ``home``: one agent per ledger.
-
-    (A client that finds an agent running older code asks it to stop and starts
-    a fresh one: see ``code_stamp``.)
-    """
-    import hashlib
-
-    key = f"{os.getuid()}:{os.path.abspath(home)}"
-    return b"\0dlsched-agent-" + hashlib.sha1(key.encode()).hexdigest()[:20].encode()
-
-
-def code_stamp() -> str:
-    """The interpreter and the newest source file of the package (changes on an upgrade)."""
-    from ..local.launcher import code_stamp as stamp
-
-    return stamp()
-
-
 def preload() -> None:
     """Import what supervisors and jobs need before forking them (``DLSCHED_PRELOAD``)."""
     from ..local import forkserver
-    from . import client  # noqa: F401  (supervisors tell the agent when their job ends)
 
     forkserver.preload()
 

@@ -27,8 +27,16 @@ from typing import Any
 import psutil
 
 from .. import private
-from ..errors import IllegalTransition, JobNotFound, LedgerUnavailable, UnsafeStateFolder
+from ..agent.client import AgentClient, agent_wanted, notify, user_address
+from ..errors import (
+    DlschedError,
+    IllegalTransition,
+    JobNotFound,
+    LedgerUnavailable,
+    UnsafeStateFolder,
+)
 from ..runtime import STOP_FILE
+from ..scheduler import Scheduler
 from ..settings import Settings
 from ..store import JobInfo, RunEnd, Store, disk_full
 from ..units import format_size
@@ -106,9 +114,6 @@ def _tell_agent(address: str | bytes, job_id: str, home: str | os.PathLike[str])
     This user's agent is started again if it has gone (it is the only one that
     decides); a shared pool's service that is down decides when it is back.
     """
-    from ..agent.client import AgentClient, notify
-    from ..errors import DlschedError
-
     if isinstance(address, str):
         notify(address, {"op": "ended", "id": job_id})
         return
@@ -403,10 +408,6 @@ def _run_end(job: JobInfo, outcome: Outcome, folder: Path, owner: int | None = N
 def wake_pool(home: str | os.PathLike[str]) -> None:
     """Have the pool decide now: this user's agent when the pool has one (started again if
     it has gone), else a tick on the ledger directly."""
-    from ..agent.client import AgentClient, agent_wanted
-    from ..agent.service import user_address
-    from ..errors import DlschedError
-
     if not agent_wanted():
         tick_after(home)
         return
@@ -421,8 +422,6 @@ def tick_after(home: str | os.PathLike[str]) -> None:
     if not (Path(home) / "ledger.sqlite").exists():
         return  # the state folder was removed while the job ran: nothing to schedule
     try:
-        from ..scheduler import Scheduler
-
         # the ledger directly: this supervisor belongs to a pool run without an agent
         with Scheduler(home, backend="local", loop=False, probe_pool=False, agent=False) as sched:
             sched.tick()
