@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._version import __version__
 from .agent.link import AgentLink, connect
 from .backends import Backend, make_backend
 from .deciding import Deciding
@@ -476,8 +477,6 @@ class Scheduler(Deciding):
 
     def status(self) -> dict[str, Any]:
         """Counts by state and the pool's shape, for the CLI, REST and status bar."""
-        from . import __version__
-
         if self.link is not None:
             return self.link.status()
         counts = self.store.count_jobs()

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..backends.local import LocalBackend
 from ..errors import DlschedError, JobNotFound, LedgerUnavailable, PermissionDenied, SpecError
 from ..local.launcher import code_stamp
