@@ -2,11 +2,11 @@
 
 Which code runs in which process, in the order a job meets them:
 
-* ``launcher.py`` — in the process that decided (a kernel, the CLI, the
-  server, or the pool agent, which forks supervisors itself): ask this user's
-  launcher to start the supervisor, else start it in a fresh interpreter. The
-  launcher itself (``python -m jupyter_dlsched.local.launcher``) is one
-  preloaded process per user and state folder that forks supervisors and
+* ``launcher.py`` — in the process that decided (a kernel, the CLI or the
+  server; the pool agent forks supervisors itself): ask this user's launcher
+  to start the supervisor, else start it in a fresh interpreter;
+* ``forkserver.py`` — the launcher (``python -m jupyter_dlsched.local.forkserver``):
+  one preloaded process per user and state folder that forks supervisors and
   stagers in milliseconds;
 * ``supervisor.py`` — the supervisor of one job, in its own session: claims
   the job, forks the job process(es), renews the lease, enforces limits,
