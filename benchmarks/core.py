@@ -79,14 +79,14 @@ def simulated(spec: str) -> Iterator[None]:
 @contextmanager
 def scheduler_home(root: Path, name: str, **options: Any) -> Iterator[Any]:
     """A ``Scheduler`` on a fresh folder; its launcher is stopped on the way out."""
-    from jupyter_dlsched import launcher
+    from jupyter_dlsched.local import launcher
     from jupyter_dlsched.scheduler import Scheduler
 
     home = root / name
     # The launcher's socket name follows the package files' newest change. In an
     # editable install being worked on, files change under a long run; take the
     # current name, as a freshly started kernel would, and say when it moved.
-    launcher._STAMP = launcher._code_stamp()
+    launcher._STAMP = launcher.code_stamp()
     # this script measures the ledger used directly (benchmarks/agent.py: the pool agent)
     options.setdefault("agent", False)
     s = Scheduler(home=home, **options)
@@ -95,7 +95,7 @@ def scheduler_home(root: Path, name: str, **options: Any) -> Iterator[Any]:
     finally:
         s.close()
         launcher.stop(home)
-        if launcher._code_stamp() != launcher._STAMP:
+        if launcher.code_stamp() != launcher._STAMP:
             MOVED.append(name)
 
 

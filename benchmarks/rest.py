@@ -58,7 +58,7 @@ def fill_ledger(home: Path, n_finished: int, n_queued: int) -> None:
 
 
 def cleanup(home: Path) -> None:
-    from jupyter_dlsched import launcher
+    from jupyter_dlsched.local import launcher
     from jupyter_dlsched.scheduler import Scheduler
 
     if home.exists():

@@ -94,7 +94,7 @@ def run(mode: str, root: Path, source: Path, rate: float, blocker_s: float) -> d
         staged = [
             e["reason"] for e in s.store.events(job.id) if e["reason"].startswith("ds staged")
         ]
-    from jupyter_dlsched import launcher
+    from jupyter_dlsched.local import launcher
 
     launcher.stop(home)
     return {

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ._version import __version__ as __version__  # the release, re-exported
 from .errors import (
     DlschedError,
     JobError,
@@ -28,8 +29,6 @@ from .pool import GpuInfo, PoolInfo
 from .runtime import DataNotStaged, checkpoint_requested, data, progress
 from .scheduler import Scheduler
 from .store import JobInfo
-
-__version__ = "0.1.0"
 
 _default: Scheduler | None = None
 _default_lock = threading.Lock()

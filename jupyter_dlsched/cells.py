@@ -338,7 +338,7 @@ def execute(
 
 
 def run_cell(payload: dict[str, Any]) -> CellResult:
-    """The runner of a cell job, called in the job process by the worker."""
+    """The runner of a cell job, called in the job process (``local/jobproc.py``)."""
     variables = cloudpickle.loads(payload["variables"])
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     namespace["get_ipython"] = _no_ipython

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_dlsched import launcher
+from jupyter_dlsched.local import launcher
 from jupyter_dlsched.scheduler import Scheduler
 
 
@@ -44,9 +44,8 @@ def wait_for(predicate: Any, timeout: float = 60.0, step: float = 0.05, what: An
 
 def stop_agent(home: Path) -> None:
     """Stop the pool agent of ``home`` if one runs (never starts one)."""
-    from jupyter_dlsched.agent.client import AgentClient
+    from jupyter_dlsched.agent.client import AgentClient, user_address
     from jupyter_dlsched.agent.protocol import AgentUnavailable
-    from jupyter_dlsched.agent.service import user_address
 
     try:
         AgentClient(user_address(home)).call("stop")

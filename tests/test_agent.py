@@ -12,9 +12,8 @@ import psutil
 import pytest
 from conftest import wait_for
 
-from jupyter_dlsched.agent.client import AgentClient
+from jupyter_dlsched.agent.client import AgentClient, user_address
 from jupyter_dlsched.agent.protocol import AgentUnavailable
-from jupyter_dlsched.agent.service import user_address
 from jupyter_dlsched.errors import JobNotFound, SpecError
 from jupyter_dlsched.scheduler import Scheduler
 

@@ -170,7 +170,7 @@ def test_a_cell_result_without_names_says_so():
     assert repr(CellResult(value=3, has_value=True)) == "CellResult(value: 3)"
 
 
-PACKAGE_FILE = str(Path(jupyter_dlsched.__file__).parent / "jobproc.py")
+PACKAGE_FILE = str(Path(jupyter_dlsched.__file__).parent / "local" / "jobproc.py")
 
 
 def test_user_traceback_keeps_only_the_users_frames_in_each_chained_part():

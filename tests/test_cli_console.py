@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_dlsched import launcher
+from jupyter_dlsched.local import launcher
 from jupyter_dlsched.scheduler import Scheduler
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import jupyter_dlsched as dls
-from jupyter_dlsched import launcher
 from jupyter_dlsched.errors import UnsafeStateFolder
+from jupyter_dlsched.local import launcher
 from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.store import Store
 

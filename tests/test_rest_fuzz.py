@@ -32,7 +32,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.core.parameters import ParameterLocation
 
 import jupyter_dlsched.server
-from jupyter_dlsched import launcher
+from jupyter_dlsched.local import launcher
 from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.spec import MAX_PRIORITY, PRIORITY_NAMES
 

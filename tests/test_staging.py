@@ -23,8 +23,8 @@ import pytest
 from conftest import small_disk, wait_for
 
 import jupyter_dlsched as dls
-from jupyter_dlsched import launcher
 from jupyter_dlsched.errors import SpecError
+from jupyter_dlsched.local import launcher
 from jupyter_dlsched.scheduler import Scheduler
 
 MiB = 2**20

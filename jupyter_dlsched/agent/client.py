@@ -8,6 +8,7 @@ exception. One connection per client, used by one thread at a time; a
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import struct
@@ -27,6 +28,18 @@ SOCKET_ENV = "DLSCHED_SOCKET"
 AGENT_ENV = "DLSCHED_AGENT"
 AGENT_IDLE_ENV = "DLSCHED_AGENT_IDLE"
 START_TIMEOUT = 20.0
+#: Seconds this user's agent waits with no client and nothing to do before it exits.
+IDLE_EXIT = 600.0
+
+
+def user_address(home: str | os.PathLike[str]) -> bytes:
+    """The abstract socket of one user's agent for ``home``: one agent per ledger.
+
+    (A client that finds an agent running older code asks it to stop and starts
+    a fresh one: see ``local.launcher.code_stamp``.)
+    """
+    key = f"{os.getuid()}:{os.path.abspath(home)}"
+    return b"\0dlsched-agent-" + hashlib.sha1(key.encode()).hexdigest()[:20].encode()
 
 
 def shared_socket() -> str | None:
@@ -65,7 +78,6 @@ def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
     """Start this user's agent for ``home`` in the background (its own session); its
     messages go to ``<home>/agent.log``."""
     from .. import private
-    from .service import IDLE_EXIT
 
     idle = os.environ.get(AGENT_IDLE_ENV, str(IDLE_EXIT))
     log_path = Path(home) / AGENT_LOG

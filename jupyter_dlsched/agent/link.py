@@ -24,10 +24,10 @@ from typing import Any
 
 from .. import private
 from ..errors import DlschedError, JobNotFound, PermissionDenied, SpecError
+from ..local.launcher import code_stamp
 from ..schema import JobInfo, info_from_json
 from ..spec import _after, parse_stage_in
-from .client import AgentClient, agent_wanted, shared_socket
-from .service import code_stamp, user_address
+from .client import AgentClient, agent_wanted, shared_socket, user_address
 
 
 def connect(

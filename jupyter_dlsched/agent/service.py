@@ -43,22 +43,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..backends.local import LocalBackend
 from ..errors import DlschedError, JobNotFound, LedgerUnavailable, PermissionDenied, SpecError
+from ..local.launcher import code_stamp
 from ..policy import Policy
 from ..pool import idle_capacity
 from ..scheduler import Scheduler
 from ..schema import WAITING, JobInfo, info_to_json
 from ..spec import build_spec
 from ..words import priority_words
+from .client import IDLE_EXIT, user_address
 from .config import ServiceConfig
 from .limits import LimitsGate
 from .protocol import Decoder, ProtocolError, encode, error_reply
 
 log = logging.getLogger("jupyter_dlsched.agent")
 
-IDLE_EXIT = 600.0
 #: Longest a ``changes`` request waits for a state change before answering empty.
 MAX_WAIT = 30.0
 #: Connections one user may hold to a shared pool at once.
@@ -183,31 +184,11 @@ def _page(msg: dict[str, Any]) -> int:
     return min(limit, MAX_ROWS)
 
 
-def user_address(home: str | os.PathLike[str]) -> bytes:
-    """The abstract socket of one user's agent for ``home``: one agent per ledger.
-
-    (A client that finds an agent running older code asks it to stop and starts
-    a fresh one: see ``code_stamp``.)
-    """
-    import hashlib
-
-    key = f"{os.getuid()}:{os.path.abspath(home)}"
-    return b"\0dlsched-agent-" + hashlib.sha1(key.encode()).hexdigest()[:20].encode()
-
-
-def code_stamp() -> str:
-    """The interpreter and the newest source file of the package (changes on an upgrade)."""
-    from ..launcher import _code_stamp
-
-    return _code_stamp()
-
-
 def preload() -> None:
     """Import what supervisors and jobs need before forking them (``DLSCHED_PRELOAD``)."""
-    from .. import launcher
-    from . import client  # noqa: F401  (supervisors tell the agent when their job ends)
+    from ..local import forkserver
 
-    launcher.preload()
+    forkserver.preload()
 
 
 class Agent:
@@ -654,8 +635,8 @@ class Agent:
         code = 1
         try:
             self._leave_agent(b"dlsched-sup")
+            from ..local.supervisor import supervise
             from ..store import Store
-            from ..worker import supervise
 
             store = Store(self.home)
             if pipe is not None:
@@ -947,7 +928,7 @@ def _refuse(sock: socket.socket, error: DlschedError) -> None:
 
 def _set_name(name: bytes) -> None:
     """The process name ``ps`` and ``top`` show (``dlsched-agent``, ``dlsched-sup``)."""
-    from ..jobproc import libc
+    from ..local.jobproc import libc
 
     try:
         libc().prctl(15, name, 0, 0, 0)  # PR_SET_NAME

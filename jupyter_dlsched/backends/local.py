@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from .. import launcher
+from ..local import launcher
 from ..pool import PoolInfo, inventory_json, probe, usable_cores
 from ..spec import JobSpec
 from ..store import JobInfo
@@ -18,7 +18,7 @@ from .base import Backend
 
 
 class LocalBackend(Backend):
-    """Jobs run on this machine under ``jupyter_dlsched.worker`` supervisors.
+    """Jobs run on this machine under ``jupyter_dlsched.local.supervisor`` supervisors.
 
     ``fast_start=False`` skips the launcher and starts each supervisor with a
     fresh interpreter (slower; useful to rule the launcher out when debugging).

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import private
-from ..jobproc import world_size
+from ..local.jobproc import world_size
 from ..pool import GpuInfo, PoolInfo
 from ..resources import Placement
 from ..runtime import STOP_FILE

@@ -31,7 +31,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +44,7 @@ from ..store import JobInfo
 from ..units import parse_size
 from .base import Backend
 from .slurm_monitor import SlurmMonitor
+from .slurm_tools import TOOLS, SlurmUnavailable, nice_for, run_tool
 
 PARTITION_ENV = "DLSCHED_SLURM_PARTITION"
 ACCOUNT_ENV = "DLSCHED_SLURM_ACCOUNT"
@@ -58,46 +58,6 @@ NO_SHARDS = (
 )
 # sinfo does not report GPU memory; shares and gpu_mem requests need a card size
 DEFAULT_GPU_MEM = 16 * 2**30
-TOOLS = ("sbatch", "squeue", "scancel", "sinfo", "scontrol")
-# a user may only lower their own jobs' SLURM priority (nice >= 0): the dlsched
-# priority maps to a nice value, so that among one user's jobs low < normal < high
-NICE_AT_ZERO = 100
-MAX_NICE = 10000
-TOOL_TIMEOUT = 30.0
-
-
-class SlurmUnavailable(RuntimeError):
-    """The SLURM tools are missing or the controller does not answer."""
-
-
-class SlurmError(RuntimeError):
-    """A SLURM command failed; the message carries what it printed."""
-
-
-def run_tool(argv: Sequence[str], env: dict[str, str] | None = None) -> str:
-    """Run a SLURM command and return its output (``SlurmError`` with its message if it fails)."""
-    try:
-        done = subprocess.run(
-            list(argv),
-            capture_output=True,
-            text=True,
-            timeout=TOOL_TIMEOUT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
-    except FileNotFoundError as error:
-        raise SlurmUnavailable(f"{argv[0]} is not on PATH: {error}") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"{argv[0]} did not answer within {TOOL_TIMEOUT:g}s") from None
-    if done.returncode != 0:
-        message = (done.stderr or done.stdout).strip().splitlines()
-        raise SlurmError(f"{argv[0]}: {message[-1] if message else f'exit {done.returncode}'}")
-    return done.stdout
-
-
-def nice_for(priority: int) -> int:
-    """The ``--nice`` of a dlsched priority: ``high`` and above 0, ``normal`` 50, ``low`` 100."""
-    return max(0, min(MAX_NICE, NICE_AT_ZERO - int(priority)))
 
 
 @dataclass

@@ -9,6 +9,7 @@ import time
 
 from ..resources import Placement
 from .slurm_record import SlurmRecorder, _parse_time
+from .slurm_tools import SlurmError, run_tool
 from .slurm_track import Track
 
 RUNNING_STATES = {
@@ -53,8 +54,6 @@ class SlurmFollower(SlurmRecorder):
     """The monitor's part that follows jobs in SLURM; an ended job goes to ``_record``."""
 
     def _poll(self) -> None:
-        from .slurm import SlurmError, run_tool
-
         with self._lock:
             tracks = {t.slurm_id: t for t in self._tracks.values() if t.slurm_id}
         if not tracks:
@@ -166,8 +165,6 @@ class SlurmFollower(SlurmRecorder):
 
 def _scontrol(slurm_id: str) -> dict[str, str] | None:
     """``scontrol show job -d`` as ``{key: value}`` (``_text``: all of it); ``None`` if unknown."""
-    from .slurm import SlurmError, run_tool
-
     try:
         text = run_tool(["scontrol", "show", "job", "-d", slurm_id])
     except SlurmError as error:

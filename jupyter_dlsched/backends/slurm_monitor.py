@@ -27,7 +27,8 @@ from ..settings import Settings
 from ..units import format_duration
 from .slurm_follow import SlurmFollower
 from .slurm_submit import SlurmSubmitter
-from .slurm_track import ACTIVE, SLURM_FILE, Track, _nice_for, _read_slurm_file, _read_slurm_json
+from .slurm_tools import SlurmError, nice_for, run_tool
+from .slurm_track import ACTIVE, SLURM_FILE, Track, _read_slurm_file, _read_slurm_json
 
 if TYPE_CHECKING:
     from .slurm import SlurmBackend
@@ -174,15 +175,13 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
             if row["state"] == "running" and limit is not None and started is not None:
                 if now - started >= limit:
                     self._stop(track, "timeout", f"time limit {format_duration(limit)} reached")
-            nice = _nice_for(row["priority"])
+            nice = nice_for(row["priority"])
             if track.slurm_id and row["state"] != "running" and nice != track.nice:
                 self._renice(track, nice)
             if track.give_up_at is not None and now >= track.give_up_at:
                 self._record(track, {"JobState": "CANCELLED"})
 
     def _renice(self, track: Track, nice: int) -> None:
-        from .slurm import SlurmError, run_tool
-
         try:
             run_tool(["scontrol", "update", f"JobId={track.slurm_id}", f"Nice={nice}"])
             self._note(track, f"priority changed: SLURM nice {track.nice} -> {nice}")
@@ -200,8 +199,6 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
             self._scancel(track.slurm_id)
 
     def _scancel(self, slurm_id: str) -> None:
-        from .slurm import SlurmError, run_tool
-
         try:
             run_tool(["scancel", slurm_id])
         except SlurmError as error:

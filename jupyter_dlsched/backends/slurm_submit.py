@@ -14,7 +14,8 @@ from typing import Any
 
 from .. import private
 from ..errors import IllegalTransition, JobNotFound, SpecError
-from .slurm_track import ACTIVE, MonitorBase, Track, _nice_for, _read_slurm_file
+from .slurm_tools import nice_for, run_tool
+from .slurm_track import ACTIVE, MonitorBase, Track, _read_slurm_file
 
 # variables of the submitting process that describe it, not the job
 DROPPED_ENV = ("CUDA_VISIBLE_DEVICES", "DLSCHED_DEVICES", "DLSCHED_JOB_ID", "DLSCHED_GPU_MEM")
@@ -48,7 +49,7 @@ class SlurmSubmitter(MonitorBase):
             except (SpecError, RuntimeError, OSError) as error:
                 self._fail_unsubmitted(track, f"SLURM did not accept the job: {error}")
                 continue
-            track.nice = _nice_for(job.priority)
+            track.nice = nice_for(job.priority)
             self._save(track)
             self._note(track, f"submitted to SLURM as job {track.slurm_id}")
             self._last_change = time.monotonic()
@@ -107,8 +108,6 @@ class SlurmSubmitter(MonitorBase):
         track.tasks = int(job.gpus) if task["distributed"] else 1
 
     def _submit_command(self, track: Track, job: Any, options: list[str]) -> None:
-        from .slurm import run_tool
-
         raw = self.store.read_file(job.id, "command.json") or b"{}"
         argv = json.loads(raw).get("argv")
         if not argv:

@@ -109,12 +109,6 @@ class MonitorBase:
         private.write_file(track.folder / SLURM_FILE, json.dumps(data).encode())
 
 
-def _nice_for(priority: int) -> int:
-    from .slurm import nice_for
-
-    return nice_for(priority)
-
-
 def _read_slurm_json(folder: Path) -> dict[str, Any] | None:
     data = private.read_file(folder / SLURM_FILE)
     return json.loads(data) if data else None

@@ -25,6 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
+from ..local.supervisor import wake_pool
 from ..settings import Settings
 from ..store import Store
 from ..units import format_size
@@ -104,8 +105,6 @@ def stage(home: str | os.PathLike[str], source_id: str) -> int:
         _stage(store, source_id, row["source"], row["attempt"], since, settings.lease_ttl)
     finally:
         store.close()
-        from ..worker import wake_pool
-
         wake_pool(home)  # start the jobs that were waiting for this data
     return 0
 

@@ -1,7 +1,7 @@
 """The job process(es) a supervisor forks: environment, cores, ranks, running the payload.
 
 Everything here runs on the far side of ``os.fork()`` or prepares it; the
-supervisor that watches these processes is ``worker.py``.
+supervisor that watches these processes is ``supervisor.py``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import private
-from .runtime import DATA_ENV_PREFIX, run_payload
-from .store import JobInfo, Store
+from .. import private
+from ..runtime import DATA_ENV_PREFIX, run_payload
+from ..store import JobInfo, Store
 
 PR_SET_PDEATHSIG = 1
 
@@ -251,7 +251,7 @@ def _exec_as_owner(
         meta = {"sys_path": context.get("sys_path") or []}
         private.write_file(folder / f"job-{rank}.json", json.dumps(meta).encode())
         python = context.get("executable") or sys.executable
-        argv = [python, "-m", "jupyter_dlsched.jobrun", str(folder), str(rank)]
+        argv = [python, "-m", "jupyter_dlsched.local.jobrun", str(folder), str(rank)]
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd > 2:

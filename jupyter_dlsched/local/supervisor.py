@@ -7,7 +7,7 @@ enforces time limit, memory limit, cancellation and preemption, records how
 the job ended, and then ticks the scheduler once so the queue keeps draining
 with no kernel or server alive.
 
-    python -m jupyter_dlsched.worker --home DLSCHED_HOME JOB_ID
+    python -m jupyter_dlsched.local.supervisor --home DLSCHED_HOME JOB_ID
 """
 
 from __future__ import annotations
@@ -26,13 +26,21 @@ from typing import Any
 
 import psutil
 
-from . import private
-from .errors import IllegalTransition, JobNotFound, LedgerUnavailable, UnsafeStateFolder
+from .. import private
+from ..agent.client import AgentClient, agent_wanted, notify, user_address
+from ..errors import (
+    DlschedError,
+    IllegalTransition,
+    JobNotFound,
+    LedgerUnavailable,
+    UnsafeStateFolder,
+)
+from ..runtime import STOP_FILE
+from ..scheduler import Scheduler
+from ..settings import Settings
+from ..store import JobInfo, RunEnd, Store, disk_full
+from ..units import format_size
 from .jobproc import cores_for, job_environment, start_ranks
-from .runtime import STOP_FILE
-from .settings import Settings
-from .store import JobInfo, RunEnd, Store, disk_full
-from .units import format_size
 
 POLL_SECONDS = 0.2
 #: Seconds a job runs before its pid is written to the ledger.
@@ -106,9 +114,6 @@ def _tell_agent(address: str | bytes, job_id: str, home: str | os.PathLike[str])
     This user's agent is started again if it has gone (it is the only one that
     decides); a shared pool's service that is down decides when it is back.
     """
-    from .agent.client import AgentClient, notify
-    from .errors import DlschedError
-
     if isinstance(address, str):
         notify(address, {"op": "ended", "id": job_id})
         return
@@ -141,7 +146,7 @@ class Usage:
         self.peak_rss = max(self.peak_rss, rss)
         self.cpu_time = max(self.cpu_time, _cpu_seconds(tree))
         if gpus:
-            from .gpu_watch import job_gpu_memory
+            from ..gpu_watch import job_gpu_memory
 
             held = job_gpu_memory({p.pid for p in tree})
             if held:
@@ -250,7 +255,7 @@ def _monitor(
             elif row.preempt_requested:
                 stop("preempt", "preempted by a higher-priority job")
         if job.time_limit is not None and now - started >= job.time_limit:
-            from .units import format_duration
+            from ..units import format_duration
 
             stop("timeout", f"time limit {format_duration(job.time_limit)} reached")
         limits = bool(job.mem or grants)
@@ -315,7 +320,7 @@ def _gpu_over_grant(tree: list[psutil.Process], grants: dict[int, int]) -> str |
     if not grants:
         return None
     try:
-        from .gpu_watch import job_gpu_memory
+        from ..gpu_watch import job_gpu_memory
     except ImportError:
         return None
     used = job_gpu_memory({p.pid for p in tree})
@@ -403,10 +408,6 @@ def _run_end(job: JobInfo, outcome: Outcome, folder: Path, owner: int | None = N
 def wake_pool(home: str | os.PathLike[str]) -> None:
     """Have the pool decide now: this user's agent when the pool has one (started again if
     it has gone), else a tick on the ledger directly."""
-    from .agent.client import AgentClient, agent_wanted
-    from .agent.service import user_address
-    from .errors import DlschedError
-
     if not agent_wanted():
         tick_after(home)
         return
@@ -421,8 +422,6 @@ def tick_after(home: str | os.PathLike[str]) -> None:
     if not (Path(home) / "ledger.sqlite").exists():
         return  # the state folder was removed while the job ran: nothing to schedule
     try:
-        from .scheduler import Scheduler
-
         # the ledger directly: this supervisor belongs to a pool run without an agent
         with Scheduler(home, backend="local", loop=False, probe_pool=False, agent=False) as sched:
             sched.tick()
