@@ -100,11 +100,14 @@ class Scheduler(Deciding):
         in_process = policy is not None and not isinstance(policy, str)
         if backend_name in (None, "local") and not in_process and not backend_options:
             self.link = connect(home, socket_path=socket_path, agent=agent)
+        elif backend_name == "ray" and not in_process and socket_path is None:
+            # Ray jobs are run by this user's agent's Ray driver: they outlive this process
+            self.link = connect(home, agent=agent, shared_pool=False)
         elif socket_path is not None or agent:
             raise SpecError(
                 "agent",
                 socket_path or agent,
-                "the local backend and a policy by name (a pool "
+                "the local or ray backend and a policy by name (a pool "
                 "agent runs the policy in its own process)",
             )
         self._policy_object: Policy | None = None
@@ -121,6 +124,8 @@ class Scheduler(Deciding):
         if cache_dir is not None or cache_max is not None:
             self.configure_cache(folder=cache_dir, max_size=cache_max)
         self.backend = make_backend(backend_name or "local", self, **backend_options)
+        if self.link is not None and self.backend.name == "ray":
+            self.link.join_ray(**self.backend.driver_options())  # type: ignore[attr-defined]
         self.inventory_key = (
             "inventory" if self.backend.name == "local" else f"inventory:{self.backend.name}"
         )
@@ -299,6 +304,7 @@ class Scheduler(Deciding):
                 origin=origin(),
                 options=resources,
                 inline=inline_fn is not None,
+                backend=self.backend.name,
             )
             if inline_fn is not None:
                 self._inline.register(job_id, inline_fn)
@@ -357,6 +363,7 @@ class Scheduler(Deciding):
                 default_name=getattr(fn, "__name__", type(fn).__name__),
                 origin=origin(),
                 options=resources,
+                backend=self.backend.name,
             )
             linked = [JobHandle(self, job_id) for job_id in ids]
             for handle in linked:
@@ -478,17 +485,31 @@ class Scheduler(Deciding):
     def status(self) -> dict[str, Any]:
         """Counts by state and the pool's shape, for the CLI, REST and status bar."""
         if self.link is not None:
-            return self.link.status()
-        counts = self.store.count_jobs()
-        inventory = self.inventory
-        running = self.store.jobs(states=["running"])
-        busy = {i for j in running if j.placement for i in j.placement.gpus}
+            status = self.link.status()
+            if self.backend.name != "local":
+                status.update(self._shape())  # the agent's own pool is the local one
+            return status
         return {
             "version": __version__,
             "home": str(self.home),
             "backend": self.backend.name,
             "policy": getattr(self.policy(), "name", str(self.settings.policy)),
-            "counts": counts,
+            "counts": self.store.count_jobs(),
+            **self._shape(),
+        }
+
+    def _shape(self) -> dict[str, Any]:
+        """This backend's name and pool: GPUs (total, busy, simulated), CPUs, memory."""
+        inventory = self.inventory
+        running = self.store.jobs(states=["running"])
+        busy = {
+            i
+            for j in running
+            if j.placement and j.backend == self.backend.name
+            for i in j.placement.gpus
+        }
+        return {
+            "backend": self.backend.name,
             "gpus": {
                 "total": len(inventory.get("gpus", [])),
                 "busy": len(busy),

@@ -473,6 +473,14 @@ class Store:
             counts[state] = n
         return counts
 
+    def count_active(self, backend: str) -> int:
+        """Jobs on ``backend`` waiting or running."""
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE backend=? AND state IN ('queued','preempted','running')",
+            (backend,),
+        ).fetchone()
+        return int(row[0])
+
     def count_waiting(self, uid: int) -> int:
         """Jobs of user ``uid`` waiting to start (``queued`` or ``preempted``)."""
         row = self.db.execute(

@@ -85,17 +85,45 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespac
 
 
 @pytest.fixture
-def sched(
-    cluster: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Scheduler]:
+def ray_env(cluster: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The environment of a notebook on this cluster: its address, the ray backend."""
     monkeypatch.setenv("DLSCHED_HOME", str(tmp_path / "dlsched"))
     monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
     monkeypatch.setenv("DLSCHED_BACKEND", "ray")
-    with Scheduler(home=tmp_path / "dlsched") as s:
-        yield s
-        for job in s.jobs(state=["queued", "running", "preempted"]):
-            s.cancel(job.id)
-        until(lambda: all(j.state in TERMINAL for j in s.jobs()), timeout=30)
+    monkeypatch.setenv("DLSCHED_RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    return tmp_path / "dlsched"
+
+
+@pytest.fixture
+def sched(ray_env: Path) -> Iterator[Scheduler]:
+    """A scheduler whose Ray jobs the pool agent's Ray driver runs (the default)."""
+    try:
+        with Scheduler(home=ray_env) as s:
+            yield s
+            for job in s.jobs(state=["queued", "running", "preempted"]):
+                s.cancel(job.id)
+            until(lambda: all(j.state in TERMINAL for j in s.jobs()), timeout=30)
+    finally:
+        stop_pool(ray_env)
+
+
+def stop_pool(home: Path) -> None:
+    """Stop the Ray driver and the agent of ``home`` (they would exit when idle)."""
+    from jupyter_dlsched.agent.client import AgentClient
+    from jupyter_dlsched.agent.service import user_address
+    from jupyter_dlsched.backends.ray_driver import driver_alive
+    from jupyter_dlsched.store import Store
+
+    if not (home / "ledger.sqlite").exists():
+        return
+    pid = Store(home).get_meta("ray_driver_pid")
+    if isinstance(pid, int) and driver_alive(home):
+        os.kill(pid, signal.SIGTERM)
+        until(lambda: not driver_alive(home), timeout=30)
+    try:
+        AgentClient(user_address(home)).call("stop")
+    except Exception:
+        pass
 
 
 # -- what runs inside the jobs (imported by the Ray workers through the job's sys.path) ----
@@ -190,15 +218,21 @@ def test_cluster_stays_on_loopback_and_out_of_the_home_folder(
     assert list(Path(cluster.home).iterdir()) == []
 
 
-def test_scheduler_with_ray_backend_reuses_the_connection_and_lists_the_cluster(
+def test_scheduler_with_ray_backend_lists_the_cluster_its_driver_joined(
     sched: Scheduler,
 ) -> None:
-    assert isinstance(sched.backend, RayBackend)
     inventory = sched.inventory
     assert inventory["cpus"] == 2
     assert [(g["index"], g["group"]) for g in inventory["gpus"]] == [(0, 0), (1, 0)]
     assert sched.status()["backend"] == "ray"
     assert len(sched.pool().gpus) == 2
+
+
+def test_without_the_agent_a_scheduler_reuses_this_processs_connection(ray_env: Path) -> None:
+    with Scheduler(home=ray_env, agent=False) as s:
+        assert isinstance(s.backend, RayBackend)
+        assert s.inventory["cpus"] == 2 and len(s.pool().gpus) == 2
+        assert s.submit(double, 4).result(timeout=60) == 8
 
 
 def test_function_round_trip_returns_result_and_streams_output_to_the_log(
@@ -369,7 +403,7 @@ HAND_BACK_SCRIPT = """
 import sys, time
 from jupyter_dlsched.scheduler import Scheduler
 
-s = Scheduler(home=sys.argv[1], backend="ray")
+s = Scheduler(home=sys.argv[1], backend="ray", agent=False)
 h = s.submit(time.sleep, 2, name="outlives-its-kernel")
 while h.info().job_pid is None:
     time.sleep(0.02)
@@ -391,12 +425,69 @@ def test_job_of_an_exiting_process_is_requeued_for_the_next_participant(
     )
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
-    with Scheduler(home=home, backend="ray") as s:
+    with Scheduler(home=home, backend="ray", agent=False) as s:
         h = s.get(job_id)
         reasons = [e["reason"] for e in s.store.events(job_id)]
         assert "requeued: the process that ran it on Ray exited" in reasons
         assert h.result(timeout=60) is None
         assert h.info().attempts == 1  # the interrupted run is not counted
+
+
+KERNEL_SCRIPT = """
+import sys, time
+from jupyter_dlsched.scheduler import Scheduler
+import test_ray
+
+s = Scheduler(home=sys.argv[1], backend="ray")
+h = s.submit(test_ray.wait_for, sys.argv[2], "released")
+while h.info().job_pid is None:
+    time.sleep(0.02)
+print(h.id, flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_a_ray_job_outlives_the_kernel_that_queued_it(ray_env: Path, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL_SCRIPT, str(ray_env), str(release)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert kernel.stdout is not None
+        job_id = kernel.stdout.readline().strip()
+        assert job_id, "the kernel queued nothing"
+        kernel.kill()  # kill -9 of the kernel, with its Ray job running
+        kernel.wait(timeout=30)
+        with Scheduler(home=ray_env) as s:
+            h = s.get(job_id)
+            time.sleep(1.0)
+            assert h.state == "running"  # not handed back, not lost
+            release.touch()
+            assert h.result(timeout=60) == "released"
+            states = [e["to_state"] for e in s.store.events(job_id)]
+            assert states == ["queued", "running", "succeeded"], states
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+        stop_pool(ray_env)
+
+
+def test_the_agent_restarts_a_killed_ray_driver_and_the_queue_moves_on(
+    sched: Scheduler, tmp_path: Path
+) -> None:
+    from jupyter_dlsched.backends.ray_driver import driver_alive
+
+    assert sched.submit(double, 1).result(timeout=60) == 2
+    pid = sched.store.get_meta("ray_driver_pid")
+    os.kill(pid, signal.SIGKILL)
+    until(lambda: not driver_alive(sched.home), timeout=30)
+    h = sched.submit(double, 5)
+    assert h.result(timeout=120) == 10
+    assert sched.store.get_meta("ray_driver_pid") != pid
 
 
 def test_time_limit_ends_the_task(sched: Scheduler) -> None:

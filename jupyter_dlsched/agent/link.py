@@ -28,6 +28,7 @@ from ..local.launcher import code_stamp
 from ..schema import JobInfo, info_from_json
 from ..spec import _after, parse_stage_in
 from .client import AgentClient, agent_wanted, shared_socket, user_address
+from .protocol import AgentUnavailable
 
 
 def connect(
@@ -35,10 +36,12 @@ def connect(
     *,
     socket_path: str | os.PathLike[str] | None = None,
     agent: bool | None = None,
+    shared_pool: bool = True,
 ) -> AgentLink | None:
-    """The agent a new scheduler should go through, or None to use the ledger directly."""
+    """The agent a new scheduler should go through, or None to use the ledger directly
+    (``shared_pool=False``: this user's own agent even where a shared pool serves)."""
     shared = str(socket_path) if socket_path is not None else None
-    if shared is None and agent is not False:
+    if shared is None and agent is not False and shared_pool:
         shared = shared_socket()
     if shared is not None:
         return AgentLink(AgentClient(shared), shared=True)
@@ -106,6 +109,7 @@ class AgentLink:
         origin: str,
         options: dict[str, Any],
         inline: bool = False,
+        backend: str = "local",
     ) -> list[str]:
         """Queue ``jobs`` (each its files) with the same options; their ids."""
         blobs: list[bytes] = []
@@ -129,8 +133,47 @@ class AgentLink:
             options=wire_options(options),
             inline=inline,
             jobs=items,
+            backend=backend,
         )
         return list(reply["ids"])
+
+    def join_ray(
+        self,
+        address: str | None,
+        gpu_mem: int | str | None,
+        init_options: dict[str, Any],
+        timeout: float = 180.0,
+    ) -> dict[str, Any]:
+        """Have the agent keep a Ray driver on the cluster at ``address``; the cluster's
+        inventory once the driver has joined it (Ray's first start takes seconds)."""
+        import json
+        import time
+
+        try:
+            json.dumps(init_options)
+        except (TypeError, ValueError):
+            raise SpecError(
+                "init_options",
+                init_options,
+                "JSON values (they travel to the pool agent's Ray driver; agent=False keeps "
+                "Ray in this process)",
+            ) from None
+        deadline = time.monotonic() + timeout
+        seen_alive = False
+        while True:
+            reply = self.client.call(
+                "ray", address=address, gpu_mem=gpu_mem, init_options=init_options
+            )
+            if reply["inventory"] is not None:
+                return dict(reply["inventory"])
+            seen_alive = seen_alive or reply["alive"]
+            if (seen_alive and not reply["alive"]) or time.monotonic() > deadline:
+                tail = str(reply.get("log") or "").strip().splitlines()[-12:]
+                raise AgentUnavailable(
+                    "the pool agent's Ray driver did not join the cluster"
+                    + (":\n" + "\n".join(tail) if tail else "")
+                )
+            time.sleep(0.1)
 
     def cancel(self, job_id: str) -> JobInfo:
         return info_from_json(self.client.call("cancel", id=job_id)["job"])

@@ -43,7 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import private
 from .._version import __version__
+from ..backends.base import refuse_stage_in
 from ..backends.local import LocalBackend
 from ..errors import DlschedError, JobNotFound, LedgerUnavailable, PermissionDenied, SpecError
 from ..local.launcher import code_stamp
@@ -74,6 +76,8 @@ MAX_PROGRESS = 64 * 1024
 SPARE_DELAY = 0.05
 #: Waiting jobs whose place in line changed that are written at once; more wait up to 1 s.
 POSITIONS_AT_ONCE = 200
+#: Seconds before a Ray driver that did not come up is started again.
+RAY_DRIVER_RETRY = 30.0
 #: Seconds before an allocated job nobody claimed is launched again.
 RELAUNCH_AFTER = 5.0
 _UCRED = struct.Struct("3i")
@@ -218,6 +222,7 @@ class Agent:
         #: a supervisor forked ahead of time: (pid, the pipe its job id is written to)
         self._spare: tuple[int, int] | None = None
         self._spare_after = 0.0
+        self._ray_started = 0.0  # time.monotonic() the Ray driver was last started
         self._names: dict[int, tuple[str, bool, float]] = {}
         self.code = code_stamp()
         self._ops: dict[str, Callable[[Peer, dict[str, Any], list[bytes]], dict[str, Any] | None]]
@@ -241,6 +246,7 @@ class Agent:
             "tick": self._tick_request,
             "settings": self._settings,
             "cache": lambda peer, msg, blobs: {"cache": self._cache_info()},
+            "ray": self._ray,
             "stop": self._stop,
         }
 
@@ -350,7 +356,7 @@ class Agent:
         store = self._store
         version = store.data_version()
         last_change = last_tick = last_busy = time.monotonic()
-        last_refill = last_warned = 0.0
+        last_refill = last_warned = last_ray = 0.0
         while not self._stopping:
             quiet = time.monotonic() - last_change
             timeout = 0.0 if self._dirty else min(0.25, max(0.002, quiet / 20))
@@ -385,6 +391,9 @@ class Agent:
                 if now - last_refill >= 30.0:
                     last_refill = now
                     store.reserve.refill()
+                if now - last_ray >= 5.0:
+                    last_ray = now
+                    self._keep_ray_driver()  # a Ray job waits or runs: a driver must serve it
             except LedgerUnavailable as error:
                 if now - last_warned >= 60.0:
                     last_warned = now
@@ -406,8 +415,9 @@ class Agent:
         self.sched.tick()
 
     def _has_waiting(self) -> bool:
+        """Whether a job waits, or a Ray job runs (its driver is kept alive by this agent)."""
         counts = self._store.count_jobs()
-        return any(counts.get(s, 0) for s in WAITING)
+        return any(counts.get(s, 0) for s in WAITING) or bool(self._store.count_active("ray"))
 
     # -- connections ------------------------------------------------------------------------
 
@@ -691,13 +701,24 @@ class Agent:
                 options["stage_in"],
                 "no stage_in in a shared pool yet (read the data from its source)",
             )
+        backend = msg.get("backend") or "local"
+        if backend == "ray":
+            inventory = self._ray_inventory()
+        elif backend == "local":
+            inventory = self.sched.inventory
+        else:
+            raise SpecError("backend", backend, '"local" or "ray" through a pool agent')
         spec = build_spec(
-            capacity=idle_capacity(self.sched.inventory),
+            capacity=idle_capacity(inventory),
             kind=str(msg.get("kind", "function")),
             default_name=str(msg.get("default_name", "job")),
             origin=str(msg.get("origin", "")),
             **options,
         )
+        if backend == "ray":
+            if inline:
+                raise SpecError("inline", True, "no --inline with the ray backend")
+            refuse_stage_in("ray", spec)
         self._check_priority(peer, spec.priority)
         jobs = msg.get("jobs")
         if not isinstance(jobs, list) or not jobs:
@@ -708,10 +729,117 @@ class Agent:
             files = {str(name): blobs[int(index)] for name, index in item["files"].items()}
             batch.append((self._store.new_id(), spec, files))
         self._store.insert_jobs(
-            batch, owner=peer.user, uid=peer.uid, backend="local", inline=inline
+            batch, owner=peer.user, uid=peer.uid, backend=backend, inline=inline
         )
         self._dirty = True
+        if backend == "ray":
+            self._keep_ray_driver()
         return {"ids": [job_id for job_id, _, _ in batch]}
+
+    # -- Ray jobs: run by the ledger's Ray driver, which this agent keeps alive ----------------
+
+    def _ray(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        """Join the Ray cluster ``address`` (with cards of ``gpu_mem``): keep a driver on it;
+        its inventory once the driver has joined (ask again until then)."""
+        from ..backends.ray_driver import OPTIONS_KEY, describe, driver_alive
+
+        if self.shared:
+            raise SpecError(
+                "backend", "ray", "the local backend in a shared pool (Ray is per user)"
+            )
+        options = {
+            "address": msg.get("address"),
+            "gpu_mem": msg.get("gpu_mem"),
+            "init_options": msg.get("init_options") or {},
+        }
+        if not (
+            all(
+                options[k] is None or isinstance(options[k], str | int)
+                for k in ("address", "gpu_mem")
+            )
+            and isinstance(options["init_options"], dict)
+        ):
+            raise SpecError("ray options", options, "an address, a card size, ray.init options")
+        current = self._store.get_meta(OPTIONS_KEY)
+        if current != options:
+            if driver_alive(self.home) and self._store.count_active("ray"):
+                raise SpecError(
+                    "address",
+                    options["address"],
+                    f"the cluster this ledger's Ray jobs run on now ({describe(current)}); "
+                    "wait for them to end, or use another state folder",
+                )
+            self._stop_ray_driver()
+            self._store.set_meta(OPTIONS_KEY, options)
+            self._store.set_meta("inventory:ray", None)
+        self._keep_ray_driver(force=True)
+        return {
+            "inventory": self._store.get_meta("inventory:ray"),
+            "alive": driver_alive(self.home),
+            "log": self._ray_log_tail(),
+        }
+
+    def _ray_inventory(self) -> dict[str, Any]:
+        inventory = self._store.get_meta("inventory:ray")
+        if inventory is None:
+            raise SpecError(
+                "backend", "ray", "a Ray cluster joined first (Scheduler(backend='ray') does it)"
+            )
+        return dict(inventory)
+
+    def _keep_ray_driver(self, force: bool = False) -> None:
+        """Start the Ray driver if a Ray job waits or runs (or ``force``) and none serves."""
+        import subprocess
+
+        from ..backends.ray_driver import driver_alive
+
+        if not force and not self._store.count_active("ray"):
+            return
+        if driver_alive(self.home):
+            return
+        if time.monotonic() - self._ray_started < RAY_DRIVER_RETRY:
+            return  # one is starting, or the last failed: its log says why
+        self._ray_started = time.monotonic()
+        log_fd = private.open_append(self.home / "ray-driver.log")
+        try:
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "jupyter_dlsched.backends.ray_driver",
+                    "--home",
+                    str(self.home),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,  # lives on when this agent exits
+            )
+        finally:
+            os.close(log_fd)
+
+    def _stop_ray_driver(self) -> None:
+        from ..backends.ray_driver import driver_alive
+
+        pid = self._store.get_meta("ray_driver_pid")
+        if isinstance(pid, int) and driver_alive(self.home):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 30
+            while driver_alive(self.home) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self._ray_started = 0.0
+
+    def _ray_log_tail(self) -> str:
+        try:
+            with open(self.home / "ray-driver.log", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4000))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _check_priority(self, peer: Peer, priority: int) -> None:
         if peer.admin or self.config is None:

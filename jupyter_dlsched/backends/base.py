@@ -48,13 +48,7 @@ class Backend(ABC):
 
     def check(self, spec: JobSpec) -> None:
         """Raise ``SpecError`` for a request this backend cannot run, before it is stored."""
-        if spec.stage_in:
-            raise SpecError(
-                "stage_in",
-                spec.stage_in,
-                f"no stage_in with the {self.name} backend: data is staged into this "
-                "machine's cache, for local jobs only",
-            )
+        refuse_stage_in(self.name, spec)
 
     def policy(self) -> Policy | None:
         """The policy to use instead of the ledger's (None: the ledger's)."""
@@ -82,3 +76,14 @@ class Backend(ABC):
     def close(self) -> None:
         """Release what the backend holds; jobs keep running."""
         return None
+
+
+def refuse_stage_in(backend: str, spec: JobSpec) -> None:
+    """``SpecError`` for a request with ``stage_in`` to a backend other than ``local``."""
+    if spec.stage_in:
+        raise SpecError(
+            "stage_in",
+            spec.stage_in,
+            f"no stage_in with the {backend} backend: data is staged into this "
+            "machine's cache, for local jobs only",
+        )

@@ -96,6 +96,17 @@ class RayBackend(Backend):
         _live_backends.add(self)
         _register_hand_back()
 
+    def driver_options(self) -> dict[str, Any]:
+        """What the pool agent's Ray driver needs to join the cluster this backend names:
+        the address given (or of the cluster this process is connected to), the card
+        size and the ``ray.init`` options."""
+        address = self.address
+        ray = ray_module()
+        if address is None and ray.is_initialized():
+            address = ray.get_runtime_context().gcs_address
+        gpu_mem = self.gpu_mem if self.gpu_mem != DEFAULT_GPU_MEM else None
+        return {"address": address, "gpu_mem": gpu_mem, "init_options": self.init_options}
+
     def connect(self) -> Any:
         """The ``ray`` module, connected: on first use, so reading the queue needs no cluster."""
         ray = ray_module()
@@ -148,15 +159,27 @@ class RayBackend(Backend):
         }
 
     def pool(self) -> PoolInfo:
-        """The cluster now: Ray's free CPUs and memory, each GPU with the jobs granted on it."""
-        ray = self.connect()
+        """The cluster now: Ray's free CPUs and memory, each GPU with the jobs granted on it.
+
+        Through a pool agent (its Ray driver holds the connection, this process none)
+        CPU and memory use are what the running jobs were granted."""
         assert self.scheduler is not None
         inventory = self.scheduler.inventory
-        total, free = ray.cluster_resources(), ray.available_resources()
-        cpus_total = total.get("CPU", 0.0)
-        busy = 1.0 - free.get("CPU", 0.0) / cpus_total if cpus_total else 0.0
-        mem_total = int(total.get("memory", 0))
-        mem_used = mem_total - int(free.get("memory", 0))
+        if getattr(self.scheduler, "link", None) is not None and not ray_module().is_initialized():
+            granted = [
+                j for j in self.scheduler.store.jobs(states=["running"]) if j.backend == self.name
+            ]
+            cpus_total = float(inventory.get("cpus", 0))
+            busy = sum(j.cpus for j in granted) / cpus_total if cpus_total else 0.0
+            mem_total = int(inventory.get("mem_total", 0))
+            mem_used = sum(j.mem for j in granted)
+        else:
+            ray = self.connect()
+            total, free = ray.cluster_resources(), ray.available_resources()
+            cpus_total = total.get("CPU", 0.0)
+            busy = 1.0 - free.get("CPU", 0.0) / cpus_total if cpus_total else 0.0
+            mem_total = int(total.get("memory", 0))
+            mem_used = mem_total - int(free.get("memory", 0))
         gpus = [
             GpuInfo(g["index"], g["uuid"], g["name"], g["mem_total"], group=g.get("group"))
             for g in inventory.get("gpus", [])
