@@ -72,3 +72,30 @@ def test_the_store_applies_the_rule_and_keeps_what_the_runner_measured(sched):
 def test_an_inline_job_refuses_retries_because_it_runs_once_in_this_process(sched):
     with pytest.raises(SpecError, match="runs once"):
         sched.submit_inline(lambda info: None, retries=2)
+
+
+@pytest.mark.parametrize("end", ["exit 3", "exit 0", "SIGKILL", "SIGSEGV"])
+def test_a_peeked_exit_status_reads_as_the_reaped_one(end: str) -> None:
+    """The supervisor peeks at its job's group leader (``waitid(WNOWAIT)``) and reaps it only
+    after killing the group; the status it peeked must be the one ``wait4`` then gives."""
+    import os
+    import signal
+
+    from jupyter_dlsched.local.supervisor import _wait_status
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if end.startswith("exit"):
+                os._exit(int(end.split()[1]))
+            if end != "SIGKILL":
+                signal.signal(getattr(signal, end), signal.SIG_DFL)
+            os.kill(os.getpid(), getattr(signal, end))
+        finally:
+            os._exit(99)
+    peeked = _wait_status(os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT))
+    _, reaped, _ = os.wait4(pid, 0)
+    assert peeked == reaped
+    assert os.waitstatus_to_exitcode(peeked) == (
+        int(end.split()[1]) if end.startswith("exit") else -getattr(signal, end)
+    )

@@ -224,8 +224,13 @@ def _monitor(
             pid = pidfds[fd]
             poller.unregister(fd)
             os.close(fd)
-            _, status, rusage = os.wait4(pid, 0)
-            outcome.usage.reaped(rusage)
+            if pid == pgid:
+                # the group's leader is reaped last, after the group is killed: until then
+                # its number (the group's) cannot be given to another process
+                status = _wait_status(os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT))
+            else:
+                _, status, rusage = os.wait4(pid, 0)
+                outcome.usage.reaped(rusage)
             statuses[pid] = status
             if status != 0 and len(pids) > 1 and outcome.stop_reason is None:
                 rank = pids.index(pid)
@@ -279,6 +284,8 @@ def _monitor(
             _signal_group(pgid, signal.SIGKILL)
             kill_at = None
     _signal_group(pgid, signal.SIGKILL)  # whatever the job left behind in its group
+    _, _, rusage = os.wait4(pgid, 0)  # the leader, kept as a zombie until now
+    outcome.usage.reaped(rusage)
     bad = [st for st in statuses.values() if st != 0]
     outcome.status = statuses[pgid] if statuses[pgid] != 0 or not bad else bad[0]
     return outcome
@@ -331,6 +338,14 @@ def _gpu_over_grant(tree: list[psutil.Process], grants: dict[int, int]) -> str |
                 f"limit {format_size(limit)} on GPU {index}"
             )
     return None
+
+
+def _wait_status(result: os.waitid_result | None) -> int:
+    """The ``wait()`` status word of a ``waitid`` result (an exit code, or a signal)."""
+    assert result is not None
+    if result.si_code == os.CLD_EXITED:
+        return result.si_status << 8
+    return result.si_status | (0x80 if result.si_code == os.CLD_DUMPED else 0)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
