@@ -322,3 +322,38 @@ def test_a_shared_socket_is_created_open_to_all_and_a_planted_link_is_not_follow
         assert target.stat().st_mode & 0o777 == 0o600 and target.read_text() == "keep"
     finally:
         agent.close()
+
+
+def test_an_idle_agent_exits_and_the_next_client_starts_another(home, monkeypatch):
+    monkeypatch.setenv("DLSCHED_AGENT_IDLE", "1")
+    with Scheduler(home, agent=True) as s:
+        assert s.submit(pow, 2, 4).result(timeout=30) == 16
+        first = int(s.link.hello["pid"])
+    wait_for(lambda: _zombie(first), timeout=30)  # nobody connected, nothing waiting
+    with Scheduler(home, agent=True) as s:
+        assert int(s.link.hello["pid"]) != first
+        assert s.submit(pow, 2, 5).result(timeout=30) == 32
+
+
+def test_a_client_replaces_an_agent_that_runs_other_code(home):
+    from pathlib import Path
+
+    import jupyter_dlsched.agent.service as service
+
+    with Scheduler(home, agent=True) as s:
+        first = int(s.link.hello["pid"])
+        job = s.submit(sleeper, 3, "survived")
+        wait_for(lambda: job.state == "running", timeout=30)
+    source = Path(service.__file__)
+    before = source.stat()
+    try:
+        # an upgrade: the agent's code on disk is newer than the running agent
+        os.utime(source, ns=(before.st_atime_ns, time.time_ns()))
+        time.sleep(2.1)  # this process re-reads the stamp at most every 2 s
+        with Scheduler(home, agent=True) as s:
+            assert int(s.link.hello["pid"]) != first
+            assert _zombie(first)  # one agent per ledger: the old one was stopped
+            # its running job carried on under its supervisor
+            assert s.get(job.id).result(timeout=30) == "survived"
+    finally:
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))

@@ -25,7 +25,7 @@ IDLE_EXIT = 600.0
 
 
 _stamp: tuple[float, str] = (0.0, "")
-_CODE_FOLDERS = ("", "local", "policy", "backends", "staging")  # what supervisors and stagers run
+_CODE_FOLDERS = ("", "agent", "local", "policy", "backends", "staging")  # what the agent runs
 
 
 def code_stamp() -> str:
