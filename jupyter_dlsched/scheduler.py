@@ -107,8 +107,11 @@ class Scheduler(Deciding):
             raise SpecError(
                 "agent",
                 socket_path or agent,
-                "the local or ray backend and a policy by name (a pool "
-                "agent runs the policy in its own process)",
+                "the local backend and a policy by name (a shared pool runs local jobs only, "
+                "and a pool agent runs the policy in its own process)"
+                if socket_path is not None
+                else "the local or ray backend and a policy by name (a pool agent runs the "
+                "policy in its own process)",
             )
         self._policy_object: Policy | None = None
         if self.link is not None:
@@ -125,7 +128,8 @@ class Scheduler(Deciding):
             self.configure_cache(folder=cache_dir, max_size=cache_max)
         self.backend = make_backend(backend_name or "local", self, **backend_options)
         if self.link is not None and self.backend.name == "ray":
-            self.link.join_ray(**self.backend.driver_options())  # type: ignore[attr-defined]
+            if probe_pool or self.store.get_meta("inventory:ray") is None:
+                self.link.join_ray(**self.backend.driver_options())  # type: ignore[attr-defined]
         self.inventory_key = (
             "inventory" if self.backend.name == "local" else f"inventory:{self.backend.name}"
         )

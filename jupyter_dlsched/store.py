@@ -313,6 +313,7 @@ class Store:
         """
         for job_id, _, _ in jobs:
             self.spool(job_id)  # validates the id
+        clock = now is None
         now = time.time() if now is None else now
         blobs: dict[str, bytes] = {}
         names: list[str] = []
@@ -324,6 +325,13 @@ class Store:
                 refs[name] = digest
             names.append(json.dumps(refs))
         with self.transaction() as db:
+            if clock:
+                # submit order and submit times agree (the clock read before the write lock,
+                # or stepped back): a deep queue's lanes rely on it (tick.QueueIndex)
+                latest = db.execute("SELECT submitted FROM jobs ORDER BY seq DESC LIMIT 1")
+                row = latest.fetchone()
+                if row is not None and row[0] is not None and row[0] > now:
+                    now = float(row[0])
             deps = sorted({dep for _, spec, _ in jobs for dep in spec.after})
             known = {
                 r[0]

@@ -285,6 +285,7 @@ class QueueIndex:
         #: waiting jobs with a dependency not known to have succeeded
         self.pending: dict[str, sqlite3.Row] = {}
         self.shapes: Counter[Request] = Counter()
+        self._shapes: frozenset[Request] | None = None  # of ``shapes``, until one comes or goes
         self.attempts = _Attempts(self.waiting)
         self._layout: Any = None
         self._lanes: dict[Any, _Lane] = {}
@@ -342,6 +343,8 @@ class QueueIndex:
 
     def _offer(self, job: QueuedJob) -> None:
         self.offered[job.id] = job
+        if not self.shapes[job.request]:
+            self._shapes = None
         self.shapes[job.request] += 1
         if self._layout is not None:
             lane, key = self._policy.lane(job)
@@ -355,6 +358,7 @@ class QueueIndex:
         self.shapes[job.request] -= 1
         if self.shapes[job.request] <= 0:
             del self.shapes[job.request]
+            self._shapes = None
         placed = self._lane_of.pop(job.id, None)
         if placed is not None:
             lane, key = placed
@@ -398,6 +402,8 @@ class QueueIndex:
             or (self._stale and time.monotonic() >= self.places_due_monotonic())
         ):
             return None
+        if policy.head({}, now, 0) is None:  # type: ignore[attr-defined]
+            return None  # it preempts or learns: it looks at the whole queue, keep no lanes
         if layout() != self._layout:
             self._layout, self._policy = layout(), policy
             self._build_lanes(policy)
@@ -405,7 +411,9 @@ class QueueIndex:
         lanes = {lane: kept.jobs for lane, kept in self._lanes.items()}
         queue = policy.head(lanes, now, self.HEAD)  # type: ignore[attr-defined]
         if queue is not None:
-            queue.shapes = frozenset(self.shapes)
+            if self._shapes is None:
+                self._shapes = frozenset(self.shapes)
+            queue.shapes = self._shapes
         return queue
 
     def _build_lanes(self, policy: Any) -> None:

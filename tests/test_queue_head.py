@@ -141,6 +141,53 @@ def test_a_settled_decision_on_the_head_starts_what_the_whole_queue_would(
         assert starts(quick) == starts(whole)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=queues(),
+    which=st.sampled_from([("fair", {}), ("priority", {}), ("fifo-ff", {})]),
+    k=st.integers(1, 6),
+    max_gpus=st.sampled_from([None, 1, 2]),
+    max_running=st.sampled_from([None, 1, 3]),
+)
+def test_per_user_limits_keep_a_settled_head_decision_exact(
+    case: tuple[list[QueuedJob], list[RunningJob], Capacity, float],
+    which: tuple[str, dict[str, Any]],
+    k: int,
+    max_gpus: int | None,
+    max_running: int | None,
+) -> None:
+    jobs, running, capacity, now = case
+    config = ServiceConfig(limits=Limits(max_gpus=max_gpus, max_running=max_running))
+    policy = LimitsGate(get_policy(which[0], **which[1]), config)
+    whole = policy(list(jobs), running, capacity, now)
+    quick = policy(head_of(policy, jobs, now, k), running, capacity, now)
+    if quick.settled:
+        assert starts(quick) == starts(whole)
+
+
+def test_an_owner_whose_head_jobs_are_all_held_back_keeps_a_fair_head_from_settling() -> None:
+    # bo's first jobs ask for more GPUs than bo may hold; the one behind them does not
+    config = ServiceConfig(limits=Limits(max_gpus=2))
+    policy = LimitsGate(get_policy("fair"), config)
+    now = 10_000.0
+    capacity = Capacity.empty(n_gpus=4, gpu_mem=16 * GIB, cpus=8, mem=64 * GIB)
+    ana_running, capacity = _running_on(capacity, "ana-r", "ana")
+    jobs = [QueuedJob(f"ana{i}", 100 + i, now, SHAPES[0], owner="ana") for i in range(6)]
+    jobs += [QueuedJob(f"bo{i}", 200 + i, now, SHAPES[2], owner="bo") for i in range(4)]
+    jobs.append(QueuedJob("bo-small", 300, now, SHAPES[0], owner="bo"))
+    whole = policy(list(jobs), [ana_running], capacity, now)
+    assert [s.job_id for s in whole.starts][0] == "bo-small"  # bo holds less: bo first
+    quick = policy(head_of(policy, jobs, now, 4), [ana_running], capacity, now)
+    assert not quick.settled
+
+
+def _running_on(capacity: Capacity, job_id: str, owner: str) -> tuple[RunningJob, Capacity]:
+    spot = place(SHAPES[0], capacity)
+    assert spot is not None
+    job = RunningJob(job_id, 1, 0.0, 0.0, SHAPES[0], spot, owner=owner)
+    return job, capacity.take(spot)
+
+
 def test_the_head_is_the_first_jobs_of_the_policys_own_order() -> None:
     policy = get_policy("priority")
     now = 10_000.0
@@ -268,3 +315,24 @@ def _until_free(s: Any, job_id: str, timeout: float = 30.0) -> None:
             raise TimeoutError(f"{job_id} still running")
         s.tick()
         time.sleep(0.05)
+
+
+def test_submit_times_follow_submit_order_even_when_the_clock_steps_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The priority policy's lanes keep each priority's jobs in submit-time order, which
+    must then be submit order: a clock read before the write lock (or stepped back) must
+    not give a later job an earlier time."""
+    import jupyter_dlsched.store as store_module
+    from jupyter_dlsched.spec import build_spec
+    from jupyter_dlsched.store import Store
+
+    store = Store(tmp_path / "ledger")
+    capacity = Capacity.empty(n_gpus=1, gpu_mem=16 * GIB, cpus=4, mem=64 * GIB)
+    spec = build_spec(capacity=capacity, kind="command", default_name="job")
+    clock = iter([1000.5, 999.6, 1001.0])
+    monkeypatch.setattr(store_module.time, "time", lambda: next(clock))
+    ids = [store.insert_job(spec, {}, owner="ana", uid=0).id for _ in range(3)]
+    monkeypatch.undo()
+    submitted = [store.get(job_id).submitted for job_id in ids]
+    assert submitted == [1000.5, 1000.5, 1001.0]

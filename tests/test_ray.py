@@ -531,3 +531,19 @@ def test_failing_rank_fails_the_distributed_job_with_its_traceback(sched: Schedu
         h.result(timeout=120)
     assert isinstance(caught.value.__cause__, RemoteTraceback)
     assert h.info().state == "failed"
+
+
+def test_a_driver_that_cannot_join_says_why_and_clients_of_the_old_cluster_are_refused(
+    sched: Scheduler, ray_env: Path
+) -> None:
+    from jupyter_dlsched.agent.protocol import AgentUnavailable
+    from jupyter_dlsched.errors import SpecError
+
+    assert sched.submit(double, 1).result(timeout=60) == 2
+    # another notebook asks for a cluster the driver cannot join (ray.init refuses it)
+    with pytest.raises(AgentUnavailable, match="no_such_option") as caught:
+        Scheduler(home=ray_env, init_options={"no_such_option": 1})
+    assert "did not join the cluster" in str(caught.value)
+    # the state folder's Ray jobs no longer go where this scheduler joined: refused, not moved
+    with pytest.raises(SpecError, match="another Scheduler switched to"):
+        sched.submit(double, 2)

@@ -70,6 +70,8 @@ class AgentLink:
             self.hello = self._restart_agent()
         self.home = Path(self.hello["home"])
         self._watch: AgentClient | None = None
+        #: the Ray cluster this client joined (``join_ray``), sent with its Ray jobs
+        self.ray: dict[str, Any] | None = None
 
     def _restart_agent(self) -> dict[str, Any]:
         import time
@@ -115,6 +117,7 @@ class AgentLink:
         blobs: list[bytes] = []
         index: dict[int, int] = {}
         items = []
+        extra: dict[str, Any] = {}
         for files in jobs:
             refs = {}
             for name, data in files.items():
@@ -124,6 +127,8 @@ class AgentLink:
                     blobs.append(data)
                 refs[name] = index[key]
             items.append({"files": refs})
+        if backend == "ray":
+            extra["ray"] = self.ray  # the cluster this client joined: refused if switched since
         reply = self.client.call(
             "submit",
             blobs,
@@ -134,6 +139,7 @@ class AgentLink:
             inline=inline,
             jobs=items,
             backend=backend,
+            **extra,
         )
         return list(reply["ids"])
 
@@ -159,15 +165,16 @@ class AgentLink:
                 "Ray in this process)",
             ) from None
         deadline = time.monotonic() + timeout
-        seen_alive = False
+        start = True
         while True:
             reply = self.client.call(
-                "ray", address=address, gpu_mem=gpu_mem, init_options=init_options
+                "ray", address=address, gpu_mem=gpu_mem, init_options=init_options, start=start
             )
+            start = False
             if reply["inventory"] is not None:
+                self.ray = {"address": address, "gpu_mem": gpu_mem, "init_options": init_options}
                 return dict(reply["inventory"])
-            seen_alive = seen_alive or reply["alive"]
-            if (seen_alive and not reply["alive"]) or time.monotonic() > deadline:
+            if reply["failed"] or time.monotonic() > deadline:
                 tail = str(reply.get("log") or "").strip().splitlines()[-12:]
                 raise AgentUnavailable(
                     "the pool agent's Ray driver did not join the cluster"
@@ -309,6 +316,8 @@ class RemoteLedger:
             if not rows:
                 return out
             out += [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+            if len(rows) < self.PAGE:
+                return out
             seq = out[-1][0]
 
     def events(self, job_id: str | None = None, since: int = 0) -> list[dict[str, Any]]:

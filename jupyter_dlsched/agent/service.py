@@ -78,6 +78,8 @@ SPARE_DELAY = 0.05
 POSITIONS_AT_ONCE = 200
 #: Seconds before a Ray driver that did not come up is started again.
 RAY_DRIVER_RETRY = 30.0
+#: Bytes of ray-driver.log before it is moved aside to ray-driver.log.1.
+RAY_LOG_MAX = 4 << 20
 #: Seconds before an allocated job nobody claimed is launched again.
 RELAUNCH_AFTER = 5.0
 _UCRED = struct.Struct("3i")
@@ -178,6 +180,31 @@ class AgentScheduler(Scheduler):
             self._tried = {k: v for k, v in self._tried.items() if now - v < 60.0}
 
 
+def _ray_options(msg: dict[str, Any]) -> dict[str, Any]:
+    """The cluster a ``ray`` request names: address, card size, ``ray.init`` options."""
+    options = {
+        "address": msg.get("address"),
+        "gpu_mem": msg.get("gpu_mem"),
+        "init_options": msg.get("init_options") or {},
+    }
+    if not (
+        all(options[k] is None or isinstance(options[k], str | int) for k in ("address", "gpu_mem"))
+        and isinstance(options["init_options"], dict)
+    ):
+        raise SpecError("ray options", options, "an address, a card size, ray.init options")
+    return options
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _page(msg: dict[str, Any]) -> int:
     """Rows one list request answers: its ``limit``, at most ``MAX_ROWS``."""
     limit = msg.get("limit")
@@ -223,6 +250,10 @@ class Agent:
         self._spare: tuple[int, int] | None = None
         self._spare_after = 0.0
         self._ray_started = 0.0  # time.monotonic() the Ray driver was last started
+        self._ray_pid: int | None = None  # and its process
+        self._ray_wanted = False  # a client asked for a driver that is not started yet
+        self._ray_stopping: int | None = None  # the driver of a cluster switched away from
+        self._ray_log_from = 0  # where its messages begin in ray-driver.log
         self._names: dict[int, tuple[str, bool, float]] = {}
         self.code = code_stamp()
         self._ops: dict[str, Callable[[Peer, dict[str, Any], list[bytes]], dict[str, Any] | None]]
@@ -286,7 +317,8 @@ class Agent:
             except FileNotFoundError:
                 pass
             # anyone may connect: who they are comes from SO_PEERCRED, not the file's mode.
-            # The mode is given at creation (a chmod afterwards would follow a planted link).
+            # The mode is given at creation (a chmod afterwards would follow a planted link);
+            # the umask is the process's, and no other thread exists yet to create a file.
             umask = os.umask(0o111)
             try:
                 listener.bind(str(self.socket_path))
@@ -702,7 +734,10 @@ class Agent:
                 "no stage_in in a shared pool yet (read the data from its source)",
             )
         backend = msg.get("backend") or "local"
+        if backend != "local" and self.shared:
+            raise SpecError("backend", backend, "the local backend in a shared pool")
         if backend == "ray":
+            self._check_ray_options(msg)
             inventory = self._ray_inventory()
         elif backend == "local":
             inventory = self.sched.inventory
@@ -741,43 +776,60 @@ class Agent:
     def _ray(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         """Join the Ray cluster ``address`` (with cards of ``gpu_mem``): keep a driver on it;
         its inventory once the driver has joined (ask again until then)."""
-        from ..backends.ray_driver import OPTIONS_KEY, describe, driver_alive
+        from ..backends.ray_driver import JOINED_KEY, OPTIONS_KEY, describe, driver_alive
 
         if self.shared:
             raise SpecError(
                 "backend", "ray", "the local backend in a shared pool (Ray is per user)"
             )
-        options = {
-            "address": msg.get("address"),
-            "gpu_mem": msg.get("gpu_mem"),
-            "init_options": msg.get("init_options") or {},
-        }
-        if not (
-            all(
-                options[k] is None or isinstance(options[k], str | int)
-                for k in ("address", "gpu_mem")
-            )
-            and isinstance(options["init_options"], dict)
-        ):
-            raise SpecError("ray options", options, "an address, a card size, ray.init options")
+        options = _ray_options(msg)
         current = self._store.get_meta(OPTIONS_KEY)
         if current != options:
-            if driver_alive(self.home) and self._store.count_active("ray"):
+            if self._store.count_active("ray"):
                 raise SpecError(
                     "address",
                     options["address"],
                     f"the cluster this ledger's Ray jobs run on now ({describe(current)}); "
                     "wait for them to end, or use another state folder",
                 )
-            self._stop_ray_driver()
             self._store.set_meta(OPTIONS_KEY, options)
             self._store.set_meta("inventory:ray", None)
-        self._keep_ray_driver(force=True)
+            self._stop_ray_driver()  # the next is started once it has gone
+            self._ray_wanted = True
+        if msg.get("start"):
+            self._ray_wanted = True  # a client's first ask starts a driver; later ones look
+        stopping = self._ray_stopping
+        if stopping is not None and not _process_exists(stopping):
+            stopping = self._ray_stopping = None  # the driver of the old cluster has gone
+        if self._ray_wanted and stopping is None and self._keep_ray_driver(force=True):
+            self._ray_wanted = False
+        joined = self._store.get_meta(JOINED_KEY) == options
+        alive = driver_alive(self.home)
+        pid = self._ray_pid
         return {
-            "inventory": self._store.get_meta("inventory:ray"),
-            "alive": driver_alive(self.home),
+            "inventory": self._store.get_meta("inventory:ray") if joined else None,
+            "alive": alive,
+            # the driver this agent started has exited without joining
+            "failed": pid is not None and not joined and not alive and not _process_exists(pid),
             "log": self._ray_log_tail(),
         }
+
+    def _check_ray_options(self, msg: dict[str, Any]) -> None:
+        """A Ray job is queued for the cluster its client joined, or refused."""
+        from ..backends.ray_driver import OPTIONS_KEY, describe
+
+        current = self._store.get_meta(OPTIONS_KEY)
+        joined = msg.get("ray")
+        if joined is not None and not isinstance(joined, dict):
+            raise SpecError("ray", joined, "the options of the cluster the client joined")
+        if joined is not None and _ray_options(joined) != current:
+            raise SpecError(
+                "backend",
+                "ray",
+                f"the cluster this state folder's Ray jobs now run on ({describe(current)}), "
+                "which another Scheduler switched to: make a new Scheduler(backend='ray') to "
+                "switch back",
+            )
 
     def _ray_inventory(self) -> dict[str, Any]:
         inventory = self._store.get_meta("inventory:ray")
@@ -787,22 +839,29 @@ class Agent:
             )
         return dict(inventory)
 
-    def _keep_ray_driver(self, force: bool = False) -> None:
-        """Start the Ray driver if a Ray job waits or runs (or ``force``) and none serves."""
+    def _keep_ray_driver(self, force: bool = False) -> bool:
+        """Start the Ray driver if a Ray job waits or runs (or ``force``) and none serves;
+        False when none serves and none was started."""
         import subprocess
 
         from ..backends.ray_driver import driver_alive
 
-        if not force and not self._store.count_active("ray"):
-            return
+        if self.shared or (not force and not self._store.count_active("ray")):
+            return False
         if driver_alive(self.home):
-            return
-        if time.monotonic() - self._ray_started < RAY_DRIVER_RETRY:
-            return  # one is starting, or the last failed: its log says why
+            return True
+        if self._ray_pid is not None and _process_exists(self._ray_pid):
+            return False  # the last one started has not bound its socket yet, or is exiting
+        if time.monotonic() - self._ray_started < RAY_DRIVER_RETRY and not force:
+            return False  # the last one failed: its log says why
         self._ray_started = time.monotonic()
-        log_fd = private.open_append(self.home / "ray-driver.log")
+        path = self.home / "ray-driver.log"
+        if path.exists() and path.stat().st_size > RAY_LOG_MAX:
+            path.replace(path.with_name("ray-driver.log.1"))
+        log_fd = private.open_append(path)
+        self._ray_log_from = os.fstat(log_fd).st_size
         try:
-            subprocess.Popen(
+            driver = subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
@@ -815,28 +874,30 @@ class Agent:
                 stderr=log_fd,
                 start_new_session=True,  # lives on when this agent exits
             )
+            self._ray_pid = driver.pid
         finally:
             os.close(log_fd)
+        return True
 
     def _stop_ray_driver(self) -> None:
+        """Ask the driver to hand its jobs back and exit (not waited for: the loop goes on)."""
         from ..backends.ray_driver import driver_alive
 
         pid = self._store.get_meta("ray_driver_pid")
         if isinstance(pid, int) and driver_alive(self.home):
             try:
                 os.kill(pid, signal.SIGTERM)
+                self._ray_stopping = pid
             except ProcessLookupError:
                 pass
-            deadline = time.monotonic() + 30
-            while driver_alive(self.home) and time.monotonic() < deadline:
-                time.sleep(0.05)
         self._ray_started = 0.0
 
     def _ray_log_tail(self) -> str:
+        """What the driver started last has written (its last 4 kB)."""
         try:
             with open(self.home / "ray-driver.log", "rb") as f:
                 f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 4000))
+                f.seek(max(self._ray_log_from, f.tell() - 4000))
                 return f.read().decode(errors="replace")
         except OSError:
             return ""

@@ -100,7 +100,7 @@ class RayBackend(Backend):
         """What the pool agent's Ray driver needs to join the cluster this backend names:
         the address given (or of the cluster this process is connected to), the card
         size and the ``ray.init`` options."""
-        address = self.address
+        address = self.address or os.environ.get("RAY_ADDRESS") or None
         ray = ray_module()
         if address is None and ray.is_initialized():
             address = ray.get_runtime_context().gcs_address

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import struct
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,8 @@ log = logging.getLogger("jupyter_dlsched.ray_driver")
 
 #: Ledger setting with the cluster the driver joins: ``{"address": ..., "gpu_mem": ...}``.
 OPTIONS_KEY = "ray"
+#: The options of the cluster whose ``inventory:ray`` the ledger holds (written by the driver).
+JOINED_KEY = "ray_joined"
 
 
 def driver_address(home: str | os.PathLike[str]) -> bytes:
@@ -40,13 +43,24 @@ def driver_address(home: str | os.PathLike[str]) -> bytes:
 
 
 def driver_alive(home: str | os.PathLike[str]) -> bool:
-    """Whether a Ray driver serves ``home`` now."""
+    """Whether a Ray driver of this user serves ``home`` now (never blocks: a driver still
+    joining its cluster has not accepted yet, and a full backlog means it lives)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
     try:
         probe.connect(driver_address(home))
+    except BlockingIOError:
         return True
     except OSError:
         return False
+    else:
+        uid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        if uid != os.getuid():
+            log.error(
+                "dlsched: the Ray driver's socket for %s is held by uid %d, not by you", home, uid
+            )
+            return False
+        return True
     finally:
         probe.close()
 
@@ -61,6 +75,9 @@ def serve(home: str | os.PathLike[str], idle_exit: float) -> int:
         holder.bind(driver_address(home))
     except OSError:
         holder.close()
+        if not driver_alive(home):
+            log.error("dlsched ray driver: %s: its socket is taken by another user", home)
+            return 1
         return 0  # another driver serves this ledger
     holder.listen(16)
     holder.setblocking(False)
@@ -80,6 +97,7 @@ def serve(home: str | os.PathLike[str], idle_exit: float) -> int:
             gpu_mem=options.get("gpu_mem"),
             init_options=options.get("init_options") or {},
         ) as s:
+            s.store.set_meta(JOINED_KEY, options)  # after the inventory: this cluster's
             log.info("dlsched ray driver: %s joined %s", home, address or "Ray's default cluster")
             busy_at = time.monotonic()
             while not stopping:

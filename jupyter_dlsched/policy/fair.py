@@ -100,6 +100,11 @@ class FairPolicy:
         ordered = queued if presorted(queued, submit_order) else sorted(queued, key=submit_order)
         for job in ordered:
             by_owner.setdefault(job.owner, []).append(job)
+        cut: frozenset[str] = getattr(queued, "cut", frozenset())  # owners with jobs behind a head
+        if cut - by_owner.keys():
+            # an owner whose jobs in the head were all held back (a limit, unstaged data) has
+            # others behind it that this call cannot see: it may not settle
+            shapes = None
 
         def share(owner: str) -> float:
             used = usage.get(owner, [0.0, 0.0, 0.0])
@@ -108,7 +113,6 @@ class FairPolicy:
         heap = [(share(o), jobs[0].seq, o) for o, jobs in by_owner.items()]
         heapq.heapify(heap)
         position = dict.fromkeys(by_owner, 0)
-        cut: frozenset[str] = getattr(queued, "cut", frozenset())  # owners with jobs behind a head
         while heap and not (lean and room.whole == 0):
             _, _, owner = heapq.heappop(heap)
             jobs = by_owner[owner]

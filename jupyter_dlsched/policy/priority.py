@@ -94,8 +94,9 @@ class PriorityPolicy:
 
         Jobs of one base priority without a deadline keep their order as they
         age (the earlier submitted has aged as much or more, then submit order
-        breaks ties), so each such lane stays sorted; jobs with deadlines share
-        a lane sorted again at each decision.
+        breaks ties; the ledger keeps submit times in submit order), so each
+        such lane stays sorted; jobs with deadlines share a lane sorted again
+        at each decision.
         """
         if job.deadline is not None:
             return _DEADLINE_LANE, job.seq
@@ -118,7 +119,7 @@ class PriorityPolicy:
             islice(jobs, k) for lane, jobs in lanes.items() if lane != _DEADLINE_LANE
         ]
         if lanes.get(_DEADLINE_LANE):
-            streams.append(sorted(lanes[_DEADLINE_LANE], key=key)[:k])
+            streams.append(heapq.nsmallest(k, lanes[_DEADLINE_LANE], key=key))
         return PresortedQueue(islice(heapq.merge(*streams, key=key), k), key=key, in_order=True)
 
     def __call__(
