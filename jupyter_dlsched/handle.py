@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import JobError, JobFailed, JobLost, JobTimeout, RemoteTraceback
+from .errors import JobError, JobFailed, JobLost, JobTimeout, RemoteTraceback, UnsafeStateFolder
 from .store import TERMINAL, JobInfo
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .inline import InlineRunner
     from .scheduler import Scheduler
+
+log = logging.getLogger("jupyter_dlsched")
 
 _NOTHING = object()
 
@@ -189,3 +195,78 @@ def job_exception(
     if info.state == "failed":
         return JobFailed(info.id, info.state, info.reason, tb, details.get("type"))
     return JobError(info.id, info.state, info.reason, tb, details.get("type"))
+
+
+class Watching:
+    """A ``Scheduler``'s side of its handles: resolve them as their jobs end (from the
+    state changes its loop reads), load their results and exceptions."""
+
+    if TYPE_CHECKING:
+        store: Any
+        _inline: InlineRunner
+        _watched: dict[str, list[JobHandle]]
+        _watch_lock: threading.Lock
+        _event_seq: int
+
+    def _watch(self, handle: JobHandle, check: bool = True) -> None:
+        """Have the loop resolve ``handle`` when its job ends (futures' wait/as_completed)."""
+        with self._watch_lock:
+            handles = self._watched.setdefault(handle.id, [])
+            if any(h is handle for h in handles):
+                return
+            handles.append(handle)
+        if not check:
+            return
+        handle._check()
+        if handle._resolved:
+            with self._watch_lock:
+                handles = self._watched.get(handle.id, [])
+                if handle in handles:
+                    handles.remove(handle)
+
+    def _resolve_watched(self) -> None:
+        rows = self.store.state_changes_since(self._event_seq)
+        if not rows:
+            return
+        self._event_seq = rows[-1][0]
+        self._resolve_rows(rows)
+
+    def _resolve_rows(self, rows: Sequence[Any]) -> None:
+        finished = {r[1] for r in rows if r[2] in TERMINAL}
+        if not finished:
+            return
+        with self._watch_lock:
+            ready = [(i, self._watched.pop(i)) for i in finished if i in self._watched]
+        for job_id, handles in ready:
+            info = self.store.get(job_id)
+            for handle in handles:
+                handle._resolve(info)
+
+    def _load_result(self, job_id: str) -> Any:
+        import cloudpickle
+
+        if job_id in self._inline.results:
+            return self._inline.results[job_id]
+        info = self.store.get(job_id)
+        if info.kind == "command":
+            return info.exit_code
+        data = self.store.read_spool_file(job_id, "result.pkl")
+        if data is None:
+            raise FileNotFoundError(self.store.spool(job_id) / "result.pkl")
+        return cloudpickle.loads(data)
+
+    def _job_exception(self, info: JobInfo) -> BaseException:
+        if info.id in self._inline.errors:
+            return self._inline.errors[info.id]
+        try:
+            error_json = self.store.read_spool_file(info.id, "error.json")
+            error_pickle = self.store.read_spool_file(info.id, "error.pkl")
+        except UnsafeStateFolder as unsafe:
+            # not a report the job wrote (a link, a FIFO): the failure without its traceback
+            log.warning("dlsched: job %s: its error report was not read: %s", info.id, unsafe)
+            error_json = error_pickle = None
+        try:
+            details = error_json.decode("utf-8", "replace") if error_json is not None else None
+            return job_exception(info, details, error_pickle)
+        except ValueError:
+            return job_exception(info, None, None)  # a report that is not JSON

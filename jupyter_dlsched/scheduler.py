@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import getpass
 import json
-import logging
 import os
 import sys
 import threading
@@ -25,17 +24,15 @@ from ._version import __version__
 from .agent.link import AgentLink, connect
 from .backends import Backend, make_backend
 from .deciding import Deciding
-from .errors import JobNotFound, SpecError, UnsafeStateFolder
-from .handle import JobHandle, job_exception
+from .errors import JobNotFound, SpecError
+from .handle import JobHandle, Watching
 from .inline import InlineRunner
 from .options import RESOURCE_ARGS
 from .policy import Policy, get_policy
 from .pool import PoolInfo, idle_capacity, probe
 from .settings import Settings
 from .spec import build_spec, parse_priority, pickle_payload
-from .store import TERMINAL, WAITING, JobInfo, Store
-
-log = logging.getLogger("jupyter_dlsched")
+from .store import WAITING, JobInfo, Store
 
 # variables that describe the submitting kernel, not the job
 _ENV_DROP = ("DLSCHED_JOB_ID", "DLSCHED_DEVICES", "DLSCHED_GPU_MEM", "CUDA_VISIBLE_DEVICES")
@@ -65,7 +62,7 @@ def submit_context() -> dict[str, Any]:
     }
 
 
-class Scheduler(Deciding):
+class Scheduler(Deciding, Watching):
     """One participant in the machine's shared queue.
 
     >>> s = Scheduler(home="/tmp/dls-demo")  # doctest: +SKIP
@@ -528,70 +525,3 @@ class Scheduler(Deciding):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- watching handles ------------------------------------------------------------------
-
-    def _watch(self, handle: JobHandle, check: bool = True) -> None:
-        """Have the loop resolve ``handle`` when its job ends (futures' wait/as_completed)."""
-        with self._watch_lock:
-            handles = self._watched.setdefault(handle.id, [])
-            if any(h is handle for h in handles):
-                return
-            handles.append(handle)
-        if not check:
-            return
-        handle._check()
-        if handle._resolved:
-            with self._watch_lock:
-                handles = self._watched.get(handle.id, [])
-                if handle in handles:
-                    handles.remove(handle)
-
-    def _resolve_watched(self) -> None:
-        rows = self.store.state_changes_since(self._event_seq)
-        if not rows:
-            return
-        self._event_seq = rows[-1][0]
-        self._resolve_rows(rows)
-
-    def _resolve_rows(self, rows: Sequence[Any]) -> None:
-        finished = {r[1] for r in rows if r[2] in TERMINAL}
-        if not finished:
-            return
-        with self._watch_lock:
-            ready = [(i, self._watched.pop(i)) for i in finished if i in self._watched]
-        for job_id, handles in ready:
-            info = self.store.get(job_id)
-            for handle in handles:
-                handle._resolve(info)
-
-    # -- results ---------------------------------------------------------------------------
-
-    def _load_result(self, job_id: str) -> Any:
-        import cloudpickle
-
-        if job_id in self._inline.results:
-            return self._inline.results[job_id]
-        info = self.store.get(job_id)
-        if info.kind == "command":
-            return info.exit_code
-        data = self.store.read_spool_file(job_id, "result.pkl")
-        if data is None:
-            raise FileNotFoundError(self.store.spool(job_id) / "result.pkl")
-        return cloudpickle.loads(data)
-
-    def _job_exception(self, info: JobInfo) -> BaseException:
-        if info.id in self._inline.errors:
-            return self._inline.errors[info.id]
-        try:
-            error_json = self.store.read_spool_file(info.id, "error.json")
-            error_pickle = self.store.read_spool_file(info.id, "error.pkl")
-        except UnsafeStateFolder as unsafe:
-            # not a report the job wrote (a link, a FIFO): the failure without its traceback
-            log.warning("dlsched: job %s: its error report was not read: %s", info.id, unsafe)
-            error_json = error_pickle = None
-        try:
-            details = error_json.decode("utf-8", "replace") if error_json is not None else None
-            return job_exception(info, details, error_pickle)
-        except ValueError:
-            return job_exception(info, None, None)  # a report that is not JSON
