@@ -749,8 +749,8 @@ def main(argv: list[str] | None = None) -> int:
                     p50 = statistics.median(times)
                     rows.append(
                         (
-                            f"decision of the agent, {n:,} queued behind the only GPU: "
-                            f"{what} (n={len(times)})",
+                            f"decision of what starts, {n:,} queued behind the only GPU "
+                            f"(the head of the queue): {what} (n={len(times)})",
                             f"{ms(p50)} (p90 {ms(pct(times, 0.9))}, max {ms(max(times))})",
                             f"≤ {ms(bound)}",
                             verdict(p50 <= bound),
@@ -759,13 +759,13 @@ def main(argv: list[str] | None = None) -> int:
                 whole = [t for t, head, _ in timed if not head]
                 rows.append(
                     (
-                        f"… the whole-queue decisions (places in line; at most every "
-                        f"max(1 s, 10× their time)) (n={len(whole)})",
+                        f"… the whole-queue decisions (what starts, and every place in line; "
+                        f"at most every max(1 s, 10× their time)) (n={len(whole)})",
                         f"{ms(statistics.median(whole))} (max {ms(max(whole))})"
                         if whole
                         else "none",
-                        "",
-                        "",
+                        f"≤ {ms(bound)}",
+                        verdict(statistics.median(whole) <= bound) if whole else "",
                     )
                 )
                 core.print_progress(rows)

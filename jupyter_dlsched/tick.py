@@ -11,7 +11,7 @@ import json
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,17 +65,20 @@ def decide(
     queue a decision looks only at its head (``QueueIndex.head``)."""
     started = time.perf_counter()
     blocked: dict[str, str] = {}
-    attempts: Mapping[str, int]
     if index is not None:
         running = index.read(store, db, backend)
         blocked = index.resolve_dependencies(store, db, now)
-        active = [_running(r, now) for r in running if r["placement"]]
-        capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
-        quick = index.head(policy, now)
-        if quick is not None:
-            decisions = policy(quick, active, capacity, now)
-            if decisions.settled or len(quick) == len(index.offered):
-                _commit(store, db, decisions, index.attempts, lease_ttl, now)
+    else:
+        snapshot = store.snapshot(db, backend)
+        running = [r for r in snapshot if r["state"] == "running"]
+    active = [_running(r, now) for r in running if r["placement"]]
+    capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
+    if index is not None:
+        head = index.head(policy, now)
+        if head is not None:
+            decisions = policy(head, active, capacity, now)
+            if decisions.settled or len(head) == len(index.offered):
+                _commit(store, db, decisions, index.waiting, lease_ttl, now)
                 index.stale()
                 if deferred is not None:
                     deferred[:] = []
@@ -85,14 +88,11 @@ def decide(
                 return decisions
         waiting = index.in_submit_order()
         queued = [index.queued(row) for row in waiting if row["id"] in index.offered]
-        attempts = index.attempts
+        rows = index.waiting
     else:
-        rows = store.snapshot(db, backend)
-        running = [r for r in rows if r["state"] == "running"]
-        waiting = [r for r in rows if r["state"] != "running"]
-        queued, blocked, attempts = _ready(store, db, waiting, now)
-        active = [_running(r, now) for r in running if r["placement"]]
-        capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
+        waiting = [r for r in snapshot if r["state"] != "running"]
+        queued, blocked = _ready(store, db, waiting, now)
+        rows = {r["id"]: r for r in waiting}
     learn = getattr(policy, "learn", None)
     if callable(learn):
         # a learning policy (gittins) ranks by the sizes of jobs that ran to their end here
@@ -105,7 +105,7 @@ def decide(
             replace=True,
         )
     decisions = policy(queued, active, capacity, now)
-    _commit(store, db, decisions, attempts, lease_ttl, now)
+    _commit(store, db, decisions, rows, lease_ttl, now)
     started_ids = {s.job_id for s in decisions.starts}
     order = [j for j in decisions.order if j not in started_ids]
     positions = {job_id: i + 1 for i, job_id in enumerate(order)}
@@ -133,21 +133,19 @@ def decide(
 
 def _ready(
     store: Store, db: sqlite3.Connection, waiting: list[sqlite3.Row], now: float
-) -> tuple[list[QueuedJob], dict[str, str], dict[str, int]]:
-    """The waiting jobs whose dependencies have succeeded, the others' reasons (a job whose
-    dependency failed fails here), and the attempts so far of each."""
+) -> tuple[list[QueuedJob], dict[str, str]]:
+    """The waiting jobs whose dependencies have succeeded, and the others' reasons (a job
+    whose dependency failed fails here)."""
     dep_states = _dependency_states(store, db, waiting)
     queued: list[QueuedJob] = []
     blocked: dict[str, str] = {}
-    attempts: dict[str, int] = {}
     for row in waiting:
         why = _blocked(store, db, row, dep_states, now)
         if why is None:
-            attempts[row["id"]] = row["attempts"]
             queued.append(_queued(row))
         elif why:
             blocked[row["id"]] = why
-    return queued, blocked, attempts
+    return queued, blocked
 
 
 def _blocked(
@@ -174,11 +172,11 @@ def _commit(
     store: Store,
     db: sqlite3.Connection,
     decisions: Decisions,
-    attempts: Mapping[str, Any],
+    rows: Mapping[str, sqlite3.Row],
     lease_ttl: float,
     now: float,
 ) -> None:
-    """Write a decision's starts and preemptions."""
+    """Write a decision's starts and preemptions (``rows``: the waiting jobs' rows by id)."""
     for start in decisions.starts:
         store.transition_in(
             db,
@@ -189,7 +187,7 @@ def _commit(
             event_data={"placement": start.placement.to_json()},
             placement=start.placement,
             started=now,
-            attempts=(attempts.get(start.job_id) or 0) + 1,
+            attempts=rows[start.job_id]["attempts"] + 1,
             # time to claim: a supervisor's interpreter start can be slow on a busy machine
             lease_expires=now + max(lease_ttl, CLAIM_GRACE),
             supervisor_pid=None,
@@ -204,22 +202,6 @@ def _commit(
         )
     for preempt in decisions.preempts:
         store.request_preemption(db, preempt.job_id)
-
-
-class _Attempts(Mapping[str, int]):
-    """The attempts so far of the index's waiting jobs, read from their rows when asked."""
-
-    def __init__(self, rows: dict[str, sqlite3.Row]) -> None:
-        self._rows = rows
-
-    def __getitem__(self, job_id: str) -> int:
-        return int(self._rows[job_id]["attempts"])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._rows)
-
-    def __len__(self) -> int:
-        return len(self._rows)
 
 
 class _Lane:
@@ -286,7 +268,6 @@ class QueueIndex:
         self.pending: dict[str, sqlite3.Row] = {}
         self.shapes: Counter[Request] = Counter()
         self._shapes: frozenset[Request] | None = None  # of ``shapes``, until one comes or goes
-        self.attempts = _Attempts(self.waiting)
         self._layout: Any = None
         self._lanes: dict[Any, _Lane] = {}
         self._lane_of: dict[str, tuple[Any, Any]] = {}
@@ -370,7 +351,6 @@ class QueueIndex:
         """The waiting jobs' rows in submit order (a requeued job keeps its number)."""
         if not self._in_order:
             self.waiting = dict(sorted(self.waiting.items(), key=lambda kv: kv[1]["seq"]))
-            self.attempts = _Attempts(self.waiting)
             self._in_order = True
         return list(self.waiting.values())
 
