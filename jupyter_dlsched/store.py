@@ -414,6 +414,20 @@ class Store:
             raise JobNotFound(job_id)
         return _row_to_info(rows[0])
 
+    def owners(self, job_ids: Iterable[str]) -> dict[str, int]:
+        """The owner uid of each of these jobs that exists (what a shared pool's replies are
+        redacted by)."""
+        ids = list(job_ids)
+        out: dict[str, int] = {}
+        for at in range(0, len(ids), 500):
+            chunk = ids[at : at + 500]
+            marks = ",".join("?" * len(chunk))
+            for job_id, uid in self.db.execute(
+                f"SELECT id, uid FROM jobs WHERE id IN ({marks})", chunk
+            ):
+                out[job_id] = uid
+        return out
+
     def jobs(
         self,
         states: Iterable[str] | None = None,

@@ -27,7 +27,6 @@ supervisors it did not start tell it when their jobs end.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -35,11 +34,9 @@ import pwd
 import selectors
 import signal
 import socket
-import struct
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,19 +52,17 @@ from ..scheduler import Scheduler
 from ..schema import WAITING, JobInfo, info_to_json
 from ..spec import build_spec
 from ..words import priority_words
-from .client import IDLE_EXIT, user_address
+from .client import IDLE_EXIT, trusted_server_uids, user_address
 from .config import ServiceConfig
+from .connections import Connections, Peer
 from .limits import LimitsGate
-from .protocol import Decoder, ProtocolError, encode, error_reply
+from .protocol import ProtocolError, error_reply
+from .visibility import Viewer, redact
 
 log = logging.getLogger("jupyter_dlsched.agent")
 
 #: Longest a ``changes`` request waits for a state change before answering empty.
 MAX_WAIT = 30.0
-#: Connections one user may hold to a shared pool at once.
-MAX_PEERS = 256
-#: Bytes a peer may send while one of its requests is held (a ``changes`` wait).
-MAX_HELD = 1 << 20
 #: Rows a list request returns at most.
 MAX_ROWS = 100_000
 #: Largest progress report a job may send (JSON bytes).
@@ -82,24 +77,7 @@ RAY_DRIVER_RETRY = 30.0
 RAY_LOG_MAX = 4 << 20
 #: Seconds before an allocated job nobody claimed is launched again.
 RELAUNCH_AFTER = 5.0
-_UCRED = struct.Struct("3i")
 _METADATA_KEYS = ("inventory", "settings", "cache")
-
-
-@dataclass
-class Peer:
-    """One client connection and who is at the other end."""
-
-    sock: socket.socket
-    pid: int
-    uid: int
-    gid: int
-    user: str
-    admin: bool
-    decoder: Decoder = field(default_factory=Decoder)
-    out: bytearray = field(default_factory=bytearray)
-    #: a ``changes`` request held until something changes: (since, deadline)
-    waiting: tuple[int, float] | None = None
 
 
 class ForkingBackend(LocalBackend):
@@ -239,9 +217,14 @@ class Agent:
         self.config = config if config is not None or not self.shared else ServiceConfig.load(None)
         self.idle_exit = idle_exit
         self.uid = os.getuid()
-        self.peers: dict[int, Peer] = {}
         self.selector = selectors.DefaultSelector()
-        self.listener: socket.socket | None = None
+        self.conns = Connections(
+            self.selector,
+            shared=self.shared,
+            handle=self._handle,
+            who=self._who,
+            refuse=self._refuse_uid,
+        )
         self.sched: AgentScheduler | None = None
         self._dirty = True
         self._stopping = False
@@ -291,6 +274,11 @@ class Agent:
         return self._address
 
     @property
+    def peers(self) -> dict[int, Peer]:
+        """The open client connections, by file descriptor."""
+        return self.conns.peers
+
+    @property
     def _store(self) -> Any:
         assert self.sched is not None
         return self.sched.store
@@ -309,6 +297,8 @@ class Agent:
         else:
             folder = self.socket_path.parent
             folder.mkdir(parents=True, exist_ok=True)
+            # clients refuse a socket another user could have put in place: so does the service
+            trusted_server_uids(str(self.socket_path), service_uid=os.geteuid())
             if _answers(str(self.socket_path)):
                 listener.close()
                 return False
@@ -326,8 +316,7 @@ class Agent:
                 os.umask(umask)
         listener.listen(256)
         listener.setblocking(False)
-        self.listener = listener
-        self.selector.register(listener, selectors.EVENT_READ, None)
+        self.conns.listen(listener)
         return True
 
     def open(self) -> None:
@@ -370,17 +359,13 @@ class Agent:
         if self._spare is not None:
             os.close(self._spare[1])  # the spare reads the end of its pipe and exits
             self._spare = None
-        for peer in list(self.peers.values()):
-            self._drop(peer)
-        if self.listener is not None:
-            self.selector.unregister(self.listener)
-            self.listener.close()
-            self.listener = None
-            if self.socket_path is not None:
-                try:
-                    self.socket_path.unlink()
-                except FileNotFoundError:
-                    pass
+        bound = self.conns.listener is not None
+        self.conns.close_all()
+        if bound and self.socket_path is not None:
+            try:
+                self.socket_path.unlink()
+            except FileNotFoundError:
+                pass
         if self.sched is not None:
             self.sched.store.close()
 
@@ -388,25 +373,16 @@ class Agent:
         store = self._store
         version = store.data_version()
         last_change = last_tick = last_busy = time.monotonic()
-        last_refill = last_warned = last_ray = 0.0
+        last_refill = last_warned = last_ray = last_sweep = 0.0
         while not self._stopping:
             quiet = time.monotonic() - last_change
             timeout = 0.0 if self._dirty else min(0.25, max(0.002, quiet / 20))
             for key, mask in self.selector.select(timeout):
-                if key.data is None:
-                    self._accept()
-                    continue
-                peer: Peer = key.data
-                try:
-                    if mask & selectors.EVENT_READ:
-                        self._read(peer)
-                    if mask & selectors.EVENT_WRITE and peer.sock.fileno() in self.peers:
-                        self._flush(peer)
-                except Exception:
-                    # one peer's bad input ends that peer's connection, never the agent
-                    log.exception("dlsched agent: dropping a connection of uid %s", peer.uid)
-                    self._drop(peer)
+                self.conns.event(key.data, mask)
             now = time.monotonic()
+            if now - last_sweep >= 0.5:
+                last_sweep = now
+                self.conns.sweep(now)
             try:
                 current = store.data_version()
                 if current != version:
@@ -435,6 +411,7 @@ class Agent:
                 log.exception("dlsched agent loop")
                 time.sleep(0.5)
             self._answer_watchers()
+            self.conns.serve_ready()
             if self._spare is None and not self._dirty:
                 self.fork_spare()  # off the path of the launch that used the last one
             if self.peers or not self.shared and self._has_waiting():
@@ -453,41 +430,14 @@ class Agent:
 
     # -- connections ------------------------------------------------------------------------
 
-    def _accept(self) -> None:
-        assert self.listener is not None
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except BlockingIOError:
-                return
-            except OSError as error:
-                if error.errno in (errno.EMFILE, errno.ENFILE):
-                    log.warning("dlsched agent: out of file descriptors")
-                return
-            pid, uid, gid = _UCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    def _refuse_uid(self, uid: int) -> DlschedError | None:
+        """Why a peer of ``uid`` may not connect at all (one user's pool: anyone else)."""
+        if not self.shared and uid != self.uid:
+            # their own agent serves them
+            return PermissionDenied(
+                f"this pool agent serves uid {self.uid} only; you are uid {uid}"
             )
-            if not self.shared and uid != self.uid:
-                # one user's pool: nobody else may talk to it (their own agent serves them)
-                refusal = PermissionDenied(
-                    f"this pool agent serves uid {self.uid} only; you are uid {uid}"
-                )
-                _refuse(sock, refusal)
-                continue
-            if self.shared and sum(p.uid == uid for p in self.peers.values()) >= MAX_PEERS:
-                _refuse(
-                    sock,
-                    DlschedError(
-                        f"uid {uid} has {MAX_PEERS} connections to this pool already; close "
-                        "some (each kernel, CLI and Jupyter server holds one or two)"
-                    ),
-                )
-                continue
-            sock.setblocking(False)
-            name, admin = self._who(uid)
-            peer = Peer(sock, pid, uid, gid, name, admin)
-            self.peers[sock.fileno()] = peer
-            self.selector.register(sock, selectors.EVENT_READ, peer)
+        return None
 
     def _who(self, uid: int) -> tuple[str, bool]:
         """A peer's user name and whether it is an admin, looked up at most once a minute
@@ -501,33 +451,6 @@ class Agent:
             known = self._names[uid] = (_user_name(uid), admin, now)
         return known[0], known[1]
 
-    def _read(self, peer: Peer) -> None:
-        try:
-            data = peer.sock.recv(1 << 20)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._drop(peer)
-            return
-        peer.decoder.feed(data)
-        if peer.waiting is not None and peer.decoder.buffered > MAX_HELD:
-            self._drop(peer)  # sending on while its request is held: not a client of ours
-            return
-        while peer.waiting is None:
-            try:
-                message = peer.decoder.pop()
-            except ProtocolError as error:
-                self._send(peer, error_reply(error))
-                self._drop(peer, flush=True)
-                return
-            if message is None:
-                return
-            self._handle(peer, *message)
-            if peer.sock.fileno() not in self.peers:
-                return
-
     def _handle(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None:
         op = message.get("op")
         handler = self._ops.get(op) if isinstance(op, str) else None
@@ -538,45 +461,20 @@ class Agent:
         except (DlschedError, ValueError, TypeError, KeyError) as error:
             if not isinstance(error, DlschedError):
                 error = ProtocolError(f"a malformed {op!r} request: {error}")
-            self._send(peer, error_reply(error))
+            self.conns.send(peer, error_reply(error))
             return
         except Exception as error:
             log.exception("dlsched agent: %s request", op)
-            self._send(peer, error_reply(DlschedError(f"the pool agent failed: {error}")))
+            self.conns.send(peer, error_reply(DlschedError(f"the pool agent failed: {error}")))
             return
         if reply is not None:
-            self._send(peer, {"ok": True, **reply})
+            self.conns.send(peer, {"ok": True, **self._visible(peer, reply)})
 
-    def _send(self, peer: Peer, reply: dict[str, Any], blobs: list[bytes] = ()) -> None:  # type: ignore[assignment]
-        peer.out += encode(reply, blobs)
-        self._flush(peer)
-
-    def _flush(self, peer: Peer) -> None:
-        while peer.out:
-            try:
-                sent = peer.sock.send(peer.out)
-            except BlockingIOError:
-                break
-            except OSError:
-                self._drop(peer)
-                return
-            del peer.out[:sent]
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.out else 0)
-        self.selector.modify(peer.sock, events, peer)
-
-    def _drop(self, peer: Peer, flush: bool = False) -> None:
-        if flush and peer.out:
-            try:
-                peer.sock.setblocking(True)
-                peer.sock.settimeout(1.0)
-                peer.sock.sendall(peer.out)
-            except OSError:
-                pass
-        fd = peer.sock.fileno()
-        if fd in self.peers:
-            del self.peers[fd]
-            self.selector.unregister(peer.sock)
-        peer.sock.close()
+    def _visible(self, peer: Peer, reply: dict[str, Any]) -> dict[str, Any]:
+        """``reply`` as ``peer`` may see it: the one rule for every request (visibility.py)."""
+        if not self.shared:
+            return reply
+        return redact(reply, Viewer(peer.uid, peer.admin), self._store.owners)
 
     # -- forking supervisors ------------------------------------------------------------------
 
@@ -644,10 +542,7 @@ class Agent:
         """In a forked child: its own session and name, none of the agent's sockets."""
         os.setsid()
         _set_name(name)
-        if self.listener is not None:
-            self.listener.close()
-        for peer in self.peers.values():
-            peer.sock.close()
+        self.conns.close_in_child()
         if self._spare is not None:
             os.close(self._spare[1])
         for sig in (signal.SIGCHLD, signal.SIGTERM):
@@ -941,7 +836,7 @@ class Agent:
         assert self.sched is not None
         info = self._owned(peer, msg.get("id"), "cancel")
         self._dirty = True
-        return {"job": self._row(peer, self.sched.cancel(info.id))}
+        return {"job": info_to_json(self.sched.cancel(info.id))}
 
     def _priority(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         assert self.sched is not None
@@ -951,27 +846,13 @@ class Agent:
         priority = parse_priority(msg.get("priority"))
         self._check_priority(peer, priority)
         self._dirty = True
-        return {"job": self._row(peer, self.sched.set_priority(info.id, priority))}
-
-    def _row(self, peer: Peer, info: JobInfo) -> dict[str, Any]:
-        """A job as ``peer`` may see it: everything for its owner or an admin, else the queue's
-        columns (no environment, no notebook path, no data sources)."""
-        data = info_to_json(info)
-        if info.uid != peer.uid and not peer.admin:
-            data["env"] = {}
-            data["origin"] = ""
-            if info.state in ("failed", "lost", "timeout"):
-                data["reason"] = info.state  # its exception's words are its owner's to read
-            data["stage_in"] = {name: "" for name in info.stage_in}
-            if data.get("progress"):
-                data["progress"] = {**data["progress"], "metrics": {}}
-        return data
+        return {"job": info_to_json(self.sched.set_priority(info.id, priority))}
 
     def _get(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         job_id = msg.get("id")
         if not isinstance(job_id, str):
             raise JobNotFound(job_id)
-        return {"job": self._row(peer, self._store.get(job_id))}
+        return {"job": info_to_json(self._store.get(job_id))}
 
     def _jobs(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         rows = self._store.jobs(
@@ -982,7 +863,7 @@ class Agent:
             ids=msg.get("ids"),
             newest_first=bool(msg.get("newest_first")),
         )
-        return {"jobs": [self._row(peer, info) for info in rows]}
+        return {"jobs": [info_to_json(info) for info in rows]}
 
     def _finished(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         rows = self._store.finished_jobs(
@@ -990,7 +871,7 @@ class Agent:
             owner=msg.get("owner"),
             limit=min(int(msg.get("limit") or MAX_ROWS), MAX_ROWS),
         )
-        return {"jobs": [self._row(peer, info) for info in rows]}
+        return {"jobs": [info_to_json(info) for info in rows]}
 
     def _status(self, peer: Peer) -> dict[str, Any]:
         assert self.sched is not None
@@ -1048,21 +929,8 @@ class Agent:
                 continue
             peer.waiting = None
             rows = self._store.state_changes_since(since, MAX_ROWS) if seq > since else []
-            self._send(peer, {"ok": True, "changes": [list(r) for r in rows]})
-            if peer.sock.fileno() in self.peers:
-                try:
-                    self._read_buffered(peer)
-                except ProtocolError as error:
-                    self._send(peer, error_reply(error))
-                    self._drop(peer)
-
-    def _read_buffered(self, peer: Peer) -> None:
-        """Requests that arrived while a ``changes`` request was held."""
-        while peer.waiting is None:
-            message = peer.decoder.pop()
-            if message is None:
-                return
-            self._handle(peer, *message)
+            self.conns.send(peer, {"ok": True, "changes": [list(r) for r in rows]})
+            self.conns.resume(peer)  # the requests that arrived while it was held
 
     def _progress(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         info = self._owned(peer, msg.get("id"), "report progress for")
@@ -1097,22 +965,6 @@ class Agent:
             raise PermissionDenied("only a pool admin may stop the pool's service")
         self._stopping = True
         return {}
-
-
-def _refuse(sock: socket.socket, error: DlschedError) -> None:
-    """Tell a peer why it is refused, then close (briefly reading what it sent, so closing
-    does not reset the connection before the reason arrives)."""
-    try:
-        sock.settimeout(0.05)
-        sock.sendall(encode(error_reply(error)))
-        sock.shutdown(socket.SHUT_WR)
-        for _ in range(16):
-            if not sock.recv(65536):
-                break
-    except OSError:
-        pass
-    finally:
-        sock.close()
 
 
 def _set_name(name: bytes) -> None:

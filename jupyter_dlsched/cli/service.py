@@ -47,6 +47,8 @@ ExecStart={python} -m jupyter_dlsched.cli service run --home {home} --socket {so
 Restart=on-failure
 # stopping the service must not stop running jobs: each has a supervisor of its own
 KillMode=process
+# each connection is a descriptor: room for every user's kernels, CLIs and Jupyter servers
+LimitNOFILE=65536
 RuntimeDirectory=dlsched
 RuntimeDirectoryPreserve=yes
 StateDirectory=dlsched
