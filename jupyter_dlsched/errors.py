@@ -44,6 +44,10 @@ class JobNotFound(DlschedError, KeyError):
         return f"no job with id {self.job_id!r}; `dls.jobs()` or `dlsched queue` lists the jobs"
 
 
+class UnsafeSocket(DlschedError, PermissionError):
+    """A shared pool's socket in a folder another user could write: an impostor could serve it."""
+
+
 class UnsafeStateFolder(DlschedError, PermissionError):
     """A state folder, ledger or spool file that another user could write or swap.
 

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from conftest import OtherUser, wait_for
 
@@ -21,6 +22,8 @@ from jupyter_dlsched.agent.client import AgentClient
 from jupyter_dlsched.agent.protocol import AgentUnavailable
 
 DLSCHED = os.path.join(os.path.dirname(sys.executable), "dlsched")
+#: Where test services put their sockets: a folder of root's that only root can write.
+RUN_ROOT = "/run"
 
 SUBMIT = """
 import sys
@@ -50,21 +53,35 @@ print(json.dumps(s.get(sys.argv[1]).result(timeout=float(sys.argv[2]))))
 class Service:
     """``dlsched service run`` in a folder every user can reach, two simulated GPUs."""
 
-    def __init__(self, root: Path, config: str = "") -> None:
+    def __init__(
+        self,
+        root: Path,
+        config: str = "",
+        *,
+        env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
+    ) -> None:
         self.root = root
+        #: extra environment of the service, and a command it runs under (``prlimit ...``)
+        self.extra_env = dict(env or {})
+        self.prefix = prefix
         self.home = root / "home"
-        self.socket = root / "run" / "dlsched.sock"
+        # clients trust a socket only in folders no other user can write: not under /tmp
+        self.run = Path(tempfile.mkdtemp(prefix="dlsched-test-", dir=RUN_ROOT))
+        os.chmod(self.run, 0o755)
+        self.socket = self.run / "dlsched.sock"
         self.config = root / "service.toml"
         self.config.write_text(config)
         self.log = root / "service.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "DLSCHED_SIMULATE_GPUS": "2x16GiB"}
+        env = {**os.environ, "DLSCHED_SIMULATE_GPUS": "2x16GiB", **self.extra_env}
         env.pop("DLSCHED_SOCKET", None)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
+                    *self.prefix,
                     DLSCHED,
                     "service",
                     "run",
@@ -125,11 +142,12 @@ class Service:
 
 
 @contextmanager
-def shared_pool(config: str = "") -> Iterator[Service]:
-    """A started service with two simulated GPUs; its jobs cancelled and folder removed after."""
+def shared_pool(config: str = "", **options: Any) -> Iterator[Service]:
+    """A started service with two simulated GPUs; its jobs cancelled and folder removed after
+    (``options``: the service's extra ``env``, a ``prefix`` command)."""
     root = Path(tempfile.mkdtemp(prefix="dlsched-team-"))
     os.chmod(root, 0o755)
-    service = Service(root, config)
+    service = Service(root, config, **options)
     try:
         service.start()
         yield service
@@ -139,4 +157,4 @@ def shared_pool(config: str = "") -> Iterator[Service]:
             for job in client.call("jobs", states=["queued", "running", "preempted"])["jobs"]:
                 client.call("cancel", id=job["id"])
         service.stop()
-        subprocess.run(["rm", "-rf", str(root)], check=False)
+        subprocess.run(["rm", "-rf", str(root), str(service.run)], check=False)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -306,13 +307,17 @@ def test_long_event_lists_come_a_page_at_a_time(agent_sched, monkeypatch):
 
 
 def test_a_shared_socket_is_created_open_to_all_and_a_planted_link_is_not_followed(tmp_path):
+    import shutil
+    import tempfile
+
     from jupyter_dlsched.agent.service import Agent
 
     target = tmp_path / "precious"
     target.write_text("keep")
     target.chmod(0o600)
-    sock = tmp_path / "run" / "dlsched.sock"
-    sock.parent.mkdir()
+    # a folder of root's (a socket under /tmp would be refused: anyone may write there)
+    run = Path(tempfile.mkdtemp(prefix="dlsched-test-", dir="/run"))
+    sock = run / "dlsched.sock"
     sock.symlink_to(target)
     agent = Agent(tmp_path / "pool", socket_path=sock)
     try:
@@ -322,6 +327,7 @@ def test_a_shared_socket_is_created_open_to_all_and_a_planted_link_is_not_follow
         assert target.stat().st_mode & 0o777 == 0o600 and target.read_text() == "keep"
     finally:
         agent.close()
+        shutil.rmtree(run)
 
 
 def test_an_idle_agent_exits_and_the_next_client_starts_another(home, monkeypatch):

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import DlschedError
 from .protocol import AgentUnavailable, Decoder, encode, raise_error, recv_message
 
 #: Where a shared pool's service listens unless ``DLSCHED_SOCKET`` says otherwise.
@@ -28,6 +29,9 @@ SOCKET_ENV = "DLSCHED_SOCKET"
 AGENT_ENV = "DLSCHED_AGENT"
 AGENT_IDLE_ENV = "DLSCHED_AGENT_IDLE"
 START_TIMEOUT = 20.0
+#: ``DLSCHED_TIMEOUT``: seconds a client waits for the pool to answer a request (default 30).
+TIMEOUT_ENV = "DLSCHED_TIMEOUT"
+DEFAULT_TIMEOUT = 30.0
 #: Seconds this user's agent waits with no client and nothing to do before it exits.
 IDLE_EXIT = 600.0
 
@@ -54,6 +58,81 @@ def shared_socket() -> str | None:
 def agent_wanted() -> bool:
     """True unless ``DLSCHED_AGENT=0``: a user's pool is run by a per-user pool agent."""
     return os.environ.get(AGENT_ENV, "1").strip().lower() not in ("0", "no", "false", "off")
+
+
+def client_timeout() -> float:
+    """Seconds a request may wait for its reply: ``DLSCHED_TIMEOUT``, else 30."""
+    value = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not value:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not (0 < seconds < float("inf")):
+        from ..errors import SpecError
+
+        raise SpecError(TIMEOUT_ENV, value, "a number of seconds above 0")
+    return seconds
+
+
+def trusted_server_uids(path: str, service_uid: int | None = None) -> set[int]:
+    """The uids that may serve the socket file ``path``, once the folders it lives in could
+    not have let another user put a socket of their own there (as OpenSSH trusts a key file).
+
+    The socket's folder must belong to root or to the service's user (``service_uid``, else
+    whoever owns that folder), every folder above it to root, and none of them may be
+    writable by group or others (a sticky ``/tmp`` too: anyone may create what is missing
+    in it). A link on the way must be root's. Raises ``UnsafeSocket`` naming the folder,
+    its owner and its mode.
+    """
+    import stat
+
+    from ..errors import UnsafeSocket
+
+    def refuse(where: str, st: os.stat_result, why: str) -> UnsafeSocket:
+        mode = stat.S_IMODE(st.st_mode)
+        return UnsafeSocket(
+            f"the pool's socket {path} is not safe to use: {where} {why} (uid {st.st_uid}, "
+            f"mode {mode:04o}), so another user could put a socket of their own in its place; "
+            "serve the pool from a folder of root's or the service's user that no one else "
+            "can write, in folders of root's (the default is /run/dlsched)"
+        )
+
+    absolute = os.path.abspath(path)
+    folder = os.path.realpath(os.path.dirname(absolute))
+    try:
+        st = os.stat(folder)
+    except OSError as error:
+        raise AgentUnavailable(f"no pool service at {path} ({error.strerror})") from None
+    owner = st.st_uid if service_uid is None else service_uid
+    allowed = {0, owner}
+    at = "/"
+    for part in absolute.strip("/").split("/")[:-1]:
+        at = os.path.join(at, part)
+        try:
+            link = os.lstat(at)
+        except OSError:
+            break
+        if stat.S_ISLNK(link.st_mode) and link.st_uid != 0:
+            raise refuse(at, link, "is a link of another user's")
+    owners = allowed  # the socket's own folder; root's above it
+    while True:
+        st = os.stat(folder)
+        if st.st_uid not in owners:
+            raise refuse(folder, st, "belongs to another user")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise refuse(folder, st, "is writable by others")
+        if folder == "/":
+            break
+        folder, owners = os.path.dirname(folder), {0}
+    try:
+        sock = os.lstat(absolute)
+    except OSError:
+        return allowed
+    if sock.st_uid not in allowed:
+        raise refuse(absolute, sock, "belongs to another user")
+    return allowed
 
 
 def notify(address: str | bytes, message: dict[str, Any], timeout: float = 2.0) -> bool:
@@ -150,8 +229,8 @@ class AgentClient:
     ) -> None:
         self.address = address
         self.home = Path(home) if home is not None else None
-        #: seconds a call may wait for its reply (None: as long as it takes)
-        self.timeout = timeout
+        #: seconds a call may wait for its reply (``DLSCHED_TIMEOUT``, default 30)
+        self.timeout = timeout if timeout is not None else client_timeout()
         self._sock: socket.socket | None = None
         self._decoder = Decoder()
         self._lock = threading.Lock()
@@ -162,9 +241,19 @@ class AgentClient:
         return f"the shared pool at {self.address}"
 
     def _connect(self) -> socket.socket:
+        allowed = None
+        if isinstance(self.address, str):
+            try:
+                allowed = trusted_server_uids(self.address)
+            except DlschedError as error:
+                raise AgentUnavailable(f"refusing {self.describe()}: {error}") from None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)  # a service that is stopped fills its backlog
         try:
             sock.connect(self.address)
+        except TimeoutError:
+            sock.close()
+            raise AgentUnavailable(self._silent()) from None
         except OSError as error:
             sock.close()
             if self.home is None:
@@ -173,21 +262,23 @@ class AgentClient:
                     "`dlsched service run` running? Unset DLSCHED_SOCKET to use your own pool"
                 ) from None
             return self._start_agent()
-        return self._trusted(sock)
+        return self._trusted(sock, allowed)
 
-    def _trusted(self, sock: socket.socket) -> socket.socket:
+    def _silent(self) -> str:
+        return (
+            f"{self.describe()} did not answer within {self.timeout:g} s (is it stopped or "
+            f"overloaded? {TIMEOUT_ENV} sets how long to wait)"
+        )
+
+    def _trusted(self, sock: socket.socket, allowed: set[int] | None = None) -> socket.socket:
         """``sock``, once the process at its other end is who it should be: this user's own
         agent (one's payloads and environment go to it), or a shared pool's service (root,
-        or the owner of its socket file). Another user could otherwise listen in its place."""
+        or the user whose folder the socket is in, which no one else could write: see
+        ``trusted_server_uids``). Another user could otherwise listen in its place."""
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
-        if isinstance(self.address, bytes):
-            allowed = {os.getuid()}
-        else:
-            try:
-                allowed = {0, os.stat(self.address).st_uid}
-            except OSError:
-                allowed = {0}
+        if allowed is None:
+            allowed = {os.getuid()} if isinstance(self.address, bytes) else {0}
         if uid not in allowed:
             sock.close()
             raise AgentUnavailable(
@@ -234,10 +325,14 @@ class AgentClient:
             for attempt in (0, 1):
                 if self._sock is None:
                     self._sock = self._connect()
-                    self._sock.settimeout(self.timeout)
                     self._decoder = Decoder()
+                # a held ``changes`` request answers within its wait; others at once
+                self._sock.settimeout(self.timeout + float(fields.get("wait") or 0.0))
                 try:
                     self._sock.sendall(data)
+                except TimeoutError:
+                    self._close()
+                    raise AgentUnavailable(self._silent()) from None
                 except OSError:
                     self._close()
                     if attempt == 0:
@@ -246,6 +341,13 @@ class AgentClient:
                 try:
                     reply, _ = recv_message(self._sock, self._decoder)
                     break
+                except TimeoutError:
+                    self._close()
+                    if op == "submit":
+                        raise AgentUnavailable(
+                            f"{self._silent()}; `dls.jobs()` shows whether the job was queued"
+                        ) from None
+                    raise AgentUnavailable(self._silent()) from None
                 except (OSError, AgentUnavailable):
                     self._close()
                     if op == "submit":

@@ -23,9 +23,26 @@ from ..store import JobInfo, Store
 PR_SET_PDEATHSIG = 1
 
 
-def job_environment(job: JobInfo, store: Store, context: dict[str, Any]) -> dict[str, str]:
-    """The environment a job process sees: the submitter's, plus its grant."""
-    env = dict(context.get("env") or os.environ)
+#: Where a shared pool's job finds programs when its submission carried no environment.
+OWNER_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def job_environment(
+    job: JobInfo, store: Store, context: dict[str, Any], *, inherit: bool = True
+) -> dict[str, str]:
+    """The environment a job process sees: the submitter's, plus its grant.
+
+    ``inherit=False`` (a shared pool's service): a submission that carried no environment
+    starts from an almost empty one (``PATH``; ``become`` adds the owner's ``HOME`` and
+    names), never from the service's own.
+    """
+    submitted = context.get("env")
+    if isinstance(submitted, dict):
+        env = {str(k): str(v) for k, v in submitted.items()}
+    elif inherit:
+        env = dict(os.environ)
+    else:
+        env = {"PATH": OWNER_PATH}
     env.update(job.env)
     placement = job.placement
     devices = list(placement.gpus) if placement else []

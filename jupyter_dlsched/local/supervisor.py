@@ -92,7 +92,7 @@ def supervise(
     payload = store.read_file(job_id, "command.json" if job.kind == "command" else "payload.pkl")
     if payload is None:
         payload = b'{"argv": ["false"]}' if job.kind == "command" else b""
-    env = job_environment(job, store, context)
+    env = job_environment(job, store, context, inherit=not as_owner)
     if isinstance(agent, str):
         env["DLSCHED_SOCKET"] = agent  # a shared pool: the job reports progress to the service
     cores = cores_for(job, store)
