@@ -495,6 +495,18 @@ class Store:
             counts[state] = n
         return counts
 
+    def wait_times(self) -> list[float]:
+        """Seconds from submission to its (last) start, of every job that started."""
+        rows = self.db.execute(
+            "SELECT started - submitted FROM jobs WHERE started IS NOT NULL"
+        ).fetchall()
+        return [float(r[0]) for r in rows]
+
+    def attained_by_owner(self) -> dict[str, float]:
+        """GPU-seconds of every user's finished runs (``attained``), by owner."""
+        rows = self.db.execute("SELECT owner, SUM(attained) FROM jobs GROUP BY owner")
+        return {str(owner): float(total or 0.0) for owner, total in rows}
+
     def count_active(self, backend: str) -> int:
         """Jobs on ``backend`` waiting or running."""
         row = self.db.execute(

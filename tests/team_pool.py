@@ -60,11 +60,13 @@ class Service:
         *,
         env: dict[str, str] | None = None,
         prefix: tuple[str, ...] = (),
+        args: tuple[str, ...] = (),
     ) -> None:
         self.root = root
         #: extra environment of the service, and a command it runs under (``prlimit ...``)
         self.extra_env = dict(env or {})
         self.prefix = prefix
+        self.args = args
         self.home = root / "home"
         # clients trust a socket only in folders no other user can write: not under /tmp
         self.run = Path(tempfile.mkdtemp(prefix="dlsched-test-", dir=RUN_ROOT))
@@ -91,6 +93,7 @@ class Service:
                     str(self.socket),
                     "--config",
                     str(self.config),
+                    *self.args,
                 ],
                 env=env,
                 stdout=log,
@@ -144,7 +147,7 @@ class Service:
 @contextmanager
 def shared_pool(config: str = "", **options: Any) -> Iterator[Service]:
     """A started service with two simulated GPUs; its jobs cancelled and folder removed after
-    (``options``: the service's extra ``env``, a ``prefix`` command)."""
+    (``options``: the service's extra ``env``, a ``prefix`` command, more ``args``)."""
     root = Path(tempfile.mkdtemp(prefix="dlsched-team-"))
     os.chmod(root, 0o755)
     service = Service(root, config, **options)

@@ -424,6 +424,7 @@ def _cases(failed: str, retried: str, running: str) -> dict[str, dict]:
         "tick": {},
         "settings": {"policy": "fifo"},
         "cache": {},
+        "metrics": {},
         "ray": {"address": "127.0.0.1:1"},
         "stop": {},
     }

@@ -46,6 +46,7 @@ from ..backends.base import refuse_stage_in
 from ..backends.local import LocalBackend
 from ..errors import DlschedError, JobNotFound, LedgerUnavailable, PermissionDenied, SpecError
 from ..local.launcher import code_stamp
+from ..metrics import CONTENT_TYPE
 from ..policy import Policy
 from ..pool import idle_capacity
 from ..scheduler import Scheduler
@@ -57,6 +58,7 @@ from .config import ServiceConfig
 from .connections import Connections, Peer
 from .limits import LimitsGate
 from .protocol import ProtocolError, error_reply
+from .scrape import ScrapeEndpoint
 from .visibility import Viewer, redact
 
 log = logging.getLogger("jupyter_dlsched.agent")
@@ -210,8 +212,12 @@ class Agent:
         *,
         config: ServiceConfig | None = None,
         idle_exit: float = IDLE_EXIT,
+        metrics: tuple[str, int] | None = None,
     ) -> None:
         self.home = Path(home)
+        #: where Prometheus scrapes this pool's metrics (``--metrics HOST:PORT``), if anywhere
+        self.metrics_address = metrics
+        self.scrape: ScrapeEndpoint | None = None
         self.shared = socket_path is not None
         self.socket_path = Path(socket_path) if socket_path is not None else None
         self.config = config if config is not None or not self.shared else ServiceConfig.load(None)
@@ -260,6 +266,7 @@ class Agent:
             "tick": self._tick_request,
             "settings": self._settings,
             "cache": lambda peer, msg, blobs: {"cache": self._cache_info()},
+            "metrics": lambda peer, msg, blobs: {"text": self.render_metrics().decode()},
             "ray": self._ray,
             "stop": self._stop,
         }
@@ -328,6 +335,10 @@ class Agent:
                 params["weights"] = self.config.owner_weights()
             options = {"policy": self.config.policy, "policy_params": params}
         self.sched = AgentScheduler(self, self.home, **options)
+        if self.metrics_address is not None:
+            self.scrape = ScrapeEndpoint(
+                self.selector, self.metrics_address, self.render_metrics, CONTENT_TYPE
+            )
         if self.shared:
             # users reach their own spool folder (0700, theirs) through these; they cannot list them
             os.chmod(self._store.home, 0o711)
@@ -361,6 +372,9 @@ class Agent:
             self._spare = None
         bound = self.conns.listener is not None
         self.conns.close_all()
+        if self.scrape is not None:
+            self.scrape.close()
+            self.scrape = None
         if bound and self.socket_path is not None:
             try:
                 self.socket_path.unlink()
@@ -377,12 +391,18 @@ class Agent:
         while not self._stopping:
             quiet = time.monotonic() - last_change
             timeout = 0.0 if self._dirty else min(0.25, max(0.002, quiet / 20))
+            scrape = self.scrape
             for key, mask in self.selector.select(timeout):
-                self.conns.event(key.data, mask)
+                if scrape is not None and scrape.owns(key.data):
+                    scrape.event(key.data, mask)
+                else:
+                    self.conns.event(key.data, mask)
             now = time.monotonic()
             if now - last_sweep >= 0.5:
                 last_sweep = now
                 self.conns.sweep(now)
+                if scrape is not None:
+                    scrape.sweep(now)
             try:
                 current = store.data_version()
                 if current != version:
@@ -543,6 +563,8 @@ class Agent:
         os.setsid()
         _set_name(name)
         self.conns.close_in_child()
+        if self.scrape is not None:
+            self.scrape.listener.close()
         if self._spare is not None:
             os.close(self._spare[1])
         for sig in (signal.SIGCHLD, signal.SIGTERM):
@@ -884,6 +906,18 @@ class Agent:
             "admin": peer.admin,
         }
         return status
+
+    def render_metrics(self) -> bytes:
+        """The pool's Prometheus metrics now (GPUs measured through NVML when real)."""
+        from ..metrics import exposition
+
+        inventory = self._store.get_meta("inventory", {}) or {}
+        pool = None
+        if any(not g.get("simulated") for g in inventory.get("gpus") or []):
+            from ..pool import probe
+
+            pool = probe(usage=True, max_age=5.0)
+        return exposition(self._store, pool, time.time())
 
     def _cache_info(self) -> dict[str, Any]:
         from ..staging import cache_info

@@ -19,7 +19,12 @@ def cmd_service(args: argparse.Namespace) -> int:
     socket_path = args.socket or SYSTEM_SOCKET
     home = args.service_home or DEFAULT_HOME
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    agent = Agent(home, socket_path, config=config)
+    metrics = None
+    if args.metrics:
+        from ..agent.scrape import parse_address
+
+        metrics = parse_address(args.metrics)
+    agent = Agent(home, socket_path, config=config, metrics=metrics)
     if not agent.bind():
         raise CommandError(f"another service already answers on {socket_path}")
     logging.getLogger("jupyter_dlsched.agent").info(
@@ -27,6 +32,11 @@ def cmd_service(args: argparse.Namespace) -> int:
     )
     try:
         agent.open()
+        if agent.scrape is not None:
+            host, port = agent.scrape.address
+            logging.getLogger("jupyter_dlsched.agent").info(
+                "Prometheus metrics at http://%s:%s/metrics", host, port
+            )
         from ..agent.service import _set_name, preload
 
         preload()
@@ -93,6 +103,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument(
         "--config", help="the pool's configuration (default /etc/dlsched/service.toml)"
+    )
+    run.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="also serve Prometheus metrics at http://HOST:PORT/metrics (HOST: loopback if "
+        "left out, e.g. --metrics :9464)",
     )
     run.set_defaults(run=cmd_service)
     unit = actions.add_parser(

@@ -6,6 +6,7 @@ Options (``jupyter_server_config.py`` or the command line)::
     c.DlschedApp.policy = "fair"               # written to the ledger for everyone
     c.DlschedApp.sample_interval = 5.0         # seconds between utilisation samples (0: off)
     c.DlschedApp.history_retention = 86400.0   # seconds of utilisation history kept
+    c.DlschedApp.open_metrics = False          # True: /dlsched/metrics needs no token
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Float, Unicode
+from traitlets import Bool, Float, Unicode
 
 from .handlers import HANDLERS
 from .state import ServerState
@@ -49,6 +50,16 @@ class DlschedApp(ExtensionApp):
         24 * 3600.0, config=True, help="Seconds of utilisation history kept in the ledger."
     )
 
+    open_metrics = Bool(
+        False,
+        config=True,
+        help=(
+            "Answer /dlsched/metrics (Prometheus) without authentication, for a scraper on "
+            "this machine that holds no token. Anyone who reaches the server's port can then "
+            "read the pool's job counts and per-user GPU use."
+        ),
+    )
+
     state: ServerState | None = None
 
     def initialize_settings(self) -> None:
@@ -69,6 +80,7 @@ class DlschedApp(ExtensionApp):
         )
         self.state.start()
         self.settings["dlsched"] = self.state
+        self.settings["dlsched_open_metrics"] = self.open_metrics
         self.log.info(
             "jupyter-dlsched: ledger %s, policy %s, sampling every %ss",
             scheduler.home,

@@ -325,6 +325,30 @@ class MetricsHandler(DlschedHandler):
         )
 
 
+class PrometheusHandler(DlschedHandler):
+    """``GET /dlsched/metrics``: the pool's metrics in Prometheus' text format (metrics.py).
+
+    Authenticated like the rest of the API unless ``DlschedApp.open_metrics`` is set (for
+    a scraper on this machine that holds no token).
+    """
+
+    def check_xsrf_cookie(self) -> None:
+        return None  # GET only: nothing to forge
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        if not self.settings.get("dlsched_open_metrics"):
+            await super().prepare()
+
+    def get(self) -> None:
+        if not self.settings.get("dlsched_open_metrics") and not self.current_user:
+            raise tornado.web.HTTPError(403)
+        from ..metrics import CONTENT_TYPE
+
+        body = self.dlsched.metrics()
+        self.set_header("Cache-Control", "no-store")
+        self.finish(body, set_content_type=CONTENT_TYPE)
+
+
 _ID = r"(?P<job_id>[^/]+)"
 
 
@@ -348,4 +372,5 @@ HANDLERS: list[tuple[str, type[DlschedHandler]]] = [
     (f"{API_PREFIX}/jobs/{_ID}/cancel", CancelHandler),
     (f"{API_PREFIX}/metrics", MetricsHandler),
     (f"{API_PREFIX}/accounting", AccountingHandler),
+    ("/dlsched/metrics", PrometheusHandler),
 ]

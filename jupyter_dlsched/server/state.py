@@ -131,6 +131,18 @@ class ServerState:
         )
         return status
 
+    def metrics(self) -> bytes:
+        """The pool's Prometheus metrics (a shared pool's come from its service)."""
+        if self.shared:
+            assert self.scheduler.link is not None
+            return str(self.scheduler.link.client.call("metrics")["text"]).encode()
+        from ..metrics import exposition
+
+        pool = self.read_pool()
+        return exposition(
+            self.store, pool if any(not g.simulated for g in pool.gpus) else None, time.time()
+        )
+
     def read_pool(self) -> PoolInfo:
         """The pool now, read at most once per ``POOL_MAX_AGE`` (a private copy)."""
         with self._pool_lock:
