@@ -190,3 +190,46 @@ def test_a_bad_metrics_address_is_refused_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "--metrics" in done.stderr and "HOST:PORT" in done.stderr
     assert not Path("/run/dlsched-never").exists()
+
+
+def test_a_shared_pools_service_records_the_history_every_users_sidebar_draws(
+    team_users, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service samples the pool (a user's server no longer draws empty charts)."""
+    import json
+
+    from team_pool import shared_pool
+
+    from jupyter_dlsched.server.state import ServerState
+
+    a, b = team_users
+    with shared_pool() as service:
+        [job_id] = service.submit(b, 30, "b-train", gpus=1)
+        wait_for(lambda: service.job(job_id)["job_pid"])
+        [gpu] = service.job(job_id)["placement"]["gpus"]
+        # A, another user, reads the history through the service
+        script = (
+            "import json, sys; from jupyter_dlsched.agent.client import AgentClient; "
+            "print(json.dumps(AgentClient(sys.argv[1]).call('samples', since=0)['samples']))"
+        )
+
+        def allocated() -> list:
+            done = a.python(script, str(service.socket))
+            assert done.returncode == 0, done.stderr
+            return [
+                r
+                for r in json.loads(done.stdout)
+                if r["source"] == f"gpu:{gpu}" and job_id in (r["data"] or {}).get("allocated", [])
+            ]
+
+        rows = wait_for(allocated, timeout=30, step=0.5)
+        assert rows[0]["data"]["simulated"] is True and rows[0]["mem_total"] == 16 << 30
+        # and a Jupyter server of the shared pool answers REST's history from it
+        monkeypatch.setenv("DLSCHED_SOCKET", str(service.socket))
+        state = ServerState(Scheduler(loop=False), sample_interval=5, history_retention=86400)
+        try:
+            history = state.samples(0.0, 2e9, f"gpu:{gpu}", 1000)
+        finally:
+            state.close()
+        assert any(job_id in (r["data"] or {}).get("allocated", []) for r in history)
+        assert {r["source"] for r in history} == {f"gpu:{gpu}"}

@@ -8,10 +8,10 @@ import pytest
 
 from jupyter_dlsched.errors import DlschedError, IllegalTransition, JobNotFound, SpecError
 from jupyter_dlsched.pool import GpuInfo, GpuProcess, PoolInfo
+from jupyter_dlsched.sampling import Sampler, pool_rows
 from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.server.handlers import ApiError, scheduler_errors
 from jupyter_dlsched.server.logs import read_log
-from jupyter_dlsched.server.sampler import Sampler, pool_rows
 from jupyter_dlsched.server.state import ServerState
 from jupyter_dlsched.store import Store
 

@@ -425,6 +425,7 @@ def _cases(failed: str, retried: str, running: str) -> dict[str, dict]:
         "settings": {"policy": "fifo"},
         "cache": {},
         "metrics": {},
+        "samples": {"since": 0},
         "ray": {"address": "127.0.0.1:1"},
         "stop": {},
     }

@@ -38,7 +38,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import private
 from .._version import __version__
@@ -59,6 +59,9 @@ from .connections import Connections, Peer
 from .limits import LimitsGate
 from .protocol import ProtocolError, error_reply
 from .scrape import ScrapeEndpoint
+
+if TYPE_CHECKING:
+    from ..sampling import Sampler
 from .visibility import Viewer, redact
 
 log = logging.getLogger("jupyter_dlsched.agent")
@@ -77,6 +80,11 @@ POSITIONS_AT_ONCE = 200
 RAY_DRIVER_RETRY = 30.0
 #: Bytes of ray-driver.log before it is moved aside to ray-driver.log.1.
 RAY_LOG_MAX = 4 << 20
+#: Seconds between a shared pool's utilisation samples, and how long they are kept.
+SAMPLE_INTERVAL = 5.0
+SAMPLE_RETENTION = 24 * 3600.0
+#: Samples one ``samples`` request answers at most (each source thinned evenly to fit).
+MAX_SAMPLES = 20_000
 #: Seconds before an allocated job nobody claimed is launched again.
 RELAUNCH_AFTER = 5.0
 _METADATA_KEYS = ("inventory", "settings", "cache")
@@ -185,6 +193,16 @@ def _process_exists(pid: int) -> bool:
     return True
 
 
+def _seconds(msg: dict[str, Any], key: str, default: float) -> float:
+    """A time field of a request (epoch seconds), or ``default`` when left out."""
+    value = msg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not -1e12 < value < 1e12:
+        raise SpecError(key, value, "a time in epoch seconds")
+    return float(value)
+
+
 def _page(msg: dict[str, Any]) -> int:
     """Rows one list request answers: its ``limit``, at most ``MAX_ROWS``."""
     limit = msg.get("limit")
@@ -218,6 +236,8 @@ class Agent:
         #: where Prometheus scrapes this pool's metrics (``--metrics HOST:PORT``), if anywhere
         self.metrics_address = metrics
         self.scrape: ScrapeEndpoint | None = None
+        #: a shared pool records the utilisation history its users' sidebars draw
+        self.sampler: Sampler | None = None
         self.shared = socket_path is not None
         self.socket_path = Path(socket_path) if socket_path is not None else None
         self.config = config if config is not None or not self.shared else ServiceConfig.load(None)
@@ -267,6 +287,7 @@ class Agent:
             "settings": self._settings,
             "cache": lambda peer, msg, blobs: {"cache": self._cache_info()},
             "metrics": lambda peer, msg, blobs: {"text": self.render_metrics().decode()},
+            "samples": self._samples,
             "ray": self._ray,
             "stop": self._stop,
         }
@@ -335,6 +356,11 @@ class Agent:
                 params["weights"] = self.config.owner_weights()
             options = {"policy": self.config.policy, "policy_params": params}
         self.sched = AgentScheduler(self, self.home, **options)
+        if self.shared:
+            from ..sampling import Sampler
+
+            assert self.sched is not None
+            self.sampler = Sampler(self._store, self.sched.pool, SAMPLE_INTERVAL, SAMPLE_RETENTION)
         if self.metrics_address is not None:
             self.scrape = ScrapeEndpoint(
                 self.selector, self.metrics_address, self.render_metrics, CONTENT_TYPE
@@ -387,7 +413,7 @@ class Agent:
         store = self._store
         version = store.data_version()
         last_change = last_tick = last_busy = time.monotonic()
-        last_refill = last_warned = last_ray = last_sweep = 0.0
+        last_refill = last_warned = last_ray = last_sweep = last_sample = 0.0
         while not self._stopping:
             quiet = time.monotonic() - last_change
             timeout = 0.0 if self._dirty else min(0.25, max(0.002, quiet / 20))
@@ -419,6 +445,9 @@ class Agent:
                 if now - last_refill >= 30.0:
                     last_refill = now
                     store.reserve.refill()
+                if self.sampler is not None and now - last_sample >= SAMPLE_INTERVAL:
+                    last_sample = now
+                    self.sampler.sample_once()  # the pool's history, for every user's charts
                 if now - last_ray >= 5.0:
                     last_ray = now
                     self._keep_ray_driver()  # a Ray job waits or runs: a driver must serve it
@@ -906,6 +935,17 @@ class Agent:
             "admin": peer.admin,
         }
         return status
+
+    def _samples(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        """Utilisation history in ``[since, until]`` (of ``source``), thinned to ``max_rows``."""
+        since, until = _seconds(msg, "since", 0.0), _seconds(msg, "until", time.time())
+        source = msg.get("source")
+        if source is not None and (not isinstance(source, str) or len(source) > 64):
+            raise SpecError("source", source, "gpu, gpu:N, cpu or ram")
+        rows = msg.get("max_rows", MAX_SAMPLES)
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_SAMPLES:
+            raise SpecError("max_rows", rows, f"a whole number from 1 to {MAX_SAMPLES}")
+        return {"samples": self._store.thinned_samples(since, until, source, rows)}
 
     def render_metrics(self) -> bytes:
         """The pool's Prometheus metrics now (GPUs measured through NVML when real)."""

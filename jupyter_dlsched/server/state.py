@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..pool import PoolInfo
+from ..sampling import Sampler
 from ..scheduler import Scheduler
 from ..store import ACTIVE, STATES, TERMINAL
-from .sampler import Sampler
 
 #: Seconds a status answer may be reused while no job changed (the pool's shape can).
 STATUS_MAX_AGE = 2.0
@@ -203,8 +203,12 @@ class ServerState:
     ) -> list[dict[str, Any]]:
         """Utilisation rows in ``[since, until]``, each source thinned evenly to fit ``max_rows``
         (``Store.thinned_samples``: thinned in SQLite, never loaded whole into the server)."""
-        if self.shared:
-            return []
+        if self.shared:  # recorded by the pool's service
+            assert self.scheduler.link is not None
+            reply = self.scheduler.link.client.call(
+                "samples", since=since, until=until, source=source, max_rows=max_rows
+            )
+            return list(reply["samples"])
         return self.store.thinned_samples(since, until, source, max_rows)
 
     def accounting(self, since: float) -> dict[str, Any]:

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..pool import PoolInfo
-from ..store import Store
+from .pool import PoolInfo
+from .store import Store
 
 log = logging.getLogger(__name__)
 
