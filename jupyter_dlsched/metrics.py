@@ -10,6 +10,8 @@ scrapes, so every participant that can read the ledger answers the same):
 ``dlsched_gpu_allocated_ratio{gpu}``       gauge      share of each GPU granted to running jobs
 ``dlsched_gpu_utilization_ratio{gpu}``     gauge      measured compute use (real GPUs only)
 ``dlsched_gpu_memory_used_bytes{gpu}``     gauge      measured memory in use (real GPUs only)
+``dlsched_gpu_outside_memory_bytes``       gauge      memory held by processes no job owns
+``{gpu,user}``                                        (real GPUs only)
 ``dlsched_queue_wait_seconds``             histogram  submit-to-start wait of each job that started
 ``dlsched_user_gpus_allocated{user}``      gauge      GPUs held by each user's running jobs
 ``dlsched_user_gpu_seconds_total{user}``   counter    GPU-seconds each user's jobs have held
@@ -114,14 +116,26 @@ class PoolCollector(Collector):
             "Measured memory in use on each real GPU (never reported for simulated ones).",
             labels=["gpu"],
         )
+        outside = GaugeMetricFamily(
+            "dlsched_gpu_outside_memory_bytes",
+            "GPU memory held by processes no job of the pool owns, by GPU and Unix user.",
+            labels=["gpu", "user"],
+        )
         for gpu in self.pool.gpus if self.pool is not None else ():
             if gpu.simulated:
                 continue
             if gpu.util is not None:
                 utilization.add_metric([str(gpu.index)], gpu.util / 100.0)
             memory.add_metric([str(gpu.index)], gpu.mem_used)
+            held: dict[str, int] = defaultdict(int)
+            for process in gpu.processes:
+                if process.job_id is None:
+                    held[process.user or "unknown"] += process.used_mem
+            for user, used in sorted(held.items()):
+                outside.add_metric([str(gpu.index), user], used)
         yield utilization
         yield memory
+        yield outside
 
         yield _histogram(store.wait_times())
 

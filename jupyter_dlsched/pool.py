@@ -26,11 +26,17 @@ _SIM_ITEM = re.compile(r"^\s*(\d+)\s*[xX]\s*(\S+)\s*$")
 
 @dataclass
 class GpuProcess:
-    """A process holding memory on a GPU; ``job_id`` is set when the scheduler started it."""
+    """A process holding memory on a GPU; ``job_id`` is set when the scheduler started it.
+
+    ``user`` and ``command`` say whose it is when it is not a job's ("who is on GPU 3
+    without asking"); None where the process cannot be seen (another PID namespace).
+    """
 
     pid: int
     used_mem: int
     job_id: str | None = None
+    user: str | None = None
+    command: str | None = None
 
 
 @dataclass
@@ -105,6 +111,13 @@ class PoolInfo:
                 f"mem {format_size(g.mem_used)} / {format_size(g.mem_total)}"
                 + (f"  jobs {', '.join(g.jobs)}" if g.jobs else "")
             )
+            for p in g.processes:
+                if p.job_id is None:
+                    who = p.user or "an unknown user"
+                    what = f" · {p.command}" if p.command else ""
+                    lines.append(
+                        f"    outside the pool: {who} · {format_size(p.used_mem)} · pid {p.pid}{what}"
+                    )
         if not self.gpus:
             lines.append(f"  no GPUs ({self.gpu_error or 'none found'})")
         return "\n".join(lines)
@@ -191,7 +204,20 @@ def _gpu_processes(nv: Any, handle: Any) -> list[GpuProcess]:
                 seen[int(proc.pid)] = seen.get(int(proc.pid), 0) + int(used or 0)
         except (nv.NVMLError, AttributeError):
             continue
-    return [GpuProcess(pid, used) for pid, used in sorted(seen.items())]
+    return [GpuProcess(pid, used, *_owner_of(pid)) for pid, used in sorted(seen.items())]
+
+
+def _owner_of(pid: int) -> tuple[None, str | None, str | None]:
+    """(no job yet, the Unix user, the command line) of a process, as far as it can be seen."""
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            user = process.username()
+            argv = process.cmdline() or [process.name()]
+    except (psutil.Error, KeyError, OSError):
+        return None, None, None
+    command = " ".join(argv)
+    return None, user, command if len(command) <= 200 else command[:199] + "…"
 
 
 def _topology_groups(nv: Any, handles: list[Any], gpus: list[GpuInfo]) -> None:

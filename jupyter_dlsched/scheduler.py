@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ._version import __version__
 from .agent.link import AgentLink, connect
 from .backends import Backend, make_backend
@@ -60,6 +62,20 @@ def submit_context() -> dict[str, Any]:
         # a shared pool runs the job in this interpreter (as its owner), not in the service's
         "executable": sys.executable,
     }
+
+
+def _job_of(pid: int, by_pid: dict[int, str]) -> str | None:
+    """The job a GPU process belongs to: its own pid, or any ancestor's (a rank, a data
+    loader worker, a process the job started), is a job's or its supervisor's."""
+    if pid in by_pid:
+        return by_pid[pid]
+    try:
+        for parent in psutil.Process(pid).parents():
+            if parent.pid in by_pid:
+                return by_pid[parent.pid]
+    except psutil.Error:
+        pass
+    return None
 
 
 class Scheduler(Deciding, Watching):
@@ -463,10 +479,11 @@ class Scheduler(Deciding, Watching):
         info = copy.deepcopy(probe(usage=True))  # the probe is cached and shared: never mutate it
         running = self.store.jobs(states=["running"])
         by_pid = {j.job_pid: j.id for j in running if j.job_pid}
+        by_pid.update({j.supervisor_pid: j.id for j in running if j.supervisor_pid})
         for gpu in info.gpus:
             gpu.jobs = []
             for p in gpu.processes:
-                p.job_id = by_pid.get(p.pid)
+                p.job_id = _job_of(p.pid, by_pid)
         for job in running:
             if not job.placement:
                 continue

@@ -951,12 +951,11 @@ class Agent:
         """The pool's Prometheus metrics now (GPUs measured through NVML when real)."""
         from ..metrics import exposition
 
+        assert self.sched is not None
         inventory = self._store.get_meta("inventory", {}) or {}
         pool = None
         if any(not g.get("simulated") for g in inventory.get("gpus") or []):
-            from ..pool import probe
-
-            pool = probe(usage=True, max_age=5.0)
+            pool = self.sched.pool()  # measured, with each GPU process's job (or user)
         return exposition(self._store, pool, time.time())
 
     def _cache_info(self) -> dict[str, Any]:
