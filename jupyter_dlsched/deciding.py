@@ -115,7 +115,7 @@ class Deciding:
             policy = self.policy()
             if backend == "local":
                 # jobs whose inputs are not staged yet wait; the next ones get stagers
-                policy = gate = StagingGate(self.store, policy, uid=self.uid)
+                policy = gate = StagingGate(self.store, policy, uid=self.stager_uid)
             inventory = self.inventory
             # NVML is read before taking the write lock, never while holding it
             job_pids = self.store.running_job_pids(backend)
@@ -172,6 +172,11 @@ class Deciding:
                     continue
                 self._orphan_tries[job_id] = now
             self.backend.launch(self.store.get(job_id))
+
+    @property
+    def stager_uid(self) -> int | None:
+        """Whose stagings this scheduler starts: its own user's (None: everyone's)."""
+        return int(self.uid)
 
     def _launch_stager(self, source_id: str) -> None:
         """Start the stager of a staging this tick armed."""

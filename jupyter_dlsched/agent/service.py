@@ -133,6 +133,11 @@ class AgentScheduler(Scheduler):
         """Decide at the end of this loop turn, not in the middle of a request."""
         self.agent._dirty = True
 
+    @property
+    def stager_uid(self) -> int | None:
+        # a shared pool stages every user's inputs, each read as its owner (staging/owner.py)
+        return None if self.agent.shared else int(self.uid)
+
     def _launch_stager(self, source_id: str) -> None:
         self.agent.fork_stager(source_id)
 
@@ -181,6 +186,13 @@ def _ray_options(msg: dict[str, Any]) -> dict[str, Any]:
     ):
         raise SpecError("ray options", options, "an address, a card size, ray.init options")
     return options
+
+
+def _owner(path: str) -> int | None:
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return None
 
 
 def _process_exists(pid: int) -> bool:
@@ -285,7 +297,7 @@ class Agent:
             "ended": self._ended,
             "tick": self._tick_request,
             "settings": self._settings,
-            "cache": lambda peer, msg, blobs: {"cache": self._cache_info()},
+            "cache": lambda peer, msg, blobs: {"cache": self._cache_info(peer)},
             "metrics": lambda peer, msg, blobs: {"text": self.render_metrics().decode()},
             "samples": self._samples,
             "ray": self._ray,
@@ -579,7 +591,7 @@ class Agent:
             self._leave_agent(b"dlsched-stage")
             from ..staging.stager import stage
 
-            code = stage(self.home, source_id)
+            code = stage(self.home, source_id, as_owner=self.shared)
         except BaseException:
             import traceback
 
@@ -672,12 +684,6 @@ class Agent:
                 True,
                 "a job that runs in the pool's own processes (a shared pool "
                 "cannot run a thread of your kernel): leave out --inline",
-            )
-        if self.shared and options.get("stage_in"):
-            raise SpecError(
-                "stage_in",
-                options["stage_in"],
-                "no stage_in in a shared pool yet (read the data from its source)",
             )
         backend = msg.get("backend") or "local"
         if backend != "local" and self.shared:
@@ -958,10 +964,16 @@ class Agent:
             pool = self.sched.pool()  # measured, with each GPU process's job (or user)
         return exposition(self._store, pool, time.time())
 
-    def _cache_info(self) -> dict[str, Any]:
+    def _cache_info(self, peer: Peer) -> dict[str, Any]:
+        """The stage-in cache; in a shared pool a user sees only their own entries and
+        stagings listed (their sources are theirs), with the totals of everyone's."""
         from ..staging import cache_info
 
-        return cache_info(self._store)
+        info = cache_info(self._store)
+        if self.shared and not peer.admin:
+            info["items"] = [item for item in info["items"] if _owner(item["path"]) == peer.uid]
+            info["staging"] = [s for s in info["staging"] if s.get("uid") == peer.uid]
+        return info
 
     def _events(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         job_id = msg.get("id")

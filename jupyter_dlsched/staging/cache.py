@@ -142,6 +142,7 @@ def cache_info(store: Store) -> dict[str, Any]:
             "total_bytes": r["total_bytes"],
             "rate": r["rate"],
             "note": r["note"],
+            "uid": r["uid"],
         }
         for r in store.active_stagings()
     ]

@@ -58,7 +58,7 @@ def staging_words(rows: Sequence[sqlite3.Row | dict[str, Any]], next_up: bool = 
 class StagingGate(PolicyGate):
     """A policy for one tick that leaves out jobs whose inputs are not staged yet."""
 
-    def __init__(self, store: Store, policy: Policy, *, uid: int) -> None:
+    def __init__(self, store: Store, policy: Policy, *, uid: int | None) -> None:
         super().__init__(policy)
         self._store = store
         self._uid = uid
@@ -109,8 +109,8 @@ class StagingGate(PolicyGate):
         for job_id in order[:ahead]:
             for row in inputs[job_id]:
                 sid = row["source_id"]
-                if row["uid"] != self._uid or sid in self.armed:
-                    continue  # only the owner reads a source (and runs the stager)
+                if (self._uid is not None and row["uid"] != self._uid) or sid in self.armed:
+                    continue  # only the owner reads a source (a shared pool: as its owner)
                 live = row["lease_expires"] is not None and row["lease_expires"] >= now
                 if not live and self._store.request_staging(
                     db, sid, row["source"], row["uid"], now + CLAIM_GRACE

@@ -31,6 +31,7 @@ from ..store import Store
 from ..units import format_size
 from . import cache
 from .gate import format_rate, staging_words
+from .owner import OwnerSource
 from .sources import Source, SourceFile, StagingFailed, fingerprint, open_source
 
 CHUNK = 4 * 2**20
@@ -91,38 +92,60 @@ class Progress:
             raise Abandoned(self.source_id)
 
 
-def stage(home: str | os.PathLike[str], source_id: str) -> int:
-    """Stage one source for the jobs that wait for it; returns the process's exit status."""
+def stage(home: str | os.PathLike[str], source_id: str, *, as_owner: bool = False) -> int:
+    """Stage one source for the jobs that wait for it; returns the process's exit status.
+
+    ``as_owner``: a shared pool's service (root) stages a user's source, reading it as
+    that user (``owner.OwnerSource``) into a cache entry that belongs to that user.
+    """
     store = Store(home)
     row = store.staging(source_id)
-    if row is None or row["uid"] != os.getuid():
-        return 2  # a source is read only as the user whose jobs declared it
+    owner: int | None = None
+    if row is not None and row["uid"] != os.getuid():
+        if not as_owner or os.geteuid() != 0:
+            return 2  # a source is read only as the user whose jobs declared it
+        owner = int(row["uid"])
+    if row is None:
+        return 2
     settings = Settings.load(store)
     since = store.claim_staging(source_id, row["attempt"], settings.lease_ttl)
     if since is None:
         return 0  # another stager has it
     try:
-        _stage(store, source_id, row["source"], row["attempt"], since, settings.lease_ttl)
+        _stage(store, source_id, row["source"], row["attempt"], since, settings.lease_ttl, owner)
     finally:
         store.close()
-        wake_pool(home)  # start the jobs that were waiting for this data
+        if owner is None:
+            wake_pool(home)  # start the jobs that were waiting for this data
     return 0
 
 
 def _stage(
-    store: Store, source_id: str, source: str, attempt: int, since: float, lease_ttl: float
+    store: Store,
+    source_id: str,
+    source: str,
+    attempt: int,
+    since: float,
+    lease_ttl: float,
+    owner: int | None = None,
 ) -> None:
     config = cache.CacheConfig.load(store)
     progress = Progress(store, source_id, lease_ttl, config.max_rate)
     folder: Path | None = None
     tmp: Path | None = None
+    reader: OwnerSource | None = None
     try:
         folder = cache.open_folder(store, config)
+        if owner is not None:
+            os.chmod(folder, 0o711)  # owners reach their own entries (0700, theirs), no more
+            reader = OwnerSource(source, owner)
         for stale in folder.glob(f".tmp-{source_id}-*"):  # left by a stager that was killed
             cache.remove(folder, stale)
         tmp = folder / f".tmp-{source_id}-{attempt}"
         for _ in range(CHANGE_TRIES):
-            if _stage_once(store, source_id, source, since, folder, tmp, config, progress):
+            if _stage_once(
+                store, source_id, source, since, folder, tmp, config, progress, reader, owner
+            ):
                 return
         raise StagingFailed(f"{source} kept changing while it was copied ({CHANGE_TRIES} tries)")
     except Abandoned:
@@ -144,6 +167,8 @@ def _stage(
         traceback.print_exc()
         _fail(store, source_id, since, f"{type(error).__name__}: {error}")
     finally:
+        if reader is not None:
+            reader.close()
         if folder is not None and tmp is not None:
             cache.remove(folder, tmp)  # a partial or superseded copy never stays
 
@@ -161,13 +186,20 @@ def _stage_once(
     tmp: Path,
     config: cache.CacheConfig,
     progress: Progress,
+    reader: OwnerSource | None = None,
+    owner: int | None = None,
 ) -> bool:
-    """One try: True when the jobs are served (hit or fresh copy), False if the source changed."""
-    src = open_source(source)
+    """One try: True when the jobs are served (hit or fresh copy), False if the source changed.
+
+    With an ``owner`` (a shared pool), the entry is that user's alone: its key names the
+    user, so another user's staging of the same source never finds it, and its files
+    belong to the user."""
+    src: Source | OwnerSource = reader if reader is not None else open_source(source)
     files = src.listing()
     total = sum(f.size for f in files)
     progress.start(total)
-    key = fingerprint(source, files)
+    identity = source if owner is None else f"uid {owner}\0{source}"
+    key = fingerprint(identity, files)
     found = store.cache_entry(key)
     if found is not None and os.path.exists(found["path"]):
         served = store.finish_staging(
@@ -194,9 +226,11 @@ def _stage_once(
     digests = _copy(src, files, target, progress)
     progress.write(force=True, note="verifying")
     _verify(files, target, digests, progress)
-    if fingerprint(source, src.listing()) != key:
+    if fingerprint(identity, src.listing()) != key:
         cache.remove(folder, tmp)
         return False
+    if owner is not None:
+        _give(tmp, owner)
     final = folder / key
     cache.remove(folder, final)  # a copy no entry names (its recording was interrupted)
     os.rename(tmp, final)
@@ -226,8 +260,19 @@ def _stage_once(
     return True
 
 
+def _give(folder: Path, uid: int) -> None:
+    """Make a verified copy its owner's: every folder and file of it, never through a link."""
+    import pwd
+
+    gid = pwd.getpwuid(uid).pw_gid
+    for root, dirs, names in os.walk(folder):
+        for name in [*dirs, *names]:
+            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+    os.chown(folder, uid, gid, follow_symlinks=False)
+
+
 def _copy(
-    src: Source, files: list[SourceFile], target: Path, progress: Progress
+    src: Source | OwnerSource, files: list[SourceFile], target: Path, progress: Progress
 ) -> list[tuple[str, str]]:
     """Copy every listed file under ``target``; returns (path, SHA-256) of what was read."""
     digests = []
