@@ -47,6 +47,9 @@ ExecStart={python} -m jupyter_dlsched.cli service run --home {home} --socket {so
 Restart=on-failure
 # stopping the service must not stop running jobs: each has a supervisor of its own
 KillMode=process
+# a cgroup subtree of its own: each job gets a cgroup below it, so a job cannot leave
+# processes behind that outlive it (on a cgroup-v1 host the freezer hierarchy is used)
+Delegate=yes
 RuntimeDirectory=dlsched
 RuntimeDirectoryPreserve=yes
 StateDirectory=dlsched
