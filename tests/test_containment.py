@@ -380,3 +380,75 @@ def test_a_running_job_shows_its_cpu_and_memory_now_and_none_after(pool, home, t
     handle.cancel()
     ended = handle.wait(timeout=60)
     assert (ended.cpu_now, ended.rss_now) == (None, None)
+
+
+# -- files the job's owner plants in its spool folder -----------------------------------------
+
+#: A first attempt that plants KIND under NAME in its own spool folder, then fails (so the
+#: job runs again in the same folder): what a user can do to the supervisor of the next run.
+PLANT = r"""
+import os, sys
+name, kind, target = sys.argv[1], sys.argv[2], sys.argv[3]
+folder = os.path.join(os.environ["DLSCHED_HOME"], "spool", os.environ["DLSCHED_JOB_ID"])
+path = os.path.join(folder, name)
+if os.path.lexists(path):
+    os.unlink(path)
+if kind == "symlink":
+    os.symlink(target, path)
+elif kind == "fifo":
+    os.mkfifo(path)
+elif kind == "hardlink":
+    os.link(target, path)
+elif kind == "folder":
+    os.mkdir(path)
+sys.exit(1)
+"""
+
+PLANTED = [
+    ("log", "symlink", "a symbolic link"),
+    ("log", "fifo", "a FIFO"),
+    ("log", "hardlink", "a hard link"),
+    ("stop-requested", "folder", "a folder"),
+]
+
+
+@pytest.mark.parametrize(("name", "kind", "what"), PLANTED)
+def test_a_file_the_owner_plants_in_the_spool_folder_fails_the_next_run(
+    team, team_users, drop, name, kind, what
+):
+    a, _ = team_users
+    # the link's target: a file of the owner's own (a hard link needs one), or root's
+    target = drop / "precious"
+    target.write_text("keep me\n")
+    if kind == "hardlink":
+        os.chown(target, a.uid, a.gid)
+    argv = ["/usr/bin/python3", "-c", PLANT, name, kind, str(target)]
+    job = submit_as(team, a, argv, cpus=0.25, retries=1)
+    row = wait_ended(team, job)
+    folder = team.home / "spool" / job
+    assert row["state"] == "failed"  # not "lost (lease expired)": its supervisor said why
+    assert row["reason"] == f"its spool folder holds a planted {name} ({what}): {folder / name}"
+    assert row["attempts"] == 2
+    assert target.read_text() == "keep me\n"  # never written through the link
+    assert dlsched_cgroups() == []
+
+
+HOLD_FLAG = r"""
+import os, sys, time
+folder = os.path.join(os.environ["DLSCHED_HOME"], "spool", os.environ["DLSCHED_JOB_ID"])
+os.mkdir(os.path.join(folder, "stop-requested"))
+open(sys.argv[1], "w").close()
+time.sleep(600)
+"""
+
+
+def test_a_job_whose_stop_flag_is_a_folder_is_still_cancelled(team, team_users, drop):
+    a, _ = team_users
+    ready = drop / "ready"
+    job = submit_as(team, a, ["/usr/bin/python3", "-c", HOLD_FLAG, str(ready)], cpus=0.25)
+    wait_for(ready.exists, timeout=60, what=lambda: team.job(job))
+    done = team.as_user(a, CANCEL, job)
+    assert done.returncode == 0, done.stderr
+    row = wait_ended(team, job)
+    assert (row["state"], row["reason"]) == ("cancelled", "cancelled by user")
+    assert dlsched_cgroups() == []

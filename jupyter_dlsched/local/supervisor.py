@@ -114,6 +114,13 @@ def supervise(
     os.close(log_fd)
     try:
         outcome = _monitor(store, job, pids, settings, folder, owner, box)
+    except Exception as error:
+        # whatever broke here must not leave the job running unwatched until its lease
+        # lapses ("lost"): its processes go, and the job fails saying why
+        traceback.print_exc()
+        box.kill_all()
+        why = f"its supervisor failed: {type(error).__name__}: {error}"
+        outcome = Outcome(stop_reason="crash", detail=why[:300])
     finally:
         box.close()  # its cgroup, once the last of its processes is gone
     _record(store, job, outcome, folder, owner)
@@ -158,7 +165,7 @@ def _tell_agent(address: str | bytes, job_id: str, home: str | os.PathLike[str])
 @dataclass
 class Outcome:
     status: int = 0
-    stop_reason: str | None = None  # cancel, preempt, timeout, oom, lease
+    stop_reason: str | None = None  # cancel, preempt, timeout, oom, rank, lease, crash
     detail: str = ""
     usage: Usage = field(default_factory=lambda: Usage())
     #: processes killed that were not the job's main ones: outside its process group when
@@ -507,7 +514,7 @@ def _run_end(job: JobInfo, outcome: Outcome, folder: Path, owner: int | None = N
         to, why = "preempted", ""
     elif reason == "timeout":
         to, why = "timeout", outcome.detail
-    elif reason in ("oom", "rank"):
+    elif reason in ("oom", "rank", "crash"):
         to, why = "failed", outcome.detail
     elif exit_code == 0 and (job.kind == "command" or (folder / "result.pkl").exists()):
         to, why = "succeeded", ""
