@@ -259,6 +259,7 @@ def _monitor(
     """Watch the job's processes until all have exited, its main ones and whatever they
     started (``box``); stop them all when the job must end."""
     box = box if box is not None else Containment()
+    box.ranks.update(pids)  # reaped here, never by the box: their status is the job's
     outcome = Outcome()
     pgid = pids[0]
     ranks = set(pids)
@@ -326,7 +327,7 @@ def _monitor(
                 _, _, why = _describe_status(status, folder, owner)
                 stop("rank", f"rank {rank} failed ({why}); stopped the other ranks")
         if len(statuses) == len(pids):
-            box.reap(keep=ranks)
+            box.reap()
             if not box.pids():
                 break
             if not left_behind:
@@ -365,7 +366,7 @@ def _monitor(
         if now >= (next_memory if limits else next_usage):
             next_memory = now + MEMORY_CHECK_SECONDS
             next_usage = now + USAGE_SECONDS
-            box.reap(keep=ranks)  # processes of the job re-parented here that have exited
+            box.reap()  # processes of the job re-parented here that have exited
             processes = tree.now()
             used = outcome.usage.sample(processes, gpus=job.gpus > 0)
             if job.mem and used > job.mem:
