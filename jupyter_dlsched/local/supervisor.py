@@ -184,6 +184,7 @@ class Usage:
     cpu_reaped: float = 0.0  # CPU seconds of the ranks that have exited (from wait4)
     rss_now: int = 0
     cpu_now: float = 0.0
+    since: float = field(default_factory=time.monotonic)  # the first reading's CPU is since then
     _last: tuple[float, dict[tuple[int, float], float]] | None = None
 
     def sample(self, tree: list[psutil.Process], gpus: bool) -> int:
@@ -194,12 +195,12 @@ class Usage:
         seconds = _cpu_seconds(tree)
         self.cpu_time = max(self.cpu_time, sum(seconds.values()))
         now = time.monotonic()
-        if self._last is not None and now > self._last[0]:
+        then, before = self._last or (self.since, {})
+        if now > then:
             # per process (pid and start time): one that exited takes its seconds with it,
             # one that is new brings all of its own
-            before = self._last[1]
             spent = sum(max(0.0, t - before.get(key, 0.0)) for key, t in seconds.items())
-            self.cpu_now = 100.0 * spent / (now - self._last[0])
+            self.cpu_now = 100.0 * spent / (now - then)
         self._last = (now, seconds)
         if gpus:
             from ..gpu_watch import job_gpu_memory
@@ -304,7 +305,9 @@ def _monitor(
         grace = settings.preempt_grace() if reason == "preempt" else settings.grace
         kill_at = time.time() + (0.0 if at_once else grace)
 
-    next_usage = next_live = 0.0
+    next_usage = 0.0
+    # what it uses now is first written after a while: a short job costs no transaction for it
+    next_live = time.time() + LIVE_SECONDS
     pid_recorded = False
     while True:
         # the job's pid is written once it has run for a moment: a job that ends at once
