@@ -139,16 +139,70 @@ def write_file(path: Path, data: bytes) -> None:
         raise
 
 
+class PlantedFile(UnsafeStateFolder):
+    """A spool file that is not what the pool writes there (a link, a FIFO, a folder, a
+    second name of another file): the job's owner put it there; the job fails with this."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(path, what)
+        self.args = (f"its spool folder holds a planted {Path(path).name} ({what}): {path}",)
+
+
+def planted_kind(st: os.stat_result) -> str | None:
+    """What a spool file is when it is not a plain file of one name, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(st.st_mode):
+        return "a FIFO"
+    if stat.S_ISDIR(st.st_mode):
+        return "a folder"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_nlink > 1:
+        return "a hard link"
+    return None
+
+
+def clear_files(folder: Path, names: tuple[str, ...]) -> None:
+    """Remove what an earlier run left under ``names`` (a link is removed, never followed);
+    ``PlantedFile`` for one that cannot be removed (a folder)."""
+    for name in names:
+        path = folder / name
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            raise PlantedFile(path, planted_kind(st) or "it cannot be removed") from None
+
+
 def open_append(path: Path, owner: int | None = None) -> int:
     """A file descriptor appending to ``path`` (created 0600), refusing a link or a stranger's.
 
     With ``owner``, a file this call creates is given to that user (a shared pool's logs).
+    ``PlantedFile`` when a symbolic link, FIFO, folder or hard link stands under the name.
     """
     # O_NONBLOCK: a FIFO planted under the name fails to open instead of blocking us
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK
-    fd = os.open(path, flags, 0o600)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            try:
+                st = os.lstat(path)
+            except OSError:
+                raise error from None
+            raise PlantedFile(path, planted_kind(st) or "it cannot be opened") from None
+        raise
     try:
         st = os.fstat(fd)
+        what = planted_kind(st)
+        if what is not None:
+            raise PlantedFile(path, what)
         if owner is not None and st.st_uid != owner and os.geteuid() == 0:
             if st.st_uid == 0 and st.st_size == 0 and st.st_nlink == 1:
                 os.fchown(fd, owner, -1)  # just created by us (the service)
@@ -159,20 +213,27 @@ def open_append(path: Path, owner: int | None = None) -> int:
     return fd
 
 
-def touch(path: Path, owner: int | None = None) -> None:
-    """Create ``path`` if missing, never through a link (a flag file in a user's spool)."""
+def touch(path: Path, owner: int | None = None) -> bool:
+    """Create ``path`` if missing, never through a link (a flag file in a user's spool).
+
+    False when something else stands under the name (a FIFO, a link, a folder): the
+    flag is not written, and nothing waits on it.
+    """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, 0o600)
     except OSError as error:
-        if error.errno in (errno.ENXIO, errno.ELOOP):
-            return  # a FIFO or a link in its place: the flag is not written, nothing waits
+        if error.errno in (errno.ENXIO, errno.ELOOP, errno.EISDIR):
+            return False
         raise
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return False
         if owner is not None and os.geteuid() == 0 and st.st_uid == 0 and st.st_nlink == 1:
             os.fchown(fd, owner, -1)
     finally:
         os.close(fd)
+    return True
 
 
 def create_private(path: Path) -> None:

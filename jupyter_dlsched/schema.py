@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -62,6 +62,8 @@ def end_of_run(job: JobInfo, end: RunEnd, now: float) -> tuple[str, str, dict[st
         "exit_code": end.exit_code,
         "term_signal": end.term_signal,
         "lease_expires": None,
+        "cpu_now": None,
+        "rss_now": None,
         "attained": job.attained + max(0.0, now - (job.started or now)) * job.gpus,
     }
     if to == "cancelled":
@@ -207,6 +209,11 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX cache_entries_lru ON cache_entries(last_used);
     """,
+    # version 4: what a running job uses now, written by its supervisor every few seconds
+    """
+    ALTER TABLE jobs ADD COLUMN cpu_now REAL;
+    ALTER TABLE jobs ADD COLUMN rss_now INTEGER;
+    """,
 ]
 
 
@@ -269,6 +276,10 @@ class JobInfo:
     cpu_time: float | None = None
     peak_rss: int | None = None
     peak_gpu_mem: int | None = None
+    # a running job's use now (None once it ended): percent of one core over the last few
+    # seconds, and bytes resident in all of its processes
+    cpu_now: float | None = None
+    rss_now: int | None = None
     # inputs staged while the job waits: name -> source (a path or URL)
     stage_in: dict[str, str] = field(default_factory=dict)
 
@@ -326,6 +337,8 @@ class JobInfo:
             "backend": self.backend,
             "inline": self.inline,
             "stage_in": self.stage_in,
+            "cpu_now": self.cpu_now,
+            "rss_now": self.rss_now,
             "usage": {
                 "gpu_hours": self.gpu_hours,
                 "cpu_time": self.cpu_time,

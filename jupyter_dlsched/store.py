@@ -847,6 +847,16 @@ class Store:
             ).rowcount
         )
 
+    def set_live_usage(self, job_id: str, pid: int, cpu: float, rss: int) -> None:
+        """What a running job uses now (CPU percent of one core, bytes resident), written by
+        its supervisor ``pid``; a job that ended meanwhile keeps its cleared columns."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE jobs SET cpu_now=?, rss_now=? WHERE id=? AND state='running' "
+                "AND supervisor_pid=?",
+                (cpu, rss, job_id, pid),
+            )
+
     @staticmethod
     def renew_leases(
         db: sqlite3.Connection, job_ids: Iterable[str], pid: int, until: float

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..history import history_table, period_words, totals_by_owner
 from ..schema import ACTIVE, JobInfo
+from ..units import format_size
 from ..words import owner_words, priority_words, state_words
 from .common import EXIT_OK, _flatten, _name_matches, _print_json, _scheduler
 
@@ -83,11 +84,18 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 priority_words(j.priority),
                 j.request.describe(),
                 devices,
-                state_words(j),
+                " · ".join(part for part in (state_words(j), use_words(j)) if part),
             )
         )
     _print_table(rows)
     return EXIT_OK
+
+
+def use_words(job: JobInfo) -> str:
+    """What a running job uses now, as its supervisor last read it: ``"cpu 180% · 1.2 GiB"``."""
+    if job.state != "running" or job.cpu_now is None or job.rss_now is None:
+        return ""
+    return f"cpu {job.cpu_now:.0f}% · {format_size(job.rss_now)}"
 
 
 def _print_table(rows: Sequence[tuple[str, ...]]) -> None:

@@ -59,6 +59,9 @@ Restart=on-failure
 KillMode=process
 # each connection is a descriptor: room for every user's kernels, CLIs and Jupyter servers
 LimitNOFILE=65536
+# a cgroup subtree of its own: each job gets a cgroup below it, so a job cannot leave
+# processes behind that outlive it (on a cgroup-v1 host the freezer hierarchy is used)
+Delegate=yes
 RuntimeDirectory=dlsched
 RuntimeDirectoryPreserve=yes
 StateDirectory=dlsched

@@ -19,6 +19,7 @@ from typing import Any
 from .. import private
 from ..runtime import DATA_ENV_PREFIX, run_payload
 from ..store import JobInfo, Store
+from .containment import Containment
 
 PR_SET_PDEATHSIG = 1
 
@@ -134,10 +135,13 @@ def start_ranks(
     cores: set[int],
     log_fd: int,
     as_user: int | None = None,
+    box: Containment | None = None,
 ) -> list[int]:
     """Fork the job's process(es), all in one process group led by rank 0.
 
     ``as_user``: a shared pool's supervisor (root) runs them as the job's owner.
+    ``box``: what holds every process of the job (its cgroup is entered right after
+    the fork, before anything of the job runs).
     """
     world = world_size(job)
     if job.distributed:
@@ -169,7 +173,10 @@ def start_ranks(
                 pgid,
                 rank,
                 as_user,
+                box,
             )
+        if box is not None:
+            box.add(pid)
         try:
             os.setpgid(pid, pgid or pid)  # also done by the child: whichever runs first wins
         except OSError:
@@ -190,10 +197,17 @@ def _run_job(
     pgid: int = 0,
     rank: int = 0,
     as_user: int | None = None,
+    box: Containment | None = None,
 ) -> None:
     """A job process (rank ``rank`` of a distributed job): never returns."""
     code = 1
     try:
+        if box is not None:
+            try:
+                box.join()  # still root: a job process cannot leave its cgroup afterwards
+            except OSError as error:
+                os.write(log_fd, f"[dlsched] cannot enter the job's cgroup: {error}\n".encode())
+                os._exit(126)
         try:
             os.setpgid(0, pgid)
         except OSError:

@@ -40,6 +40,7 @@ from ..scheduler import Scheduler
 from ..settings import Settings
 from ..store import JobInfo, RunEnd, Store, disk_full
 from ..units import format_size
+from .containment import Containment, sweep_cgroups
 from .jobproc import cores_for, job_environment, start_ranks
 
 POLL_SECONDS = 0.2
@@ -48,6 +49,8 @@ PID_AFTER = 0.01
 MEMORY_CHECK_SECONDS = 0.5
 #: How often a job without memory limits has its usage read (peak RSS, CPU, GPU memory).
 USAGE_SECONDS = 1.0
+#: How often a running job's CPU and RSS now are written to the ledger.
+LIVE_SECONDS = 2.0
 #: Tries at recording a job's end while the disk stays full (about 30 s in all).
 RECORD_TRIES = 8
 
@@ -82,10 +85,21 @@ def supervise(
     if claimed is None:
         return 0
     job = claimed
-    folder = store.make_spool(job_id, owner=owner)
-    for stale in ("result.pkl", "error.json", "error.pkl", STOP_FILE):
-        (folder / stale).unlink(missing_ok=True)
-    log_fd = private.open_append(folder / "log", owner)
+    # a shared pool's supervisor (root) also gives the job a cgroup of its own
+    box = Containment.create(job.id, job.attempts, home, cgroup=as_owner and os.geteuid() == 0)
+    if box.cgroup is not None:
+        running = store.jobs(states=["running"])
+        sweep_cgroups(home, [(j.id, j.attempts) for j in running])  # crashed supervisors'
+    try:
+        folder = store.make_spool(job_id, owner=owner)
+        private.clear_files(folder, ("result.pkl", "error.json", "error.pkl", STOP_FILE))
+        log_fd = private.open_append(folder / "log", owner)
+    except (UnsafeStateFolder, OSError) as error:
+        # a link, FIFO or folder the job's owner planted: the job fails, and says why
+        box.close()
+        _record_refusal(store, job, str(error))
+        _after(home, job_id, agent)
+        return 0
     if job.attempts > 1:
         os.write(log_fd, f"[dlsched] attempt {job.attempts}\n".encode())
     context = json.loads(store.read_file(job_id, "context.json") or b"{}")
@@ -96,16 +110,41 @@ def supervise(
     if isinstance(agent, str):
         env["DLSCHED_SOCKET"] = agent  # a shared pool: the job reports progress to the service
     cores = cores_for(job, store)
-    pids = start_ranks(folder, job, env, context, payload, cores, log_fd, as_user=owner)
+    pids = start_ranks(folder, job, env, context, payload, cores, log_fd, as_user=owner, box=box)
     os.close(log_fd)
-    outcome = _monitor(store, job, pids, settings, folder, owner)
+    try:
+        outcome = _monitor(store, job, pids, settings, folder, owner, box)
+    except Exception as error:
+        # whatever broke here must not leave the job running unwatched until its lease
+        # lapses ("lost"): its processes go, and the job fails saying why
+        traceback.print_exc()
+        box.kill_all()
+        why = f"its supervisor failed: {type(error).__name__}: {error}"
+        outcome = Outcome(stop_reason="crash", detail=why[:300])
+    finally:
+        box.close()  # its cgroup, once the last of its processes is gone
     _record(store, job, outcome, folder, owner)
     store.close()
+    _after(home, job_id, agent)
+    return 0
+
+
+def _after(home: str | os.PathLike[str], job_id: str, agent: str | bytes | None) -> None:
+    """Have the pool decide what starts now that this job's grant is free."""
     if agent is None:
         tick_after(home)
     else:
         _tell_agent(agent, job_id, home)
-    return 0
+
+
+def _record_refusal(store: Store, job: JobInfo, why: str) -> None:
+    """End a run that could not start (its spool folder was tampered with): failed, no retry."""
+    try:
+        with store.transaction() as db:
+            store.finish_run(db, job, RunEnd("failed", why, retry=False))
+    except (IllegalTransition, JobNotFound, LedgerUnavailable):
+        pass  # reaped meanwhile, or a full disk: the lease lapses and the reaper says so
+    store.close()
 
 
 def _tell_agent(address: str | bytes, job_id: str, home: str | os.PathLike[str]) -> None:
@@ -126,25 +165,43 @@ def _tell_agent(address: str | bytes, job_id: str, home: str | os.PathLike[str])
 @dataclass
 class Outcome:
     status: int = 0
-    stop_reason: str | None = None  # cancel, preempt, timeout, oom, lease
+    stop_reason: str | None = None  # cancel, preempt, timeout, oom, rank, lease, crash
     detail: str = ""
     usage: Usage = field(default_factory=lambda: Usage())
+    #: processes killed that were not the job's main ones: outside its process group when
+    #: it was stopped, or still running once its main processes had exited
+    strays: set[int] = field(default_factory=set)
 
 
 @dataclass
 class Usage:
-    """What one run of a job used: CPU seconds, peak RAM and peak GPU memory of its tree."""
+    """What one run of a job used: CPU seconds, peak RAM and peak GPU memory of its tree,
+    and what it uses now (CPU percent since the last reading, RSS)."""
 
     cpu_time: float = 0.0
     peak_rss: int = 0
     peak_gpu_mem: int | None = None  # None: not measured (no NVML, or a CPU job)
     cpu_reaped: float = 0.0  # CPU seconds of the ranks that have exited (from wait4)
+    rss_now: int = 0
+    cpu_now: float = 0.0
+    since: float = field(default_factory=time.monotonic)  # the first reading's CPU is since then
+    _last: tuple[float, dict[tuple[int, float], float]] | None = None
 
     def sample(self, tree: list[psutil.Process], gpus: bool) -> int:
         """Take one reading of the process tree; returns its RSS now."""
         rss = _rss(tree)
+        self.rss_now = rss
         self.peak_rss = max(self.peak_rss, rss)
-        self.cpu_time = max(self.cpu_time, _cpu_seconds(tree))
+        seconds = _cpu_seconds(tree)
+        self.cpu_time = max(self.cpu_time, sum(seconds.values()))
+        now = time.monotonic()
+        then, before = self._last or (self.since, {})
+        if now > then:
+            # per process (pid and start time): one that exited takes its seconds with it,
+            # one that is new brings all of its own
+            spent = sum(max(0.0, t - before.get(key, 0.0)) for key, t in seconds.items())
+            self.cpu_now = 100.0 * spent / (now - then)
+        self._last = (now, seconds)
         if gpus:
             from ..gpu_watch import job_gpu_memory
 
@@ -171,6 +228,26 @@ class Usage:
         }
 
 
+class _Tree:
+    """psutil handles of the job's processes, kept from one reading to the next."""
+
+    def __init__(self, box: Containment) -> None:
+        self.box = box
+        self.known: dict[int, psutil.Process] = {}
+
+    def now(self) -> list[psutil.Process]:
+        pids = self.box.pids()
+        for pid in list(self.known):
+            if pid not in pids:
+                del self.known[pid]
+        for pid in pids - self.known.keys():
+            try:
+                self.known[pid] = psutil.Process(pid)
+            except psutil.Error:
+                continue
+        return list(self.known.values())
+
+
 def _monitor(
     store: Store,
     job: JobInfo,
@@ -178,10 +255,15 @@ def _monitor(
     settings: Settings,
     folder: Path,
     owner: int | None = None,
+    box: Containment | None = None,
 ) -> Outcome:
-    """Watch the job's processes until all have exited; stop them when the job must end."""
+    """Watch the job's processes until all have exited, its main ones and whatever they
+    started (``box``); stop them all when the job must end."""
+    box = box if box is not None else Containment()
+    box.ranks.update(pids)  # reaped here, never by the box: their status is the job's
     outcome = Outcome()
     pgid = pids[0]
+    ranks = set(pids)
     poller = select.poll()
     pidfds = {os.pidfd_open(pid): pid for pid in pids}
     for fd in pidfds:
@@ -192,31 +274,42 @@ def _monitor(
     next_memory = 0.0
     kill_at: float | None = None
     version = -1  # read the flags once at the start: a cancel may predate this supervisor
-    processes = []
-    for pid in pids:
-        try:
-            processes.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
+    tree = _Tree(box)
     grants = (
         dict(zip(job.placement.gpus, job.placement.gpu_mem, strict=False))
         if (job.placement and job.placement.shared)
         else {}
     )
+    left_behind = False  # the main processes have exited: what is left is being stopped
+
+    def signal_all(sig: int) -> None:
+        table = box.table()
+        for pid in box.signal(sig, table):
+            if pid not in ranks and (left_behind or table[pid].pgid != pgid):
+                outcome.strays.add(pid)
+        _signal_group(pgid, sig)
 
     def stop(reason: str, detail: str, at_once: bool = False) -> None:
         nonlocal kill_at
+        if left_behind:
+            kill_at = time.time()  # the job has ended: what it left goes now
+            return
         if outcome.stop_reason is not None:
             return
         outcome.stop_reason, outcome.detail = reason, detail
-        _signal_group(pgid, signal.SIGKILL if at_once else signal.SIGTERM)
-        private.touch(folder / STOP_FILE, owner)
+        signal_all(signal.SIGKILL if at_once else signal.SIGTERM)
+        if not private.touch(folder / STOP_FILE, owner):
+            os.write(
+                2, f"[dlsched] job {job.id}: its {STOP_FILE} flag could not be written\n".encode()
+            )
         grace = settings.preempt_grace() if reason == "preempt" else settings.grace
         kill_at = time.time() + (0.0 if at_once else grace)
 
     next_usage = 0.0
+    # what it uses now is first written after a while: a short job costs no transaction for it
+    next_live = time.time() + LIVE_SECONDS
     pid_recorded = False
-    while len(statuses) < len(pids):
+    while True:
         # the job's pid is written once it has run for a moment: a job that ends at once
         # costs no transaction for it (the end is recorded in one)
         timeout = POLL_SECONDS if pid_recorded else PID_AFTER
@@ -237,7 +330,16 @@ def _monitor(
                 _, _, why = _describe_status(status, folder, owner)
                 stop("rank", f"rank {rank} failed ({why}); stopped the other ranks")
         if len(statuses) == len(pids):
-            break
+            box.reap()
+            if not box.pids():
+                break
+            if not left_behind:
+                # the main processes are gone and left others running (a daemon, a
+                # double fork): they are stopped like the job, and its grant waits for them
+                left_behind = True
+                signal_all(signal.SIGTERM)
+                if kill_at is None:
+                    kill_at = time.time() + settings.grace
         if not pid_recorded:
             pid_recorded = True
             store.update(job.id, job_pid=pgid)
@@ -264,41 +366,45 @@ def _monitor(
 
             stop("timeout", f"time limit {format_duration(job.time_limit)} reached")
         limits = bool(job.mem or grants)
-        if now >= next_usage and not limits:
-            next_usage = now + USAGE_SECONDS
-            outcome.usage.sample(_tree(processes), gpus=job.gpus > 0)
-        if now >= next_memory and limits:
+        if now >= (next_memory if limits else next_usage):
             next_memory = now + MEMORY_CHECK_SECONDS
-            tree = _tree(processes)
-            used = outcome.usage.sample(tree, gpus=job.gpus > 0)
+            next_usage = now + USAGE_SECONDS
+            box.reap()  # processes of the job re-parented here that have exited
+            processes = tree.now()
+            used = outcome.usage.sample(processes, gpus=job.gpus > 0)
             if job.mem and used > job.mem:
                 stop(
                     "oom",
                     f"out of memory: used {format_size(used)}, limit {format_size(job.mem)}",
                     at_once=True,
                 )
-            over = _gpu_over_grant(tree, grants)
+            over = _gpu_over_grant(processes, grants)
             if over:
                 stop("oom", over, at_once=True)
+        if now >= next_live and pid_recorded:
+            next_live = now + LIVE_SECONDS
+            try:
+                store.set_live_usage(
+                    job.id, os.getpid(), round(outcome.usage.cpu_now, 1), outcome.usage.rss_now
+                )
+            except LedgerUnavailable:
+                pass  # disk full: the next reading tries again
         if kill_at is not None and now >= kill_at:
             _signal_group(pgid, signal.SIGKILL)
-            kill_at = None
+            table = box.table()
+            for pid in box.kill_all():
+                if pid not in ranks and (
+                    left_behind or pid not in table or table[pid].pgid != pgid
+                ):
+                    outcome.strays.add(pid)
+            kill_at = now + 1.0 if box.pids() else None  # one that would not die: again
     _signal_group(pgid, signal.SIGKILL)  # whatever the job left behind in its group
     _, _, rusage = os.wait4(pgid, 0)  # the leader, kept as a zombie until now
     outcome.usage.reaped(rusage)
+    box.reap()
     bad = [st for st in statuses.values() if st != 0]
     outcome.status = statuses[pgid] if statuses[pgid] != 0 or not bad else bad[0]
     return outcome
-
-
-def _tree(processes: list[psutil.Process]) -> list[psutil.Process]:
-    tree = list(processes)
-    for p in processes:
-        try:
-            tree += p.children(recursive=True)
-        except psutil.Error:
-            continue
-    return tree
 
 
 def _rss(tree: list[psutil.Process]) -> int:
@@ -311,15 +417,16 @@ def _rss(tree: list[psutil.Process]) -> int:
     return total
 
 
-def _cpu_seconds(tree: list[psutil.Process]) -> float:
-    total = 0.0
+def _cpu_seconds(tree: list[psutil.Process]) -> dict[tuple[int, float], float]:
+    """CPU seconds of each process, keyed by pid and start time (a reused pid is another)."""
+    seconds = {}
     for p in tree:
         try:
             t = p.cpu_times()
+            seconds[(p.pid, p.create_time())] = t.user + t.system
         except psutil.Error:
             continue
-        total += t.user + t.system
-    return total
+    return seconds
 
 
 def _gpu_over_grant(tree: list[psutil.Process], grants: dict[int, int]) -> str | None:
@@ -411,12 +518,18 @@ def _run_end(job: JobInfo, outcome: Outcome, folder: Path, owner: int | None = N
         to, why = "preempted", ""
     elif reason == "timeout":
         to, why = "timeout", outcome.detail
-    elif reason in ("oom", "rank"):
+    elif reason in ("oom", "rank", "crash"):
         to, why = "failed", outcome.detail
     elif exit_code == 0 and (job.kind == "command" or (folder / "result.pkl").exists()):
         to, why = "succeeded", ""
     else:
         to, why = "failed", detail
+    if outcome.strays:
+        # what it left running was killed: the end says so (the state is the main
+        # processes' own)
+        n = len(outcome.strays)
+        killed = f"killed {n} process{'es' if n > 1 else ''} left behind"
+        why = f"{why}; {killed}" if why else killed
     return RunEnd(to, why, exit_code=exit_code, term_signal=term_signal)
 
 
