@@ -529,3 +529,48 @@ def test_a_delegated_cgroup_v2_subtree_holds_and_kills_a_jobs_processes(tmp_path
     assert not report["left"]
     assert not any(alive(pid) for pid in report["members"])
     assert dlsched_cgroups() == []
+
+
+FORKING = r"""
+import os, sys, time
+from pathlib import Path
+from jupyter_dlsched.local.containment import Cgroup
+
+group = Cgroup(Path(sys.argv[1]), sys.argv[2])
+pid = os.fork()
+if pid == 0:
+    group.join()
+    while True:  # keeps forking while it is being killed: the kill must still empty the group
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(600)
+            os._exit(0)
+        time.sleep(0.002)
+while len(group.pids()) < 20:
+    time.sleep(0.01)
+killed = group.kill_all()
+print(len(killed), len(group.pids()), group.remove())
+"""
+
+
+@pytest.mark.parametrize("kind", ["freezer", "pids"])
+def test_a_v1_cgroup_is_emptied_while_its_processes_keep_forking(kind):
+    parent = Path("/sys/fs/cgroup") / kind
+    if os.geteuid() != 0 or not (parent / "cgroup.procs").exists():
+        pytest.skip(f"needs root and the cgroup-v1 {kind} hierarchy")
+    path = parent / f"dlsched-test-{os.getpid()}-{kind}"
+    path.mkdir()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", FORKING, str(path), kind],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        killed, left, removed = done.stdout.split()
+    finally:
+        if path.exists():
+            path.rmdir()
+    assert int(killed) >= 20 and (int(left), removed) == (0, "True")
+    assert dlsched_cgroups() == []

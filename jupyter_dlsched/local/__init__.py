@@ -11,6 +11,11 @@ Which code runs in which process, in the order a job meets them:
 * ``supervisor.py`` — the supervisor of one job, in its own session: claims
   the job, forks the job process(es), renews the lease, enforces limits,
   records how the job ended, and then has the pool decide again;
+* ``containment.py`` — every process of a job, wherever it went: the
+  supervisor is their subreaper, and in a shared pool each job has a cgroup;
+  what the supervisor signals, kills and waits for;
+* ``usage.py`` — what a run uses: CPU, RAM and GPU memory of all of its
+  processes, now and over the run;
 * ``jobproc.py`` — the job process(es), forked by the supervisor: environment,
   cores, ranks, the payload run and its result or error written; in a shared
   pool it first becomes the job's owner and executes
