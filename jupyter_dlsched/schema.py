@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -206,6 +206,19 @@ MIGRATIONS: list[str] = [
         hits INTEGER NOT NULL DEFAULT 0
     );
     CREATE INDEX cache_entries_lru ON cache_entries(last_used);
+    """,
+    # version 4: a payload is deleted once no job that can still run names it (refs counts
+    # the files of unfinished jobs that do; Store.collect_leftovers counts them again)
+    """
+    ALTER TABLE blobs ADD COLUMN refs INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE blobs ADD COLUMN size INTEGER NOT NULL DEFAULT 0;
+    UPDATE blobs SET size = length(data);
+    CREATE TEMP TABLE live_refs(hash TEXT PRIMARY KEY, n INTEGER NOT NULL);
+    INSERT INTO live_refs SELECT f.value, COUNT(*) FROM jobs j, json_each(j.files) f
+        WHERE j.state IN ('queued','running','preempted') GROUP BY f.value;
+    UPDATE blobs SET refs = COALESCE((SELECT n FROM live_refs WHERE live_refs.hash = blobs.hash), 0);
+    DROP TABLE temp.live_refs;
+    DELETE FROM blobs WHERE refs <= 0;
     """,
 ]
 
