@@ -207,18 +207,22 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX cache_entries_lru ON cache_entries(last_used);
     """,
-    # version 4: a payload is deleted once no job that can still run names it (refs counts
-    # the files of unfinished jobs that do; Store.collect_leftovers counts them again)
+    # version 4: a payload is deleted once no job that can still run names it. blob_refs
+    # counts the files of unfinished jobs that name each blob (apart from the data, so that
+    # counting does not rewrite it) and says whose it is (a quota is one indexed sum);
+    # Store.collect_leftovers counts again, as this does for a ledger that kept everything
     """
-    ALTER TABLE blobs ADD COLUMN refs INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE blobs ADD COLUMN size INTEGER NOT NULL DEFAULT 0;
-    UPDATE blobs SET size = length(data);
-    CREATE TEMP TABLE live_refs(hash TEXT PRIMARY KEY, n INTEGER NOT NULL);
-    INSERT INTO live_refs SELECT f.value, COUNT(*) FROM jobs j, json_each(j.files) f
+    CREATE TABLE blob_refs(
+        hash TEXT PRIMARY KEY,
+        refs INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        uid INTEGER
+    ) WITHOUT ROWID;
+    CREATE INDEX blob_refs_uid ON blob_refs(uid, size);
+    INSERT INTO blob_refs SELECT f.value, COUNT(*), 0, MIN(j.uid) FROM jobs j, json_each(j.files) f
         WHERE j.state IN ('queued','running','preempted') GROUP BY f.value;
-    UPDATE blobs SET refs = COALESCE((SELECT n FROM live_refs WHERE live_refs.hash = blobs.hash), 0);
-    DROP TABLE temp.live_refs;
-    DELETE FROM blobs WHERE refs <= 0;
+    UPDATE blob_refs SET size = COALESCE((SELECT length(data) FROM blobs b WHERE b.hash = blob_refs.hash), 0);
+    DELETE FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs);
     """,
 ]
 

@@ -335,10 +335,13 @@ class Store:
         blobs: dict[str, bytes] = {}
         counts: dict[str, int] = {}
         names: list[str] = []
+        # addressed by content within one user's blobs: what a user stores is theirs alone
+        # (their quota), and nobody else's job can keep it alive
+        salt = f"{uid}:".encode()
         for _, _, files in jobs:
             refs = {}
             for name, data in files.items():
-                digest = hashlib.sha256(data).hexdigest()
+                digest = hashlib.sha256(salt + data).hexdigest()
                 blobs[digest] = data
                 counts[digest] = counts.get(digest, 0) + 1
                 refs[name] = digest
@@ -365,11 +368,14 @@ class Store:
                 from .errors import SpecError
 
                 raise SpecError("after", missing[0], "the id of a job in this ledger")
+            db.executemany(
+                "INSERT OR IGNORE INTO blobs(hash, data) VALUES(?, ?)", list(blobs.items())
+            )
             # each blob counts the files of unfinished jobs that name it (``_drop_files``)
             db.executemany(
-                "INSERT INTO blobs(hash, data, refs, size) VALUES(?, ?, ?, ?) "
+                "INSERT INTO blob_refs(hash, refs, size, uid) VALUES(?, ?, ?, ?) "
                 "ON CONFLICT(hash) DO UPDATE SET refs = refs + excluded.refs",
-                [(digest, data, counts[digest], len(data)) for digest, data in blobs.items()],
+                [(digest, counts[digest], len(data), uid) for digest, data in blobs.items()],
             )
             db.executemany(
                 """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
@@ -425,9 +431,18 @@ class Store:
         hashes = list(json.loads(files or "{}").values())
         if not hashes:
             return
-        db.executemany("UPDATE blobs SET refs = refs - 1 WHERE hash=?", [(h,) for h in hashes])
-        marks = ",".join("?" * len(hashes))
-        db.execute(f"DELETE FROM blobs WHERE refs <= 0 AND hash IN ({marks})", hashes)
+        db.executemany("UPDATE blob_refs SET refs = refs - 1 WHERE hash=?", [(h,) for h in hashes])
+        gone = [
+            r[0]
+            for r in db.execute(
+                f"SELECT hash FROM blob_refs WHERE refs <= 0 AND hash IN ({','.join('?' * len(hashes))})",
+                hashes,
+            )
+        ]
+        if gone:
+            marks = ",".join("?" * len(gone))
+            db.execute(f"DELETE FROM blobs WHERE hash IN ({marks})", gone)
+            db.execute(f"DELETE FROM blob_refs WHERE hash IN ({marks})", gone)
 
     def collect_leftovers(self) -> tuple[int, int]:
         """Count again which unfinished jobs name each blob and delete the blobs none does
@@ -436,31 +451,27 @@ class Store:
         One pass over the unfinished jobs: the pool agent does it when it starts.
         """
         with self.transaction() as db:
-            db.execute("DROP TABLE IF EXISTS temp.live_refs")
-            db.execute("CREATE TEMP TABLE live_refs(hash TEXT PRIMARY KEY, n INTEGER NOT NULL)")
+            db.execute("DELETE FROM blob_refs")
             db.execute(
-                "INSERT INTO live_refs SELECT f.value, COUNT(*) FROM jobs j, json_each(j.files) f "
+                "INSERT INTO blob_refs SELECT f.value, COUNT(*), 0, MIN(j.uid) "
+                "FROM jobs j, json_each(j.files) f "
                 "WHERE j.state IN ('queued','running','preempted') GROUP BY f.value"
             )
-            db.execute("UPDATE blobs SET size = length(data) WHERE size = 0")
             db.execute(
-                "UPDATE blobs SET refs = COALESCE("
-                "(SELECT n FROM live_refs WHERE live_refs.hash = blobs.hash), 0)"
+                "UPDATE blob_refs SET size = COALESCE("
+                "(SELECT length(data) FROM blobs b WHERE b.hash = blob_refs.hash), 0)"
             )
-            freed = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM blobs WHERE refs <= 0"
-            ).fetchone()
-            db.execute("DELETE FROM blobs WHERE refs <= 0")
-            db.execute("DROP TABLE temp.live_refs")
-        return int(freed[0]), int(freed[1])
+            leftover = "FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs)"
+            freed = db.execute(f"SELECT COUNT(*), COALESCE(SUM(length(data)), 0) {leftover}")
+            count, size = freed.fetchone()
+            db.execute(f"DELETE {leftover}")
+        return int(count), int(size)
 
     def payload_bytes(self, uid: int) -> int:
-        """Bytes of the payloads (each blob once) that user ``uid``'s unfinished jobs hold."""
+        """Bytes of the payloads (each blob once) that user ``uid``'s unfinished jobs hold:
+        each blob is its storer's (``insert_jobs`` addresses content per user)."""
         row = self.db.execute(
-            "SELECT COALESCE(SUM(size), 0) FROM blobs WHERE hash IN (SELECT f.value "
-            "FROM jobs j, json_each(j.files) f WHERE j.uid=? "
-            "AND j.state IN ('queued','running','preempted'))",
-            (uid,),
+            "SELECT COALESCE(SUM(size), 0) FROM blob_refs WHERE uid=?", (uid,)
         ).fetchone()
         return int(row[0])
 

@@ -167,8 +167,8 @@ def test_leftover_payloads_are_collected_and_live_ones_counted_again(tmp_path):
     live = queued_job(store)
     with store.transaction() as db:
         # what older code left: a payload no job names, and counts that are wrong
-        db.execute("INSERT INTO blobs(hash, data, refs, size) VALUES('left', zeroblob(5000), 1, 0)")
-        db.execute("UPDATE blobs SET refs = 0 WHERE hash != 'left'")
+        db.execute("INSERT INTO blobs(hash, data) VALUES('left', zeroblob(5000))")
+        db.execute("DELETE FROM blob_refs")
     assert store.collect_leftovers() == (1, 5000)
     assert blob_rows(store) == (1, 1)
     store.transition(live.id, "cancelled", finished=1.0)
@@ -192,3 +192,36 @@ def test_a_users_payload_bytes_count_each_blob_of_their_unfinished_jobs_once(tmp
     store.transition("bbbbbbb1", "cancelled", finished=1.0)
     assert store.payload_bytes(1000) == 80 + 100
     assert store.payload_bytes(1001) == 999
+
+
+def test_a_ledger_that_kept_every_payload_keeps_only_those_of_unfinished_jobs(tmp_path):
+    import sqlite3
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    db = sqlite3.connect(home / "ledger.sqlite")
+    for script in store_mod.MIGRATIONS[:3]:
+        db.executescript(script)
+    db.execute("INSERT INTO meta VALUES('schema_version', '3')")
+    db.execute(
+        "INSERT INTO blobs VALUES('ctx', zeroblob(100)), ('p1', zeroblob(10)), ('p2', x'02')"
+    )
+    for job_id, state, files in (
+        ("donejob2", "succeeded", '{"payload.pkl": "p1", "context.json": "ctx"}'),
+        ("waitjob2", "queued", '{"payload.pkl": "p2", "context.json": "ctx"}'),
+    ):
+        db.execute(
+            "INSERT INTO jobs(id, name, kind, owner, uid, state, priority, gpus, cpus, mem, "
+            "submitted, files) VALUES(?, 'old', 'function', 'ann', 1000, ?, 50, 0, 1, 0, 1, ?)",
+            (job_id, state, files),
+        )
+    db.commit()
+    db.close()
+    (home / "ledger.sqlite").chmod(0o600)
+
+    store = Store(home)
+    assert blob_rows(store) == (2, 101)
+    assert store.payload_bytes(1000) == 101
+    assert store.read_file("waitjob2", "context.json") == bytes(100)
+    store.transition("waitjob2", "cancelled", finished=2.0)
+    assert blob_rows(store) == (0, 0)
