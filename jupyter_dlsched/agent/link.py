@@ -353,8 +353,8 @@ class RemoteLedger:
                 what = "result" if name == "result.pkl" else "error report"
                 raise PermissionDenied(
                     f"job {job_id}: cannot read its {what}: {path}: {error.strerror} (a folder "
-                    f"of the pool's state folder {self.home} is closed to you; ask the pool's "
-                    "admin to let users through: chmod o+x)"
+                    f"on the way to the pool's state folder {self.home} is closed to you; ask "
+                    "the pool's admin to let users through it: chmod o+x)"
                 ) from None
             raise
 
