@@ -14,7 +14,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import JobError, JobFailed, JobLost, JobTimeout, RemoteTraceback, UnsafeStateFolder
+from .errors import (
+    DlschedError,
+    JobError,
+    JobFailed,
+    JobLost,
+    JobTimeout,
+    RemoteTraceback,
+    UnsafeStateFolder,
+)
 from .store import TERMINAL, JobInfo
 
 if TYPE_CHECKING:
@@ -161,7 +169,12 @@ class JobHandle(concurrent.futures.Future):
             concurrent.futures.Future.cancel(self)
             self.set_running_or_notify_cancel()
         else:
-            self.set_exception(self._scheduler._job_exception(info))
+            try:
+                error = self._scheduler._job_exception(info)
+            except Exception as unreadable:
+                # resolved all the same: a handle left pending would wait for ever
+                error = _unreadable(info, f"cannot read its error report: {unreadable}")
+            self.set_exception(error)
 
     def __repr__(self) -> str:
         try:
@@ -169,6 +182,12 @@ class JobHandle(concurrent.futures.Future):
             return f"<JobHandle {info.id} {info.name!r} {info.state}>"
         except Exception:
             return f"<JobHandle {self.id}>"
+
+
+def _unreadable(info: JobInfo, why: str) -> JobError:
+    """The failure of a job whose error report cannot be read: its reason, and why not."""
+    kind = {"timeout": JobTimeout, "lost": JobLost}.get(info.state, JobFailed)
+    return kind(info.id, info.state, f"{info.reason} ({why})")
 
 
 def job_exception(
@@ -265,6 +284,12 @@ class Watching:
             # not a report the job wrote (a link, a FIFO): the failure without its traceback
             log.warning("dlsched: job %s: its error report was not read: %s", info.id, unsafe)
             error_json = error_pickle = None
+        except (OSError, DlschedError) as unreadable:
+            # a folder on the way closed to this user: the failure, and why it has no report
+            why = str(unreadable)  # a shared pool's words say what could not be read
+            if not isinstance(unreadable, DlschedError):
+                why = f"cannot read its error report: {why}"
+            return _unreadable(info, why)
         try:
             details = error_json.decode("utf-8", "replace") if error_json is not None else None
             return job_exception(info, details, error_pickle)

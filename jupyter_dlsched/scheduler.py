@@ -445,7 +445,7 @@ class Scheduler(Deciding, Watching):
         if self.link is not None:
             return self.link.cancel(job_id)
         now = time.time()
-        with self.store.transaction() as db:
+        with self.store.transaction(cancel=True) as db:
             row = self.store.state_and_supervisor(db, job_id)
             if row is None:
                 raise JobNotFound(job_id)

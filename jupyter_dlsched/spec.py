@@ -40,6 +40,13 @@ MAX_TIME_LIMIT = 365 * 86400.0
 #: A deadline more than this far from now (either way) is a mistake, not a plan.
 DEADLINE_RANGE = 10 * 365 * 86400.0
 MAX_NAME = 200
+#: Unicode's bidirectional controls (embeddings, overrides, isolates, marks): in a name they
+#: make a queue line read other than it is ("\u202e" reverses what follows it).
+BIDI_CONTROLS = frozenset(
+    [chr(c) for c in range(0x202A, 0x202F)]
+    + [chr(c) for c in range(0x2066, 0x206A)]
+    + ["\u200e", "\u200f", "\u061c"]
+)
 KINDS = ("function", "cell", "command")
 #: What a job id looks like (the ledger's ids are 8 letters and digits; 32 leaves room).
 _JOB_ID = re.compile(r"^[A-Za-z0-9]{1,32}$")
@@ -91,6 +98,14 @@ def check_text(value: object, field: str, *, max_len: int = MAX_NAME) -> str:
         raise SpecError(field, value, allowed)
     if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
         raise SpecError(field, value, allowed)
+    bidi = sorted({f"U+{ord(c):04X}" for c in value if c in BIDI_CONTROLS})
+    if bidi:
+        raise SpecError(
+            field,
+            value,
+            f"text without bidirectional controls ({', '.join(bidi)} found: they make the "
+            "text display in another order than it is written)",
+        )
     return value.strip()
 
 

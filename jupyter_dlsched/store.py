@@ -67,6 +67,10 @@ RESERVE_NAME = "disk-reserve"
 #: Kept allocated in the state folder and freed when the disk fills up, so the ledger can
 #: still record why jobs failed (and start jobs that need no disk) until space comes back.
 RESERVE_BYTES = 4 * 2**20
+#: A second, smaller reserve that only a cancel may spend: once the first is used up, the
+#: cancel of the job that fills the disk must still go through.
+LAST_RESERVE_NAME = "disk-reserve-cancel"
+LAST_RESERVE_BYTES = 2**20
 
 
 class Reserve:
@@ -74,27 +78,30 @@ class Reserve:
 
     Without it, a job that fills the disk with output leaves no room for the
     ledger to record that the job failed, or for anything else to start. The
-    check before each write is one ``statvfs``.
+    check before each write is one ``statvfs``. Beside it, ``last`` (a file of
+    ``LAST_RESERVE_BYTES``) is spent only by cancels (``release_last``).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.last = path.with_name(LAST_RESERVE_NAME)
 
     def refill(self) -> None:
-        """Allocate the reserve again when it is missing and the disk has ample room."""
-        if self.path.exists() or _free_bytes(self.path.parent) < 3 * RESERVE_BYTES:
-            return
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except OSError:
-            return
-        try:
-            os.posix_fallocate(fd, 0, RESERVE_BYTES)
-        except OSError:
-            os.close(fd)
-            self.path.unlink(missing_ok=True)
-        else:
-            os.close(fd)
+        """Allocate the reserves again when missing and the disk has ample room."""
+        for path, size in ((self.path, RESERVE_BYTES), (self.last, LAST_RESERVE_BYTES)):
+            if path.exists() or _free_bytes(path.parent) < 3 * RESERVE_BYTES:
+                continue
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except OSError:
+                continue
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError:
+                os.close(fd)
+                path.unlink(missing_ok=True)
+            else:
+                os.close(fd)
 
     def release_if_low(self) -> None:
         if disk_full(self.path.parent):
@@ -102,6 +109,12 @@ class Reserve:
 
     def release(self) -> None:
         self.path.unlink(missing_ok=True)
+
+    def release_last(self) -> None:
+        """Free the cancels' reserve when the disk is full (the first reserve is spent)."""
+        if disk_full(self.path.parent):
+            self.release()
+            self.last.unlink(missing_ok=True)
 
 
 def _free_bytes(folder: Path) -> int:
@@ -169,13 +182,17 @@ class Store:
         return conn
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self, *, cancel: bool = False) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` … ``COMMIT``: one writer at a time across processes.
 
         A full disk is met with the reserve (see ``Reserve``) and, once that is
         spent, with ``LedgerUnavailable`` saying so, never a raw SQLite error.
+        ``cancel``: a cancel, the small write that stops what fills the disk, which may
+        spend the last reserve too.
         """
         self.reserve.release_if_low()
+        if cancel:
+            self.reserve.release_last()
         db = self.db
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -316,12 +333,17 @@ class Store:
         clock = now is None
         now = time.time() if now is None else now
         blobs: dict[str, bytes] = {}
+        counts: dict[str, int] = {}
         names: list[str] = []
+        # addressed by content within one user's blobs: what a user stores is theirs alone
+        # (their quota), and nobody else's job can keep it alive
+        salt = f"{uid}:".encode()
         for _, _, files in jobs:
             refs = {}
             for name, data in files.items():
-                digest = hashlib.sha256(data).hexdigest()
+                digest = hashlib.sha256(salt + data).hexdigest()
                 blobs[digest] = data
+                counts[digest] = counts.get(digest, 0) + 1
                 refs[name] = digest
             names.append(json.dumps(refs))
         with self.transaction() as db:
@@ -348,6 +370,12 @@ class Store:
                 raise SpecError("after", missing[0], "the id of a job in this ledger")
             db.executemany(
                 "INSERT OR IGNORE INTO blobs(hash, data) VALUES(?, ?)", list(blobs.items())
+            )
+            # each blob counts the files of unfinished jobs that name it (``_drop_files``)
+            db.executemany(
+                "INSERT INTO blob_refs(hash, refs, size, uid) VALUES(?, ?, ?, ?) "
+                "ON CONFLICT(hash) DO UPDATE SET refs = refs + excluded.refs",
+                [(digest, counts[digest], len(data), uid) for digest, data in blobs.items()],
             )
             db.executemany(
                 """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
@@ -397,8 +425,59 @@ class Store:
                 [(job_id, now) for job_id, _, _ in jobs],
             )
 
+    @staticmethod
+    def _drop_files(db: sqlite3.Connection, files: str) -> None:
+        """A job can no longer run again: the blobs only it still named are deleted."""
+        hashes = list(json.loads(files or "{}").values())
+        if not hashes:
+            return
+        db.executemany("UPDATE blob_refs SET refs = refs - 1 WHERE hash=?", [(h,) for h in hashes])
+        gone = [
+            r[0]
+            for r in db.execute(
+                f"SELECT hash FROM blob_refs WHERE refs <= 0 AND hash IN ({','.join('?' * len(hashes))})",
+                hashes,
+            )
+        ]
+        if gone:
+            marks = ",".join("?" * len(gone))
+            db.execute(f"DELETE FROM blobs WHERE hash IN ({marks})", gone)
+            db.execute(f"DELETE FROM blob_refs WHERE hash IN ({marks})", gone)
+
+    def collect_leftovers(self) -> tuple[int, int]:
+        """Count again which unfinished jobs name each blob and delete the blobs none does
+        (a ledger written by older code, which kept every payload); ``(blobs, bytes)`` freed.
+
+        One pass over the unfinished jobs: the pool agent does it when it starts.
+        """
+        with self.transaction() as db:
+            db.execute("DELETE FROM blob_refs")
+            db.execute(
+                "INSERT INTO blob_refs SELECT f.value, COUNT(*), 0, MIN(j.uid) "
+                "FROM jobs j, json_each(j.files) f "
+                "WHERE j.state IN ('queued','running','preempted') GROUP BY f.value"
+            )
+            db.execute(
+                "UPDATE blob_refs SET size = COALESCE("
+                "(SELECT length(data) FROM blobs b WHERE b.hash = blob_refs.hash), 0)"
+            )
+            leftover = "FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs)"
+            freed = db.execute(f"SELECT COUNT(*), COALESCE(SUM(length(data)), 0) {leftover}")
+            count, size = freed.fetchone()
+            db.execute(f"DELETE {leftover}")
+        return int(count), int(size)
+
+    def payload_bytes(self, uid: int) -> int:
+        """Bytes of the payloads (each blob once) that user ``uid``'s unfinished jobs hold:
+        each blob is its storer's (``insert_jobs`` addresses content per user)."""
+        row = self.db.execute(
+            "SELECT COALESCE(SUM(size), 0) FROM blob_refs WHERE uid=?", (uid,)
+        ).fetchone()
+        return int(row[0])
+
     def read_file(self, job_id: str, name: str) -> bytes | None:
-        """A file stored with the job at submission (``payload.pkl``, ``context.json``, ...)."""
+        """A file stored with the job at submission (``payload.pkl``, ``context.json``, ...);
+        ``None`` once the job has ended (its payload is deleted then)."""
         rows = self.db.execute(
             "SELECT b.data FROM jobs j JOIN blobs b ON b.hash = json_extract(j.files, ?) "
             "WHERE j.id=?",
@@ -738,8 +817,11 @@ class Store:
         event_data: dict[str, Any] | None = None,
         **columns: Any,
     ) -> str:
-        """The same, inside an open transaction; returns the previous state."""
-        row = db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+        """The same, inside an open transaction; returns the previous state.
+
+        A job that reaches a final state can never run again: its payload goes.
+        """
+        row = db.execute("SELECT state, files FROM jobs WHERE id=?", (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(job_id)
         current = row[0]
@@ -753,6 +835,8 @@ class Store:
         columns["reason"] = reason
         self._update(db, job_id, columns)
         self._event(db, job_id, current, to_state, reason, now=now, data=event_data)
+        if to_state in TERMINAL:
+            self._drop_files(db, row[1])
         return current
 
     def finish_run(

@@ -69,13 +69,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class OtherUser:
-    """A real second Unix user; ``run`` executes Python as that user (system interpreter)."""
+    """A real second Unix user; ``python`` runs Python as that user, ``run`` the bare system
+    interpreter (for attacks that need nothing of ours)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, interpreter: UsersPython | None = None) -> None:
         import pwd
 
         entry = pwd.getpwnam(name)
         self.name, self.uid, self.gid = name, entry.pw_uid, entry.pw_gid
+        #: the environment the user's Python runs in (``team_users``), else the system one
+        self.interpreter = interpreter
 
     def command(self, *argv: str) -> list[str]:
         return [
@@ -89,7 +92,8 @@ class OtherUser:
 
     def client_env(self, **extra: str) -> dict[str, str]:
         """An environment in which the system interpreter imports this checkout of the package
-        (and its dependencies) the way a user's own Python on a shared machine would."""
+        and this test environment's packages (both must be readable by the user: the shared
+        JupyterLab of the browser tests needs far more than ``UsersPython`` holds)."""
         import sysconfig
 
         import jupyter_dlsched
@@ -109,14 +113,19 @@ class OtherUser:
     def python(
         self, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``script`` as this user with the package importable (``client_env``)."""
+        """Run ``script`` as this user with the package importable: the user's own virtual
+        environment (``interpreter``) with a clean environment, else ``client_env``."""
+        if self.interpreter is not None:
+            python, base = str(self.interpreter.python), self.interpreter.env()
+        else:
+            python, base = "/usr/bin/python3", self.client_env()
         return subprocess.run(
-            self.command("/usr/bin/python3", "-c", script, *args),
+            self.command(python, "-c", script, *args),
             capture_output=True,
             text=True,
             timeout=timeout,
             cwd="/",
-            env=self.client_env(**(env or {})),
+            env={**base, **(env or {})},
         )
 
     def run(self, script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -138,6 +147,90 @@ class OtherUser:
             cwd="/",
             env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
         )
+
+
+#: What the test users' jobs and clients import besides the package itself.
+USER_PACKAGES = ("cloudpickle", "psutil", "nvidia-ml-py")
+
+
+class UsersPython:
+    """A virtual environment every user can run: Debian's interpreter with a copy of this
+    checkout's package and its runtime dependencies, in a world-readable temporary folder.
+
+    The checkout and the test environment may be private (CI clones under /root, 0700),
+    so the users get a copy rather than a path into them; a job of theirs runs with the
+    interpreter that submitted it (``context["executable"]``), which is this one.
+    """
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.root = Path(tempfile.mkdtemp(prefix="dlsched-users-python-"))
+        os.chmod(self.root, 0o755)
+        self.venv = self.root / "venv"
+        self.python = self.venv / "bin" / "python"
+
+    def create(self) -> None:
+        import importlib.metadata
+        import shutil
+        import sys
+
+        import jupyter_dlsched
+
+        subprocess.run(
+            ["/usr/bin/python3", "-m", "venv", "--without-pip", str(self.venv)],
+            check=True,
+            capture_output=True,
+        )
+        # the same versions as this test environment's (pip's cache has them)
+        wanted = [f"{name}=={importlib.metadata.version(name)}" for name in USER_PACKAGES]
+        installed = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(self.python), "install"]
+            + ["--quiet", "--disable-pip-version-check", "--no-input", *wanted],
+            capture_output=True,
+            text=True,
+        )
+        if installed.returncode != 0:
+            raise RuntimeError(f"cannot install {wanted} for the test users: {installed.stderr}")
+        site = subprocess.run(
+            [str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        shutil.copytree(
+            Path(jupyter_dlsched.__file__).parent,
+            Path(site) / "jupyter_dlsched",
+            ignore=shutil.ignore_patterns("__pycache__", "labextension"),
+        )
+        # readable and runnable by everyone, whatever the umask of the test run
+        subprocess.run(["chmod", "-R", "a+rX", str(self.root)], check=True)
+
+    def env(self) -> dict[str, str]:
+        """A clean environment: nothing of the test run's (no PYTHONPATH, no DLSCHED_*)."""
+        return {
+            "PATH": f"{self.venv / 'bin'}:/usr/bin:/bin",
+            "HOME": "/nonexistent",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def users_python() -> Iterator[UsersPython]:
+    """The test users' own Python (``UsersPython``), made once per session, removed after."""
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs /usr/bin/python3 to make the test users' Python")
+    interpreter = UsersPython()
+    try:
+        interpreter.create()
+        yield interpreter
+    finally:
+        interpreter.remove()
 
 
 @contextmanager
@@ -165,14 +258,13 @@ def other_user() -> Iterator[OtherUser]:
 
 
 @pytest.fixture(scope="session")
-def team_users() -> Iterator[tuple[OtherUser, OtherUser]]:
+def team_users(request: pytest.FixtureRequest) -> Iterator[tuple[OtherUser, OtherUser]]:
+    """Two real Unix users whose Python (``users_python``) has the package."""
     with unix_user(f"dlsa{os.getpid()}") as a, unix_user(f"dlsc{os.getpid()}") as b:
+        # made once the users exist: a run that cannot create them skips before this
+        a.interpreter = b.interpreter = request.getfixturevalue("users_python")
         probe = a.python("import jupyter_dlsched, cloudpickle, psutil")
-        if probe.returncode != 0:
-            pytest.skip(
-                "another user cannot import this checkout of the package (its folder or "
-                f"virtual environment is private): {probe.stderr.strip()[-200:]}"
-            )
+        assert probe.returncode == 0, f"the test users cannot import the package: {probe.stderr}"
         yield a, b
 
 

@@ -124,6 +124,13 @@ def test_deadline_accepts_datetime_and_duration():
         ({"name": "a\x00b"}, "name", "without control characters"),
         ({"name": "two\nlines"}, "name", "without control characters"),
         ({"name": "x" * 201}, "name", "at most 200 characters"),
+        # bidirectional controls make a queue line read in another order than it is
+        ({"name": "\u202e"}, "name", "without bidirectional controls (U+202E"),
+        ({"name": "evil\u202egnp.exe"}, "name", "U+202E found"),
+        ({"name": "a\u2066b\u2069"}, "name", "U+2066, U+2069 found"),
+        ({"name": "x\u200fy"}, "name", "U+200F"),
+        ({"name": "x\u061c"}, "name", "U+061C"),
+        ({"name": "x\u202a"}, "name", "U+202A"),
         ({"after": ["\ud800"]}, "after", "a job id"),
         ({"after": ["../../etc"]}, "after", "a job id"),
         ({"env": {"A": "x\x00y"}}, "env", "without NUL"),
@@ -161,3 +168,8 @@ def test_whole_gpus_with_a_memory_floor_count_only_big_enough_cards():
     assert build_spec(capacity=mixed, gpus=1, gpu_mem="40GiB").request.whole_gpus == 1
     with pytest.raises(SpecError, match="requests 2 GPUs with 40 GiB each; this pool has 1"):
         build_spec(capacity=mixed, gpus=2, gpu_mem="40GiB")
+
+
+def test_names_in_any_script_are_kept():
+    for name in ("résumé-lr3", "训练", "نموذج", "emoji-🧪", "a\u200db"):
+        assert spec(name=name).name == name

@@ -105,3 +105,123 @@ def test_counts_by_state(tmp_path):
     queued_job(store)
     counts = store.count_jobs()
     assert counts["queued"] == 2 and counts["running"] == 0
+
+
+def blob_rows(store):
+    """``(rows, bytes)`` of the ``blobs`` table: what payloads take in the ledger."""
+    return tuple(
+        store.db.execute("SELECT COUNT(*), COALESCE(SUM(length(data)), 0) FROM blobs").fetchone()
+    )
+
+
+@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled", "timeout", "lost"])
+def test_a_jobs_payload_is_deleted_when_it_ends(tmp_path, end):
+    store = Store(tmp_path / "h")
+    spec = build_spec(capacity=POOL)
+    job = store.insert_job(
+        spec, {"payload.pkl": b"p" * 1000, "context.json": b"{}"}, owner="anna", uid=1000
+    )
+    assert blob_rows(store) == (2, 1002)
+    store.transition(job.id, "running", started=1.0)
+    store.transition(job.id, end, finished=2.0)
+    assert blob_rows(store) == (0, 0)
+    assert store.read_file(job.id, "payload.pkl") is None
+
+
+def test_a_retried_or_preempted_job_keeps_its_payload(tmp_path):
+    store = Store(tmp_path / "h")
+    job = queued_job(store)
+    store.transition(job.id, "running", started=1.0)
+    store.transition(job.id, "queued", "retry after a failure")
+    store.transition(job.id, "running", started=2.0)
+    store.transition(job.id, "preempted", "preempted")
+    assert store.read_file(job.id, "payload.pkl") == b"x"
+    store.transition(job.id, "cancelled", finished=3.0)
+    assert blob_rows(store) == (0, 0)
+
+
+def test_a_maps_shared_blob_stays_while_any_of_its_jobs_can_still_run(tmp_path):
+    store = Store(tmp_path / "h")
+    spec = build_spec(capacity=POOL)
+    shared = b"the function and context of a map" * 100
+    ids = ["aaaaaaa1", "aaaaaaa2", "aaaaaaa3"]
+    store.insert_jobs(
+        [(i, spec, {"payload.pkl": i.encode(), "context.json": shared}) for i in ids],
+        owner="anna",
+        uid=1000,
+    )
+    later = store.insert_job(
+        spec, {"payload.pkl": b"later", "context.json": shared}, owner="anna", uid=1000
+    )
+    assert blob_rows(store)[0] == 5
+    for n, job_id in enumerate(ids):
+        store.transition(job_id, "cancelled", finished=1.0)
+        assert store.read_file(later.id, "context.json") == shared
+        assert blob_rows(store)[0] == 5 - (n + 1)
+    store.transition(later.id, "failed", "a dependency failed", finished=2.0)
+    assert blob_rows(store) == (0, 0)
+
+
+def test_leftover_payloads_are_collected_and_live_ones_counted_again(tmp_path):
+    store = Store(tmp_path / "h")
+    live = queued_job(store)
+    with store.transaction() as db:
+        # what older code left: a payload no job names, and counts that are wrong
+        db.execute("INSERT INTO blobs(hash, data) VALUES('left', zeroblob(5000))")
+        db.execute("DELETE FROM blob_refs")
+    assert store.collect_leftovers() == (1, 5000)
+    assert blob_rows(store) == (1, 1)
+    store.transition(live.id, "cancelled", finished=1.0)
+    assert blob_rows(store) == (0, 0)
+
+
+def test_a_users_payload_bytes_count_each_blob_of_their_unfinished_jobs_once(tmp_path):
+    store = Store(tmp_path / "h")
+    spec = build_spec(capacity=POOL)
+    context = b"c" * 100
+    store.insert_jobs(
+        [
+            (i, spec, {"payload.pkl": i.encode() * 10, "context.json": context})
+            for i in ("bbbbbbb1", "bbbbbbb2")
+        ],
+        owner="anna",
+        uid=1000,
+    )
+    store.insert_job(spec, {"payload.pkl": b"z" * 999}, owner="ben", uid=1001)
+    assert store.payload_bytes(1000) == 80 + 80 + 100
+    store.transition("bbbbbbb1", "cancelled", finished=1.0)
+    assert store.payload_bytes(1000) == 80 + 100
+    assert store.payload_bytes(1001) == 999
+
+
+def test_a_ledger_that_kept_every_payload_keeps_only_those_of_unfinished_jobs(tmp_path):
+    import sqlite3
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    db = sqlite3.connect(home / "ledger.sqlite")
+    for script in store_mod.MIGRATIONS[:3]:
+        db.executescript(script)
+    db.execute("INSERT INTO meta VALUES('schema_version', '3')")
+    db.execute(
+        "INSERT INTO blobs VALUES('ctx', zeroblob(100)), ('p1', zeroblob(10)), ('p2', x'02')"
+    )
+    for job_id, state, files in (
+        ("donejob2", "succeeded", '{"payload.pkl": "p1", "context.json": "ctx"}'),
+        ("waitjob2", "queued", '{"payload.pkl": "p2", "context.json": "ctx"}'),
+    ):
+        db.execute(
+            "INSERT INTO jobs(id, name, kind, owner, uid, state, priority, gpus, cpus, mem, "
+            "submitted, files) VALUES(?, 'old', 'function', 'ann', 1000, ?, 50, 0, 1, 0, 1, ?)",
+            (job_id, state, files),
+        )
+    db.commit()
+    db.close()
+    (home / "ledger.sqlite").chmod(0o600)
+
+    store = Store(home)
+    assert blob_rows(store) == (2, 101)
+    assert store.payload_bytes(1000) == 101
+    assert store.read_file("waitjob2", "context.json") == bytes(100)
+    store.transition("waitjob2", "cancelled", finished=2.0)
+    assert blob_rows(store) == (0, 0)

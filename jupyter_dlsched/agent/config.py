@@ -14,14 +14,20 @@
     max_running = 8                 # running jobs of one user
     max_queued = 10000              # waiting jobs of one user (more are refused at submit)
     max_priority = "high"           # the highest priority a user may ask for (admins: any)
+    max_payload_bytes = "1GiB"      # what one user's unfinished jobs' payloads may take
 
     [limits.users.ana]              # one user's own limits
     max_gpus = 8
+
+Every value is checked when the service starts: a wrong type, a number out of range,
+NaN or infinity is refused with the key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
 import grp
+import logging
+import math
 import os
 import pwd
 from dataclasses import dataclass, field
@@ -31,10 +37,17 @@ from typing import Any
 import tomllib
 
 from ..errors import SpecError
-from ..spec import parse_priority
+from ..spec import MAX_GPUS, check_text, parse_priority
+from ..units import parse_size
+
+log = logging.getLogger("jupyter_dlsched.agent")
 
 DEFAULT_CONFIG = Path("/etc/dlsched/service.toml")
-_LIMIT_KEYS = ("max_gpus", "max_running", "max_queued", "max_priority")
+_TOP_KEYS = ("policy", "policy_params", "admin_group", "weights", "limits")
+_LIMIT_KEYS = ("max_gpus", "max_running", "max_queued", "max_priority", "max_payload_bytes")
+#: Running or waiting jobs of one user a limit may name (the ledger's integers hold more;
+#: a larger number is a typo, not a plan).
+MAX_JOBS = 10**9
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,8 @@ class Limits:
     max_running: int | None = None
     max_priority: int | None = None
     max_queued: int | None = None
+    #: bytes the payloads of one user's unfinished jobs may take in the ledger
+    max_payload_bytes: int | None = None
 
 
 @dataclass
@@ -61,7 +76,8 @@ class ServiceConfig:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None) -> ServiceConfig:
-        """Read ``path`` (a missing default file means the defaults); bad values name the key."""
+        """Read ``path`` (a missing default file means the defaults) and check every value:
+        ``SpecError`` names the first bad key, its value and what is allowed."""
         if path is None:
             if not DEFAULT_CONFIG.exists():
                 return cls(limits=Limits(max_priority=parse_priority("high")))
@@ -71,36 +87,38 @@ class ServiceConfig:
             data = tomllib.loads(file.read_text())
         except OSError as error:
             raise SpecError("config", str(file), f"a readable file ({error.strerror})") from None
-        except tomllib.TOMLDecodeError as error:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
             raise SpecError("config", str(file), f"TOML ({error})") from None
-        unknown = set(data) - {"policy", "policy_params", "admin_group", "weights", "limits"}
+        unknown = set(data) - set(_TOP_KEYS)
         if unknown:
             key = sorted(unknown)[0]
-            raise SpecError(
-                key, data[key], "one of policy, policy_params, admin_group, weights, limits"
-            )
-        limits_table = dict(data.get("limits") or {})
-        users = limits_table.pop("users", {}) or {}
+            raise SpecError(key, data[key], "one of " + ", ".join(_TOP_KEYS))
+        policy = data.get("policy", "fair")
+        params = _table(data.get("policy_params"), "policy_params", "a table of policy parameters")
+        _check_policy(policy, params)
+        admin_group = data.get("admin_group")
+        if admin_group is not None:
+            admin_group = check_text(admin_group, "admin_group")
+        weights = {}
+        for who, weight in _table(data.get("weights"), "weights", "a table of weights").items():
+            weights[who] = _number(weight, f"weights.{who}", "a number above zero", low=0.0)
+            if weights[who] <= 0:
+                raise SpecError(f"weights.{who}", weight, "a number above zero")
+        limits_table = dict(_table(data.get("limits"), "limits", "a table of limits"))
+        users = _table(limits_table.pop("users", None), "limits.users", "a table of users")
         if "max_priority" not in limits_table:
             limits_table["max_priority"] = "high"  # urgent is for admins unless configured
-        weights = {}
-        for who, weight in (data.get("weights") or {}).items():
-            if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
-                raise SpecError(f"weights.{who}", weight, "a number above zero")
-            weights[str(who)] = float(weight)
-        params = data.get("policy_params") or {}
-        if not isinstance(params, dict):
-            raise SpecError("policy_params", params, "a table of policy parameters")
+        user_limits = {}
+        for user, table in users.items():
+            where = f"limits.users.{user}"
+            user_limits[user] = _limits({**limits_table, **_table(table, where, "a table")}, where)
         return cls(
-            policy=str(data.get("policy", "fair")),
+            policy=policy,
             policy_params=params,
-            admin_group=data.get("admin_group"),
+            admin_group=admin_group,
             weights=weights,
             limits=_limits(limits_table, "limits"),
-            user_limits={
-                str(u): _limits({**limits_table, **dict(t)}, f"limits.users.{u}")
-                for u, t in users.items()
-            },
+            user_limits=user_limits,
             path=file,
         )
 
@@ -108,17 +126,24 @@ class ServiceConfig:
         return self.user_limits.get(user, self.limits)
 
     def is_admin(self, uid: int, service_uid: int) -> bool:
-        """Root, the service's own user, and members of ``admin_group`` are admins."""
+        """Root, the service's own user, and members of ``admin_group`` are admins.
+
+        A directory service that fails (LDAP down, a broken NSS module) makes a peer
+        a plain user, never an error: it must not end the service that serves everyone.
+        """
         if uid in (0, service_uid):
             return True
         if not self.admin_group:
             return False
         try:
             group = grp.getgrnam(self.admin_group)
-            name = pwd.getpwuid(uid).pw_name
+            entry = pwd.getpwuid(uid)
         except KeyError:
             return False
-        return name in group.gr_mem or pwd.getpwuid(uid).pw_gid == group.gr_gid
+        except Exception as error:
+            log.warning("dlsched service: cannot tell whether uid %s is an admin: %s", uid, error)
+            return False
+        return entry.pw_name in group.gr_mem or entry.pw_gid == group.gr_gid
 
     def owner_weights(self) -> dict[str, float]:
         """Fair-share weights by user name, groups (``"@group"``) spread over their members."""
@@ -137,6 +162,66 @@ class ServiceConfig:
         return weights
 
 
+def _table(value: object, where: str, allowed: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError(where, value, allowed)
+    return value
+
+
+def _number(
+    value: object, where: str, allowed: str, *, low: float, high: float = math.inf
+) -> float:
+    """A finite number from ``low`` to ``high``: no bool, NaN, infinity or string."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        raise SpecError(where, value, allowed)
+    return float(value)
+
+
+def _whole(value: object, where: str, allowed: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_JOBS:
+        raise SpecError(where, value, allowed)
+    return value
+
+
+def _check_policy(policy: object, params: dict[str, Any]) -> None:
+    """A known policy, and parameters of the types its defaults have (a string where a
+    number belongs would fail at the first decision, with the pool already serving)."""
+    from ..policy import POLICIES, get_policy
+
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise SpecError("policy", policy, "one of " + ", ".join(sorted(POLICIES)))
+    defaults = get_policy(policy)
+    for key, value in params.items():
+        where = f"policy_params.{key}"
+        if key == "name" or not hasattr(defaults, key):
+            continue  # get_policy below names the parameters the policy has
+        default = getattr(defaults, key)
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise SpecError(where, value, "true or false")
+        elif isinstance(default, dict):
+            for who, weight in _table(value, where, "a table of weights").items():
+                if _number(weight, f"{where}.{who}", "a number above zero", low=0.0) <= 0:
+                    raise SpecError(f"{where}.{who}", weight, "a number above zero")
+        elif isinstance(default, tuple | list) or isinstance(value, list):
+            if not isinstance(value, list) or not value:
+                raise SpecError(where, value, "a list of numbers of at least 0")
+            for item in value:
+                _number(item, where, "a list of finite numbers of at least 0", low=0.0)
+        else:
+            _number(value, where, "a finite number of at least 0", low=0.0)
+    if "name" in params:
+        raise SpecError("policy_params.name", params["name"], "no name (set policy instead)")
+    get_policy(policy, **params)
+
+
 def _limits(table: dict[str, Any], where: str) -> Limits:
     unknown = set(table) - set(_LIMIT_KEYS)
     if unknown:
@@ -145,15 +230,32 @@ def _limits(table: dict[str, Any], where: str) -> Limits:
     gpus = table.get("max_gpus")
     running = table.get("max_running")
     queued = table.get("max_queued")
-    for key, value in (("max_gpus", gpus), ("max_running", running), ("max_queued", queued)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or value < 0
-        ):
-            raise SpecError(f"{where}.{key}", value, "a number of at least 0")
     priority = table.get("max_priority")
+    payload = table.get("max_payload_bytes")
+    jobs = f"a whole number of jobs from 0 to {MAX_JOBS:,}"
+    if payload is not None:
+        try:
+            payload = parse_size(payload, f"{where}.max_payload_bytes")
+        except SpecError as error:
+            raise SpecError(error.field, payload, "a size such as '1GiB' or bytes") from None
+    try:
+        max_priority = parse_priority(priority) if priority is not None else None
+    except SpecError as error:
+        raise SpecError(f"{where}.max_priority", priority, error.allowed) from None
     return Limits(
-        max_gpus=float(gpus) if gpus is not None else None,
-        max_running=int(running) if running is not None else None,
-        max_priority=parse_priority(priority) if priority is not None else None,
-        max_queued=int(queued) if queued is not None else None,
+        max_gpus=(
+            _number(
+                gpus,
+                f"{where}.max_gpus",
+                f"a number of GPUs from 0 to {MAX_GPUS}",
+                low=0.0,
+                high=MAX_GPUS,
+            )
+            if gpus is not None
+            else None
+        ),
+        max_running=_whole(running, f"{where}.max_running", jobs) if running is not None else None,
+        max_priority=max_priority,
+        max_queued=_whole(queued, f"{where}.max_queued", jobs) if queued is not None else None,
+        max_payload_bytes=payload,
     )

@@ -338,14 +338,23 @@ class RemoteLedger:
 
     def read_spool_file(self, job_id: str, name: str) -> bytes | None:
         """One of this user's job files; another user's is refused, not read."""
+        path = self.spool(job_id) / name
         try:
-            return private.read_file(self.spool(job_id) / name)
+            return private.read_file(path)
         except PermissionError as error:
             if getattr(error, "errno", None) == errno.EACCES:
-                owner = self.get(job_id).owner
+                info = self.get(job_id)
+                if info.uid != os.getuid():
+                    raise PermissionDenied(
+                        f"job {job_id} belongs to {info.owner}: only its owner or a pool admin "
+                        "may read its results and logs"
+                    ) from None
+                # the user's own job: a folder on the way is closed to them
+                what = "result" if name == "result.pkl" else "error report"
                 raise PermissionDenied(
-                    f"job {job_id} belongs to {owner}: only its owner or a pool admin may read "
-                    "its results and logs"
+                    f"job {job_id}: cannot read its {what}: {path}: {error.strerror} (a folder "
+                    f"on the way to the pool's state folder {self.home} is closed to you; ask "
+                    "the pool's admin to let users through it: chmod o+x)"
                 ) from None
             raise
 

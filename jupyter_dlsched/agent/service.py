@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import pwd
 import selectors
@@ -52,7 +53,7 @@ from ..pool import idle_capacity
 from ..scheduler import Scheduler
 from ..schema import WAITING, JobInfo, info_to_json
 from ..spec import build_spec
-from ..words import priority_words
+from ..words import PRIORITY_WORDS
 from .client import IDLE_EXIT, trusted_server_uids, user_address
 from .config import ServiceConfig
 from .connections import Connections, Peer
@@ -215,6 +216,84 @@ def _seconds(msg: dict[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
+#: What a submission may store with a job (``Store.read_file`` names).
+JOB_FILES = ("payload.pkl", "command.json", "context.json")
+
+
+def _job_files(item: object, blobs: list[bytes]) -> dict[str, bytes]:
+    """One job of a ``submit``: ``{"files": {name: index of an attachment}}``, checked."""
+    files = item.get("files") if isinstance(item, dict) else None
+    if not isinstance(files, dict):
+        raise ProtocolError("each job of a submit request needs files: {name: attachment}")
+    out = {}
+    for name, index in files.items():
+        if name not in JOB_FILES:
+            raise ProtocolError(f"a job file {name!r}: expected one of {', '.join(JOB_FILES)}")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(blobs):
+            raise ProtocolError(
+                f"job file {name!r} names attachment {index!r}; the request has {len(blobs)}"
+            )
+        out[name] = blobs[index]
+    return out
+
+
+def _check_reachable(home: Path) -> None:
+    """Every folder above a shared pool's state folder must let other users pass (``o+x``):
+    each job's supervisor opens the job's spool folder as the job's owner."""
+    import stat
+
+    folders = {Path(os.path.abspath(home)), Path(os.path.realpath(home))}
+    for folder in sorted({p for f in folders for p in f.parents}):
+        try:
+            mode = os.stat(folder).st_mode
+        except FileNotFoundError:
+            continue  # created with the state folder, checked again after
+        if not mode & stat.S_IXOTH:
+            raise SpecError(
+                "--home",
+                str(home),
+                f"a folder every user can reach: {folder} is "
+                f"{stat.filemode(mode)} ({stat.S_IMODE(mode):04o}), which other users cannot "
+                f"pass through (chmod o+x {folder}, or choose another --home)",
+            )
+
+
+#: Job ids one ``jobs`` request may name (SQLite binds at most 32,766 values a statement).
+MAX_IDS = 10_000
+
+
+def _count_arg(msg: dict[str, Any], key: str) -> int:
+    """A request's ``offset`` or ``since`` (missing: 0): a whole number the ledger's 64-bit
+    integers hold, 0 or more."""
+    value = msg.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise SpecError(key, value, "a whole number from 0 to 2**63 - 1")
+    return value
+
+
+def _list_args(msg: dict[str, Any]) -> dict[str, Any]:
+    """The filters of a ``jobs`` request, checked: states, owner, ids, order."""
+    from ..schema import STATES
+
+    states, owner, ids = msg.get("states"), msg.get("owner"), msg.get("ids")
+    if states is not None and (
+        not isinstance(states, list) or not all(isinstance(x, str) and x in STATES for x in states)
+    ):
+        raise SpecError("states", states, "a list of job states: " + ", ".join(STATES))
+    if owner is not None and not isinstance(owner, str):
+        raise SpecError("owner", owner, "a user name")
+    if ids is not None and (
+        not isinstance(ids, list) or len(ids) > MAX_IDS or not all(isinstance(x, str) for x in ids)
+    ):
+        raise SpecError("ids", ids, f"a list of at most {MAX_IDS:,} job ids")
+    newest_first = msg.get("newest_first", False)
+    if not isinstance(newest_first, bool | None):
+        raise SpecError("newest_first", newest_first, "true or false")
+    return {"states": states, "owner": owner, "ids": ids, "newest_first": bool(newest_first)}
+
+
 def _page(msg: dict[str, Any]) -> int:
     """Rows one list request answers: its ``limit``, at most ``MAX_ROWS``."""
     limit = msg.get("limit")
@@ -360,13 +439,20 @@ class Agent:
         return True
 
     def open(self) -> None:
-        """Open the ledger (and in a shared pool make its folders traversable to users)."""
+        """Open the ledger (and in a shared pool make its folders traversable to users),
+        then delete the payloads no unfinished job needs any more.
+
+        A shared pool whose state folder users cannot reach (a folder above it closed
+        to them) is refused: every job would fail to open its own spool folder.
+        """
         options: dict[str, Any] = {}
         if self.config is not None:
             params = dict(self.config.policy_params)
             if self.config.policy == "fair" and "weights" not in params:
                 params["weights"] = self.config.owner_weights()
             options = {"policy": self.config.policy, "policy_params": params}
+        if self.shared:
+            _check_reachable(self.home)  # before anything is created in it
         self.sched = AgentScheduler(self, self.home, **options)
         if self.shared:
             from ..sampling import Sampler
@@ -378,9 +464,21 @@ class Agent:
                 self.selector, self.metrics_address, self.render_metrics, CONTENT_TYPE
             )
         if self.shared:
+            _check_reachable(self.home)  # and the folders just created
             # users reach their own spool folder (0700, theirs) through these; they cannot list them
             os.chmod(self._store.home, 0o711)
             os.chmod(self._store.spool_root, 0o711)
+        try:
+            blobs, size = self._store.collect_leftovers()
+        except LedgerUnavailable as error:
+            log.warning("dlsched agent: leftover payloads not collected: %s", error)
+        else:
+            if blobs:
+                from ..units import format_size
+
+                log.info(
+                    "dlsched agent: deleted %d leftover payloads (%s)", blobs, format_size(size)
+                )
 
     def serve(self) -> int:
         """Bind, open, preload and run until stopped; 0 also when another agent serves."""
@@ -713,8 +811,9 @@ class Agent:
         self._check_queued(peer, len(jobs))
         batch = []
         for item in jobs:
-            files = {str(name): blobs[int(index)] for name, index in item["files"].items()}
+            files = _job_files(item, blobs)
             batch.append((self._store.new_id(), spec, files))
+        self._check_payload(peer, batch)
         self._store.insert_jobs(
             batch, owner=peer.user, uid=peer.uid, backend=backend, inline=inline
         )
@@ -860,8 +959,8 @@ class Agent:
         cap = self.config.limits_for(peer.user).max_priority
         if cap is not None and priority > cap:
             raise PermissionDenied(
-                f"priority {priority_words(priority)} is above the highest a user may ask for "
-                f"in this pool ({priority_words(cap)}); an admin can raise it"
+                f"priority {_priority_value(priority)} is above the highest a user may ask "
+                f"for in this pool, {_priority_value(cap)}; an admin can raise it"
             )
 
     def _check_queued(self, peer: Peer, adding: int) -> None:
@@ -875,6 +974,26 @@ class Agent:
             raise PermissionDenied(
                 f"{peer.user} has {waiting} job{'s' if waiting != 1 else ''} waiting; the "
                 f"limit per user is {cap} (this request adds {adding})"
+            )
+
+    def _check_payload(self, peer: Peer, batch: list[tuple[str, Any, dict[str, bytes]]]) -> None:
+        """Refuse a submission that would put a user's unfinished jobs' payloads over
+        ``max_payload_bytes``: what one user queues cannot fill the pool's disk."""
+        if self.config is None:
+            return
+        cap = self.config.limits_for(peer.user).max_payload_bytes
+        if cap is None:
+            return
+        from ..units import format_size
+
+        distinct = {id(data): len(data) for _, _, files in batch for data in files.values()}
+        adding = sum(distinct.values())
+        held = self._store.payload_bytes(peer.uid)
+        if held + adding > cap:
+            raise PermissionDenied(
+                f"{peer.user}'s queued payloads take {format_size(held)}; the limit per user "
+                f"is {format_size(cap)}; this request adds {format_size(adding)} (wait for "
+                "jobs to end, or pass large data by path rather than as an argument)"
             )
 
     def _owned(self, peer: Peer, job_id: object, doing: str) -> JobInfo:
@@ -913,21 +1032,21 @@ class Agent:
 
     def _jobs(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         rows = self._store.jobs(
-            states=msg.get("states"),
-            owner=msg.get("owner"),
-            limit=min(int(msg.get("limit") or MAX_ROWS), MAX_ROWS),
-            offset=int(msg.get("offset") or 0),
-            ids=msg.get("ids"),
-            newest_first=bool(msg.get("newest_first")),
+            limit=_page(msg), offset=_count_arg(msg, "offset"), **_list_args(msg)
         )
         return {"jobs": [info_to_json(info) for info in rows]}
 
     def _finished(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
-        rows = self._store.finished_jobs(
-            since=float(msg.get("since") or 0.0),
-            owner=msg.get("owner"),
-            limit=min(int(msg.get("limit") or MAX_ROWS), MAX_ROWS),
-        )
+        since, owner = msg.get("since") or 0.0, msg.get("owner")
+        if (
+            isinstance(since, bool)
+            or not isinstance(since, int | float)
+            or not math.isfinite(since)
+        ):
+            raise SpecError("since", since, "a time in epoch seconds")
+        if owner is not None and not isinstance(owner, str):
+            raise SpecError("owner", owner, "a user name")
+        rows = self._store.finished_jobs(since=float(since), owner=owner, limit=_page(msg))
         return {"jobs": [info_to_json(info) for info in rows]}
 
     def _status(self, peer: Peer) -> dict[str, Any]:
@@ -980,7 +1099,7 @@ class Agent:
         if job_id is not None:
             self._store.get(job_id)  # JobNotFound for an unknown id
         page = _page(msg)
-        rows = self._store.events(job_id, since=int(msg.get("since") or 0), limit=page + 1)
+        rows = self._store.events(job_id, since=_count_arg(msg, "since"), limit=page + 1)
         return {"events": rows[:page], "more": len(rows) > page}
 
     def _meta(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
@@ -993,8 +1112,10 @@ class Agent:
         self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]
     ) -> dict[str, Any] | None:
         """State changes after ``since``; with ``wait``, held until there is one (or timeout)."""
-        since = int(msg.get("since") or 0)
-        wait = min(float(msg.get("wait") or 0.0), MAX_WAIT)
+        since, wait = _count_arg(msg, "since"), msg.get("wait") or 0.0
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < math.inf:
+            raise SpecError("wait", wait, "seconds to wait, 0 or more")
+        wait = min(float(wait), MAX_WAIT)
         rows = self._store.state_changes_since(since, _page(msg))  # the next from the last one
         if rows or wait <= 0:
             return {"changes": [list(r) for r in rows]}
@@ -1050,6 +1171,12 @@ class Agent:
             raise PermissionDenied("only a pool admin may stop the pool's service")
         self._stopping = True
         return {}
+
+
+def _priority_value(priority: int) -> str:
+    """``"urgent (1000)"`` for a named level, ``"101"`` for any other."""
+    name = PRIORITY_WORDS.get(priority)
+    return f"{name} ({priority})" if name else str(priority)
 
 
 def _set_name(name: bytes) -> None:

@@ -27,11 +27,11 @@ def cmd_service(args: argparse.Namespace) -> int:
     agent = Agent(home, socket_path, config=config, metrics=metrics)
     if not agent.bind():
         raise CommandError(f"another service already answers on {socket_path}")
-    logging.getLogger("jupyter_dlsched.agent").info(
-        "serving the pool in %s on %s (policy %s)", home, socket_path, config.policy
-    )
     try:
-        agent.open()
+        agent.open()  # a state folder users cannot reach is refused here, in one line
+        logging.getLogger("jupyter_dlsched.agent").info(
+            "serving the pool in %s on %s (policy %s)", home, socket_path, config.policy
+        )
         if agent.scrape is not None:
             host, port = agent.scrape.address
             logging.getLogger("jupyter_dlsched.agent").info(
