@@ -29,7 +29,7 @@ from .handle import JobHandle, Watching
 from .inline import InlineRunner
 from .options import RESOURCE_ARGS
 from .policy import Policy, get_policy
-from .pool import PoolInfo, idle_capacity, probe
+from .pool import PoolInfo, idle_capacity, probe, remembered_simulation
 from .settings import Settings
 from .spec import build_spec, parse_priority, pickle_payload
 from .store import WAITING, JobInfo, Store
@@ -460,7 +460,10 @@ class Scheduler(Deciding, Watching):
         """The machine now, with each GPU's jobs and the memory the scheduler granted."""
         if self.backend.name != "local":
             return self.backend.pool()
-        info = copy.deepcopy(probe(usage=True))  # the probe is cached and shared: never mutate it
+        # the pool's simulated GPUs are the ledger's, not this caller's environment; the probe
+        # is cached and shared: never mutate it
+        simulate = remembered_simulation(self.inventory)
+        info = copy.deepcopy(probe(usage=True, simulate=simulate))
         running = self.store.jobs(states=["running"])
         by_pid = {j.job_pid: j.id for j in running if j.job_pid}
         for gpu in info.gpus:

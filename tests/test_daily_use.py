@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import stop_agent, wait_for
 
+from jupyter_dlsched.placement import place
 from jupyter_dlsched.policy import QueuedJob, RunningJob, get_policy
 from jupyter_dlsched.policy.base import describe_shortfall
-from jupyter_dlsched.placement import place
 from jupyter_dlsched.resources import Capacity, Request
 from jupyter_dlsched.scheduler import Scheduler
-from tests.conftest import stop_agent, wait_for
 
 GIB = 2**30
 BIN = Path(sys.executable).parent
@@ -132,3 +132,61 @@ def test_a_queued_shared_gpu_job_says_it_waits_for_cpus(home):
         assert whole.info().waiting == "waiting for 1 CPU"
         assert half.info().waiting == "waiting for 1 CPU"
         hog.cancel()
+
+
+# 3. the pool's shape is the ledger's, whoever asks and whoever started the agent
+
+
+def pool_views(env: dict[str, str]) -> tuple[dict, str]:
+    data = json.loads(cli(env, "status", "--json").stdout)
+    return data, cli(env, "status").stdout
+
+
+def assert_four_simulated(env: dict[str, str]) -> None:
+    data, text = pool_views(env)
+    assert data["gpus"]["total"] == 4 and data["gpus"]["simulated"] == 4, data["gpus"]
+    simulated = [g for g in data["pool"]["gpus"] if g["simulated"]]
+    assert len(simulated) == 4, data["pool"]
+    assert "GPU 0/4 (4 simulated) busy" in text, text
+    assert "no GPUs" not in text, text
+    assert text.count("[simulated]") == 4, text
+
+
+def test_a_simulated_pool_stays_simulated_whoever_starts_its_agent(tmp_path):
+    home = tmp_path / "home"
+    lab = console_env(home, DLSCHED_SIMULATE_GPUS="4x16GiB")
+    plain = console_env(home)
+    plain.pop("DLSCHED_SIMULATE_GPUS")
+    try:
+        assert_four_simulated(lab)  # the agent `make lab` started
+        assert_four_simulated(plain)  # a plain terminal beside it sees the same pool
+        stop_agent(home)  # the lab's agent idles out
+        assert_four_simulated(plain)  # the plain terminal's own agent keeps the GPUs
+        # said explicitly, the ledger forgets them, and a plain terminal after that too
+        stop_agent(home)
+        data, text = pool_views(console_env(home, DLSCHED_SIMULATE_GPUS="none"))
+        assert data["gpus"]["simulated"] == 0 and "[simulated]" not in text, text
+        stop_agent(home)
+        data, text = pool_views(plain)
+        assert data["gpus"]["simulated"] == 0 and "[simulated]" not in text, text
+        assert not [g for g in data["pool"]["gpus"] if g["simulated"]]
+    finally:
+        stop_agent(home)
+
+
+def test_a_simulated_pool_survives_without_an_agent(tmp_path):
+    home = tmp_path / "home"
+    lab = console_env(home, DLSCHED_SIMULATE_GPUS="4x16GiB", DLSCHED_AGENT="0")
+    plain = console_env(home, DLSCHED_AGENT="0")
+    plain.pop("DLSCHED_SIMULATE_GPUS")
+    assert_four_simulated(lab)
+    # a kernel started from a plain terminal opens the ledger and probes the machine again
+    kernel = subprocess.run(
+        [sys.executable, "-c", "import jupyter_dlsched as dls; print(len(dls.pool().gpus))"],
+        env=plain,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert kernel.stdout.strip() == "4", kernel.stderr
+    assert_four_simulated(plain)
