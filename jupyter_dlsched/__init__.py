@@ -24,7 +24,7 @@ from .errors import (
     JobTimeout,
     SpecError,
 )
-from .handle import JobHandle
+from .handle import JobHandle, gather
 from .pool import GpuInfo, PoolInfo
 from .runtime import DataNotStaged, checkpoint_requested, data, progress
 from .scheduler import Scheduler
@@ -78,6 +78,12 @@ def cancel(job_id: str) -> JobInfo:
 def set_priority(job_id: str, priority: int | str) -> JobInfo:
     """Change a waiting job's priority: ``dls.set_priority(job_id, "urgent")``."""
     return default_scheduler().set_priority(job_id, priority)
+
+
+def requeue(job_id: str) -> JobHandle:
+    """Run a finished (failed, cancelled, ...) job again as a new job with the same spec:
+    ``dls.requeue(job_id).result()``; the new job's ``info().requeue_of`` is ``job_id``."""
+    return default_scheduler().requeue(job_id)
 
 
 def pool() -> PoolInfo:
@@ -177,11 +183,13 @@ __all__ = [
     "dashboard",
     "data",
     "default_scheduler",
+    "gather",
     "get",
     "job",
     "jobs",
     "pool",
     "progress",
+    "requeue",
     "set_default_scheduler",
     "set_priority",
     "submit",

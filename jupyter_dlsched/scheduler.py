@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,9 @@ from .options import RESOURCE_ARGS
 from .policy import Policy, get_policy
 from .pool import PoolInfo, idle_capacity, probe, remembered_simulation
 from .settings import Settings
-from .spec import build_spec, parse_priority, pickle_payload
+from .spec import MAX_NAME, build_spec, parse_priority, pickle_payload
 from .store import WAITING, JobInfo, Store
+from .sweep import member_name, member_suffixes
 
 # variables that describe the submitting kernel, not the job
 _ENV_DROP = ("DLSCHED_JOB_ID", "DLSCHED_DEVICES", "DLSCHED_GPU_MEM", "CUDA_VISIBLE_DEVICES")
@@ -349,6 +351,8 @@ class Scheduler(Deciding, Watching):
         if unknown:
             key = sorted(unknown)[0]
             raise SpecError(key, resources[key], "a known option")
+        items = list(items)
+        suffixes = member_suffixes(fn, items)  # "[2] lr=0.01": members told apart
         if self.link is not None:
             fn_pickle = pickle_payload({"fn": fn})
             context = json.dumps(submit_context()).encode()
@@ -365,6 +369,7 @@ class Scheduler(Deciding, Watching):
                 origin=origin(),
                 options=resources,
                 backend=self.backend.name,
+                suffixes=suffixes,
             )
             linked = [JobHandle(self, job_id) for job_id in ids]
             for handle in linked:
@@ -383,13 +388,13 @@ class Scheduler(Deciding, Watching):
         batch = [
             (
                 self.store.new_id(),
-                spec,
+                replace(spec, name=member_name(spec.name, suffix, MAX_NAME)),
                 {
                     "payload.pkl": pickle_payload({"fn_pickle": fn_pickle, "args": (item,)}),
                     "context.json": context,
                 },
             )
-            for item in items
+            for item, suffix in zip(items, suffixes, strict=True)
         ]
         self.store.insert_jobs(batch, owner=self.owner, uid=self.uid, backend=self.backend.name)
         handles = [JobHandle(self, job_id) for job_id, _, _ in batch]
@@ -455,6 +460,27 @@ class Scheduler(Deciding, Watching):
         self.store.set_priority(job_id, parse_priority(priority))
         self.wake()
         return self.store.get(job_id)
+
+    def requeue(self, job_id: str) -> JobHandle:
+        """Run a finished job again: a new job with the same spec (what it runs, what it
+        needs, its name), linked to the old one (``JobInfo.requeue_of``).
+
+        >>> again = s.requeue("k3x9m2ab")  # doctest: +SKIP
+        >>> again.info().requeue_of  # doctest: +SKIP
+        'k3x9m2ab'
+
+        Only a job in a final state can be requeued (``IllegalTransition`` otherwise);
+        in a shared pool, only its owner or an admin may.
+        """
+        return self.get(self.requeue_job(job_id).id)
+
+    def requeue_job(self, job_id: str) -> JobInfo:
+        """``requeue`` answering the new job's row (what the agent and REST send back)."""
+        if self.link is not None:
+            return self.link.requeue(job_id)
+        info = self.store.requeue(job_id)
+        self.wake()
+        return info
 
     def pool(self) -> PoolInfo:
         """The machine now, with each GPU's jobs and the memory the scheduler granted."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -207,6 +207,10 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX cache_entries_lru ON cache_entries(last_used);
     """,
+    # version 4: a job run again (`dlsched requeue`) names the job it re-runs
+    """
+    ALTER TABLE jobs ADD COLUMN requeue_of TEXT;
+    """,
 ]
 
 
@@ -271,6 +275,8 @@ class JobInfo:
     peak_gpu_mem: int | None = None
     # inputs staged while the job waits: name -> source (a path or URL)
     stage_in: dict[str, str] = field(default_factory=dict)
+    # the finished job this one runs again (`dlsched requeue`, `dls.requeue`), else None
+    requeue_of: str | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -326,6 +332,7 @@ class JobInfo:
             "backend": self.backend,
             "inline": self.inline,
             "stage_in": self.stage_in,
+            "requeue_of": self.requeue_of,
             "usage": {
                 "gpu_hours": self.gpu_hours,
                 "cpu_time": self.cpu_time,

@@ -39,7 +39,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,8 @@ from ..policy import Policy
 from ..pool import idle_capacity
 from ..scheduler import Scheduler
 from ..schema import WAITING, JobInfo, info_to_json
-from ..spec import build_spec
+from ..spec import MAX_NAME, build_spec, check_text
+from ..sweep import member_name
 from ..words import priority_words
 from .client import IDLE_EXIT, user_address
 from .config import ServiceConfig
@@ -263,6 +264,7 @@ class Agent:
             "submit": self._submit,
             "cancel": self._cancel,
             "priority": self._priority,
+            "requeue": self._requeue,
             "get": self._get,
             "jobs": self._jobs,
             "finished": self._finished,
@@ -762,7 +764,11 @@ class Agent:
         batch = []
         for item in jobs:
             files = {str(name): blobs[int(index)] for name, index in item["files"].items()}
-            batch.append((self._store.new_id(), spec, files))
+            named = spec
+            if item.get("suffix"):  # a sweep member: "train[2] lr=0.01"
+                suffix = check_text(str(item["suffix"]), "name")
+                named = replace(spec, name=member_name(spec.name, suffix, MAX_NAME))
+            batch.append((self._store.new_id(), named, files))
         self._store.insert_jobs(
             batch, owner=peer.user, uid=peer.uid, backend=backend, inline=inline
         )
@@ -952,6 +958,13 @@ class Agent:
         self._check_priority(peer, priority)
         self._dirty = True
         return {"job": self._row(peer, self.sched.set_priority(info.id, priority))}
+
+    def _requeue(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        assert self.sched is not None
+        info = self._owned(peer, msg.get("id"), "requeue")
+        self._check_queued(peer, 1)
+        self._dirty = True
+        return {"job": self._row(peer, self.sched.requeue_job(info.id))}
 
     def _row(self, peer: Peer, info: JobInfo) -> dict[str, Any]:
         """A job as ``peer`` may see it: everything for its owner or an admin, else the queue's
