@@ -532,4 +532,7 @@ def _render_as_user_error(failure: BaseException, job_id: str) -> None:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_dlsched``."""
+    from .ipython_errors import install
+
     ipython.register_magics(SchedulerMagics)
+    install(ipython)  # API errors as the user's line and the message

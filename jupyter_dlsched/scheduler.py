@@ -25,7 +25,7 @@ from ._version import __version__
 from .agent.link import AgentLink, connect
 from .backends import Backend, make_backend
 from .deciding import Deciding
-from .errors import JobNotFound, SpecError
+from .errors import JobNotFound, SpecError, raised_here
 from .handle import JobHandle, Watching
 from .inline import InlineRunner
 from .options import RESOURCE_ARGS
@@ -237,6 +237,7 @@ class Scheduler(Deciding, Watching):
 
     # -- submitting ------------------------------------------------------------------------
 
+    @raised_here
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> JobHandle:
         """Queue ``fn(*args, **kwargs)`` as a job; resource keywords are taken out first.
 
@@ -341,6 +342,7 @@ class Scheduler(Deciding, Watching):
         self.wake()
         return handle
 
+    @raised_here
     def map(
         self, fn: Callable[..., Any], items: Iterable[Any], **resources: Any
     ) -> list[JobHandle]:
@@ -461,6 +463,7 @@ class Scheduler(Deciding, Watching):
         self.wake()
         return self.store.get(job_id)
 
+    @raised_here
     def requeue(self, job_id: str) -> JobHandle:
         """Run a finished job again: a new job with the same spec (what it runs, what it
         needs, its name), linked to the old one (``JobInfo.requeue_of``).

@@ -514,3 +514,46 @@ def test_in_a_shared_pool_only_the_owner_may_requeue(team_users):
         new = json.loads(by_a.stdout)["new"]
         assert new["requeue_of"] == done and new["owner"] == a.name
         assert service.job(new["id"])["name"] == "a-done"
+
+
+# 8. an error the user caused through the API is their line and the message
+
+
+def test_a_refused_submit_in_a_kernel_shows_the_users_line_and_the_error(home, tmp_path):
+    nb = new_notebook()
+    client = kernel_client(nb, tmp_path)
+    with client.setup_kernel():
+        run_cell(client, nb, "import jupyter_dlsched as dls\ndef f():\n    return 1")
+        refused = run_cell(client, nb, "h = dls.submit(f, gpus=9)")
+        decorated = run_cell(client, nb, "dls.job(gpus=9)(f).map([1, 2])")
+        caught = run_cell(
+            client,
+            nb,
+            "try:\n    dls.submit(f, gpus=9)\nexcept dls.SpecError as error:\n"
+            "    print('caught', error.field)",
+        )
+        failing = run_cell(
+            client,
+            nb,
+            "def boom():\n    raise ValueError('boom in the job')\n"
+            "dls.submit(boom, cpus=0.25).result(timeout=60)",
+        )
+        run_cell(client, nb, "dls.default_scheduler().close()")
+    for cell in (refused, decorated):
+        (error,) = errors_of(cell)
+        assert error["ename"] == "SpecError"
+        shown = strip_colours("\n".join(error["traceback"]))
+        assert len(shown.splitlines()) < 10, shown
+        assert "gpus=9 is invalid: expected a request this pool can satisfy" in shown
+        assert cell.source in shown  # the user's own line
+        assert "agent/" not in shown and "protocol.py" not in shown
+    assert shown_text(caught).strip() == "caught gpus"
+    # a job's own failure keeps its whole story: the frames of the job process
+    (error,) = errors_of(failing)
+    shown = strip_colours("\n".join(error["traceback"]))
+    assert error["ename"] == "ValueError" and "boom in the job" in shown
+    assert "raise ValueError('boom in the job')" in shown
+
+
+def strip_colours(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
