@@ -557,3 +557,24 @@ def test_a_refused_submit_in_a_kernel_shows_the_users_line_and_the_error(home, t
 
 def strip_colours(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+# 11. the notebooks open unmodified: their kernelspec is what the installed kernel says
+
+
+NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_notebooks_kernelspec_matches_the_installed_kernel(notebook):
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    saved = json.loads(notebook.read_text())["metadata"]["kernelspec"]
+    installed = KernelSpecManager().get_kernel_spec(saved["name"])
+    # JupyterLab rewrites what differs when the kernel starts, and the notebook is then
+    # marked modified before anyone touched it
+    assert saved == {
+        "display_name": installed.display_name,
+        "language": installed.language,
+        "name": saved["name"],
+    }
