@@ -231,9 +231,19 @@ def test_ctrl_c_stops_waiting_but_not_the_job(env: dict[str, str]) -> None:
     )
     try:
         assert proc.stdout is not None
+        # bounded waits that say where it stuck, well inside pytest's timeout: a job that is
+        # slow to start on a loaded machine is named as such, and a real hang still fails
+        with selectors.DefaultSelector() as selector:
+            selector.register(proc.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout=150):
+                rows = run(env, "queue", "--all", "--name", "interrupted", "--json").stdout
+                raise AssertionError(f"the job printed nothing in 150 s; its row: {rows}")
         assert proc.stdout.readline() == b"started\n"  # main() is waiting by now
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("dlsched submit --wait did not end 90 s after Ctrl-C") from None
     finally:
         if proc.poll() is None:
             proc.kill()
