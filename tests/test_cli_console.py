@@ -146,7 +146,9 @@ def test_queue_all_lists_unfinished_first_then_finished_newest_first(
 def test_cancel_takes_several_ids(env: dict[str, str], blocker: str) -> None:
     a, b = queued_job(env, "many-a"), queued_job(env, "many-b")
     assert run(env, "cancel", a, b).stdout.splitlines() == [f"{a} cancelled", f"{b} cancelled"]
-    assert run(env, "cancel", a).stdout.strip() == f"{a} already cancelled"
+    # a job that has already ended is not cancelled again: nothing done is exit status 1
+    line = assert_one_line_error(run(env, "cancel", a, status=1), "cancel")
+    assert line == f"dlsched cancel: nothing to cancel: {a} already cancelled"
 
 
 def test_cancel_by_name_user_and_state_lists_what_it_cancelled(
