@@ -72,7 +72,6 @@ def test_both_spellings_of_the_interpreter_share_one_agent(tmp_path, submitter, 
             env, "submit", "--cpus", "0.25", "--name", "long", "--", "sleep", "60", python=sub
         ).stdout.strip()
         pid = agent_pid(env, python=sub)
-        started = time.monotonic()
         out = cli(env, "queue", "--json", python=read)
         listed = {j["id"]: j["state"] for j in json.loads(out.stdout)}
         # the job is listed as running: the reader did not replace the agent and wait
@@ -80,7 +79,6 @@ def test_both_spellings_of_the_interpreter_share_one_agent(tmp_path, submitter, 
         assert listed.get(job_id) == "running", listed
         assert agent_pid(env, python=read) == pid
         assert agent_pid(env, python=sub) == pid
-        assert time.monotonic() - started < 60  # a safety net: the job sleeps for 60 s
         cli(env, "cancel", job_id, python=read)
     finally:
         stop_agent(home)
