@@ -1,13 +1,18 @@
-# Set-up and test entry points. `make test` and `make lab` each create .venv on first use.
+# Set-up and test entry points. `make lab` creates .venv with what the lab and the notebooks
+# need; `make test` (and `make install`) adds the test tool chain (Ray, Dask, schemathesis,
+# Playwright, mypy, ruff, ...).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# everything: the lab, the notebooks and the test tools (`.[lab,test]`)
 STAMP := $(VENV)/.installed
+# what JupyterLab and notebooks/ need (`.[lab]`); the full install satisfies it too
+LAB_STAMP := $(VENV)/.installed-lab
 # Simulated GPUs for the demo when the machine has no NVIDIA driver (always shown as simulated).
 LAB_GPUS := $(shell nvidia-smi -L >/dev/null 2>&1 || echo 4x16GiB)
 
-.PHONY: install test lint lab demo clean
+.PHONY: install lab-install test lint lab demo clean
 
 # The JupyterLab extension (labextension/) is built by pip's build hook (jupyter-builder,
 # Node.js >= 20.19) and installed prebuilt; editing its sources re-runs that build.
@@ -15,18 +20,28 @@ LABEXT_STAMP := $(VENV)/.labextension
 LABEXT_SRC := $(wildcard labextension/src/*.ts labextension/style/*) \
 	labextension/package.json labextension/tsconfig.json labextension/yarn.lock
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+define make_venv
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
-	touch $(STAMP)
-	touch $(LABEXT_STAMP)
+endef
 
-$(LABEXT_STAMP): $(STAMP) $(LABEXT_SRC)
+$(STAMP): pyproject.toml
+	$(make_venv)
+	$(PY) -m pip install -q -e ".[lab,test]"
+	touch $(STAMP) $(LAB_STAMP) $(LABEXT_STAMP)
+
+$(LAB_STAMP): pyproject.toml
+	$(make_venv)
+	$(PY) -m pip install -q -e ".[lab]"
+	touch $(LAB_STAMP) $(LABEXT_STAMP)
+
+$(LABEXT_STAMP): $(LAB_STAMP) $(LABEXT_SRC)
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(LABEXT_STAMP)
 
 install: $(STAMP) $(LABEXT_STAMP)
+
+lab-install: $(LAB_STAMP) $(LABEXT_STAMP)
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -38,7 +53,7 @@ test: install lint
 
 # JupyterLab on the quickstart notebook, the sidebar on the left, simulated GPUs when there are none.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
-lab: install
+lab: lab-install
 	DLSCHED_SIMULATE_GPUS=$${DLSCHED_SIMULATE_GPUS:-$(LAB_GPUS)} $(VENV)/bin/jupyter lab $(LAB_ROOT) notebooks/quickstart.ipynb
 
 demo: lab

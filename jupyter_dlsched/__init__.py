@@ -10,6 +10,7 @@ first use, state folder ``$DLSCHED_HOME`` or ``<jupyter data dir>/dlsched``).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,8 +24,9 @@ from .errors import (
     JobNotFound,
     JobTimeout,
     SpecError,
+    raised_here,
 )
-from .handle import JobHandle
+from .handle import JobHandle, gather
 from .pool import GpuInfo, PoolInfo
 from .runtime import DataNotStaged, checkpoint_requested, data, progress
 from .scheduler import Scheduler
@@ -52,6 +54,7 @@ def set_default_scheduler(scheduler: Scheduler | None) -> None:
         old.close()
 
 
+@raised_here
 def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> JobHandle:
     """Queue ``fn(*args, **kwargs)``; resource keywords (gpus, cpus, mem, priority, ...) first.
 
@@ -60,26 +63,38 @@ def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> JobHandle:
     return default_scheduler().submit(fn, *args, **kwargs)
 
 
+@raised_here
 def jobs(state: str | Iterable[str] | None = None, owner: str | None = None) -> list[JobInfo]:
     """Jobs in the ledger in submit order: ``dls.jobs(state="queued")``."""
     return default_scheduler().jobs(state=state, owner=owner)
 
 
+@raised_here
 def get(job_id: str) -> JobHandle:
     """A handle on an existing job, from any process: ``dls.get("k3x9m2ab").result()``."""
     return default_scheduler().get(job_id)
 
 
+@raised_here
 def cancel(job_id: str) -> JobInfo:
     """Cancel a job by id."""
     return default_scheduler().cancel(job_id)
 
 
+@raised_here
 def set_priority(job_id: str, priority: int | str) -> JobInfo:
     """Change a waiting job's priority: ``dls.set_priority(job_id, "urgent")``."""
     return default_scheduler().set_priority(job_id, priority)
 
 
+@raised_here
+def requeue(job_id: str) -> JobHandle:
+    """Run a finished (failed, cancelled, ...) job again as a new job with the same spec:
+    ``dls.requeue(job_id).result()``; the new job's ``info().requeue_of`` is ``job_id``."""
+    return default_scheduler().requeue(job_id)
+
+
+@raised_here
 def pool() -> PoolInfo:
     """CPU cores, memory and GPUs with live usage and the jobs on each."""
     return default_scheduler().pool()
@@ -98,10 +113,12 @@ class JobFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
+    @raised_here
     def submit(self, *args: Any, **kwargs: Any) -> JobHandle:
         """Queue one call; keyword resources here override the decorator's."""
         return default_scheduler().submit(self.fn, *args, **{**self.resources, **kwargs})
 
+    @raised_here
     def map(self, items: Iterable[Any], **resources: Any) -> list[JobHandle]:
         """One job per item: ``train.map([1e-3, 1e-4])``."""
         return default_scheduler().map(self.fn, items, **{**self.resources, **resources})
@@ -123,6 +140,7 @@ def job(
     return lambda f: JobFunction(f, resources)
 
 
+@raised_here
 def cache_info() -> dict[str, Any]:
     """The staging cache of the default scheduler: size, entries, hits, what is being staged."""
     return default_scheduler().cache_info()
@@ -177,15 +195,31 @@ __all__ = [
     "dashboard",
     "data",
     "default_scheduler",
+    "gather",
     "get",
     "job",
     "jobs",
     "pool",
     "progress",
+    "requeue",
     "set_default_scheduler",
     "set_priority",
     "submit",
 ]
+
+
+def _short_errors_in_ipython() -> None:
+    # a notebook shows `dls.submit(f, gpus=9)` as its line and the SpecError, not the
+    # package's frames; IPython is not imported here, only used when it is running
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        from .ipython_errors import install
+
+        install(shell)
+
+
+_short_errors_in_ipython()
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -232,6 +232,68 @@ def reads(source: str) -> set[str]:
     return finder.reads | (finder.deferred - finder.bound)
 
 
+class UndefinedNames(DlschedError):
+    """A cell reads names that exist neither in the cell nor in the notebook.
+
+    Raised when the cell is submitted, not hours later in the job: after a kernel
+    restart the cells that defined them have not run again.
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        listed = ", ".join(names)
+        them = "them" if len(names) > 1 else "it"
+        super().__init__(
+            f"the cell uses {listed}, not defined in this kernel (not assigned or imported in "
+            f"the cell either); run the cells that define {them} first (after a kernel "
+            "restart they are gone), or define it in this cell. Nothing was queued."
+        )
+
+
+def undefined(source: str, namespace: Mapping[str, Any]) -> list[str]:
+    """Names the cell reads that nothing defines: neither the cell (anywhere in it, also
+    later or in a branch), nor ``namespace``, nor the builtins.
+
+    Lenient where Python is dynamic: a name the cell binds anywhere counts as defined,
+    and a cell with ``from x import *`` or a magic (``%time y = f(x)`` may bind names) is
+    not checked.
+
+    >>> undefined("model = fit(x)\nprint(model)", {"x": 1})
+    ['fit']
+    """
+    tree = ast.parse(source)
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            if any(alias.name == "*" for alias in node.names):
+                return []  # what a star import brings is known only when it runs
+            bound.update((a.asname or a.name.split(".")[0]) for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            bound.update(node.names)
+    read = reads(source)
+    if "get_ipython" in read:
+        return []  # a magic or shell line: what it binds is in a string
+    return sorted(
+        name
+        for name in read
+        if name not in bound
+        and name not in namespace
+        and not hasattr(builtins, name)
+        and name not in _IPYTHON_NAMES
+        and not (name.startswith("__") and name.endswith("__"))
+    )
+
+
 def capture(source: str, namespace: Mapping[str, Any]) -> tuple[list[str], bytes]:
     """The names of the notebook variables the cell reads, and those variables pickled.
 

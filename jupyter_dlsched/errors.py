@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
 
 class DlschedError(Exception):
     """Base class of every error raised by jupyter-dlsched."""
@@ -128,3 +134,29 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n" + self.tb
+
+
+def raised_here(fn: _F) -> _F:
+    """A public entry point: an error a user caused is raised from the user's own call.
+
+    ``dls.submit(f, gpus=9)`` is refused by the pool agent, many calls deep in the
+    client; shown in full, that is a 70-line traceback through the package before the
+    one line that matters. The package's frames are dropped (the error, its message and
+    its ``__cause__`` stay), and the entry point hides itself from IPython
+    (``__tracebackhide__``): a notebook shows the user's line and the error.
+
+    >>> @raised_here
+    ... def submit(gpus): raise SpecError("gpus", gpus, "at most 2")
+    """
+
+    @functools.wraps(fn)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841  (read by IPython and pytest)
+        try:
+            return fn(*args, **kwargs)
+        except DlschedError as error:
+            # ipython_errors.py shows an error marked so as the user's line and the message
+            error._dlsched_raised_here = True  # type: ignore[attr-defined]
+            raise error.with_traceback(None) from error.__cause__
+
+    return entry  # type: ignore[return-value]

@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -295,3 +295,45 @@ class Watching:
             return job_exception(info, details, error_pickle)
         except ValueError:
             return job_exception(info, None, None)  # a report that is not JSON
+
+
+#: what ``gather`` does with a member that did not succeed
+GATHER_ERRORS = ("skip", "raise", "return")
+
+
+def gather(
+    handles: Iterable[concurrent.futures.Future],
+    errors: str = "raise",
+    timeout: float | None = None,
+) -> list[Any]:
+    """The results of a sweep, in the order of ``handles``, once every job has ended.
+
+    >>> sweep = train.map([1e-2, 1e-3, 1e-4])  # doctest: +SKIP
+    >>> dls.gather(sweep, errors="skip")  # doctest: +SKIP
+    [0.91, 0.93]
+
+    ``errors`` says what a member that failed, timed out, was lost or was cancelled gives:
+    ``"raise"`` (default) raises the first such member's exception, in order;
+    ``"skip"`` leaves it out; ``"return"`` puts its exception object where its result
+    would be (``concurrent.futures.CancelledError`` for a cancelled one). ``timeout``
+    bounds the whole wait (``concurrent.futures.TimeoutError`` past it, whatever
+    ``errors`` says).
+    """
+    from .errors import SpecError
+
+    if errors not in GATHER_ERRORS:
+        raise SpecError("errors", errors, '"skip", "raise" or "return"')
+    deadline = None if timeout is None else time.monotonic() + timeout
+    results: list[Any] = []
+    for handle in list(handles):
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            results.append(handle.result(timeout=left))
+        except Exception as error:  # what the job raised, JobError, CancelledError
+            if isinstance(error, concurrent.futures.TimeoutError) and not handle.done():
+                raise  # still running past the timeout: not an outcome of the job
+            if errors == "raise":
+                raise
+            if errors == "return":
+                results.append(error)
+    return results

@@ -29,7 +29,16 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from .cells import CellResult, UnpicklableVariable, capture, execute, run_cell, user_traceback
+from .cells import (
+    CellResult,
+    UndefinedNames,
+    UnpicklableVariable,
+    capture,
+    execute,
+    run_cell,
+    undefined,
+    user_traceback,
+)
 from .errors import DlschedError, JobNotFound
 from .handle import JobHandle
 from .options import add_resource_flags, flag_resources, flags_usage
@@ -265,6 +274,10 @@ class SchedulerMagics(Magics):
             raise UsageError(
                 f"%%schedule: syntax error in the cell, line {error.lineno}: {error.msg}"
             ) from None
+        missing = undefined(source, shell.user_ns)
+        if missing:
+            # a NameError now, not in the job hours later at the end of a long queue
+            raise UsageError(f"%%schedule: {UndefinedNames(missing)}")
         count = getattr(self.shell, "execution_count", 0)
         default_name = f"cell {count}"
         filename = f"<scheduled cell {args.name or count}>"
@@ -519,4 +532,7 @@ def _render_as_user_error(failure: BaseException, job_id: str) -> None:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_dlsched``."""
+    from .ipython_errors import install
+
     ipython.register_magics(SchedulerMagics)
+    install(ipython)  # API errors as the user's line and the message

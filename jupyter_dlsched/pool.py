@@ -2,7 +2,10 @@
 
 No NVIDIA driver means a CPU-only pool with the reason kept, never a crash.
 ``DLSCHED_SIMULATE_GPUS="4x16GiB"`` (or ``"2x16GiB,1x80GiB"``) adds simulated
-GPUs after the real ones; they are always marked ``simulated``.
+GPUs after the real ones; they are always marked ``simulated``. The ledger remembers
+them (``meta.inventory["simulate"]``): a pool created with simulated GPUs keeps them
+whoever starts its next agent, until ``DLSCHED_SIMULATE_GPUS`` says otherwise
+(``none`` or ``0``: no simulated GPUs; an empty value counts as unset).
 """
 
 from __future__ import annotations
@@ -121,6 +124,41 @@ class PoolInfo:
         if not self.gpus:
             lines.append(f"  no GPUs ({self.gpu_error or 'none found'})")
         return "\n".join(lines)
+
+
+#: values of DLSCHED_SIMULATE_GPUS that say "no simulated GPUs" (and make the ledger forget them)
+NO_SIMULATION = ("0", "none", "no", "off")
+
+
+def simulation(inventory: dict[str, Any] | None = None) -> str:
+    """Which simulated GPUs a probe adds: ``DLSCHED_SIMULATE_GPUS`` when it is set (``none``
+    or ``0``: none), else what the pool's stored ``inventory`` remembers, so the pool's
+    shape does not depend on who started its agent.
+
+    >>> simulation({"simulate": "4x16GiB", "gpus": []})  # doctest: +SKIP
+    '4x16GiB'
+    """
+    value = os.environ.get(SIMULATE_ENV, "").strip()
+    if value:
+        return "" if value.lower() in NO_SIMULATION else value
+    return remembered_simulation(inventory)
+
+
+def remembered_simulation(inventory: dict[str, Any] | None) -> str:
+    """The simulated GPUs a stored inventory says the pool has, as ``"2x16GiB,1x80GiB"``."""
+    if not inventory:
+        return ""
+    if "simulate" in inventory:
+        return str(inventory["simulate"] or "")
+    # a ledger from before the setting was kept: its simulated GPUs say what it was
+    sizes = [int(g["mem_total"]) for g in inventory.get("gpus", []) if g.get("simulated")]
+    groups: list[list[int]] = []
+    for size in sizes:
+        if groups and groups[-1][0] == size:
+            groups[-1][1] += 1
+        else:
+            groups.append([size, 1])
+    return ",".join(f"{n}x{size}" for size, n in groups)
 
 
 def parse_simulated(value: str) -> list[int]:
@@ -260,15 +298,19 @@ _cache_lock = threading.Lock()
 _cache: dict[str, tuple[float, PoolInfo]] = {}
 
 
-def probe(usage: bool = True, max_age: float = 1.0) -> PoolInfo:
-    """Read the machine now (or from a cache at most ``max_age`` seconds old)."""
-    key = f"{usage}:{os.environ.get(SIMULATE_ENV, '')}"
+def probe(usage: bool = True, max_age: float = 1.0, simulate: str | None = None) -> PoolInfo:
+    """Read the machine now (or from a cache at most ``max_age`` seconds old).
+
+    ``simulate`` names the simulated GPUs to add (``"4x16GiB"``; ``""``: none); by
+    default ``simulation()``, this process's environment.
+    """
+    simulated = (simulation() if simulate is None else simulate).strip()
+    key = f"{usage}:{simulated}"
     with _cache_lock:
         hit = _cache.get(key)
         if hit and time.monotonic() - hit[0] <= max_age:
             return hit[1]
     gpus, error = _real_gpus(usage)
-    simulated = os.environ.get(SIMULATE_ENV, "").strip()
     if simulated:
         start = len(gpus)
         for offset, size in enumerate(parse_simulated(simulated)):

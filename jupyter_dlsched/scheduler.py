@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,16 @@ from ._version import __version__
 from .agent.link import AgentLink, connect
 from .backends import Backend, make_backend
 from .deciding import Deciding
-from .errors import JobNotFound, SpecError
+from .errors import JobNotFound, SpecError, raised_here
 from .handle import JobHandle, Watching
 from .inline import InlineRunner
 from .options import RESOURCE_ARGS
 from .policy import Policy, get_policy
-from .pool import PoolInfo, idle_capacity, probe
+from .pool import PoolInfo, idle_capacity, probe, remembered_simulation
 from .settings import Settings
-from .spec import build_spec, parse_priority, pickle_payload
+from .spec import MAX_NAME, build_spec, parse_priority, pickle_payload
 from .store import WAITING, JobInfo, Store
+from .sweep import member_name, member_suffixes
 
 # variables that describe the submitting kernel, not the job
 _ENV_DROP = ("DLSCHED_JOB_ID", "DLSCHED_DEVICES", "DLSCHED_GPU_MEM", "CUDA_VISIBLE_DEVICES")
@@ -251,6 +253,7 @@ class Scheduler(Deciding, Watching):
 
     # -- submitting ------------------------------------------------------------------------
 
+    @raised_here
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> JobHandle:
         """Queue ``fn(*args, **kwargs)`` as a job; resource keywords are taken out first.
 
@@ -355,6 +358,7 @@ class Scheduler(Deciding, Watching):
         self.wake()
         return handle
 
+    @raised_here
     def map(
         self, fn: Callable[..., Any], items: Iterable[Any], **resources: Any
     ) -> list[JobHandle]:
@@ -365,6 +369,8 @@ class Scheduler(Deciding, Watching):
         if unknown:
             key = sorted(unknown)[0]
             raise SpecError(key, resources[key], "a known option")
+        items = list(items)
+        suffixes = member_suffixes(fn, items)  # "[2] lr=0.01": members told apart
         if self.link is not None:
             fn_pickle = pickle_payload({"fn": fn})
             context = json.dumps(submit_context()).encode()
@@ -381,6 +387,7 @@ class Scheduler(Deciding, Watching):
                 origin=origin(),
                 options=resources,
                 backend=self.backend.name,
+                suffixes=suffixes,
             )
             linked = [JobHandle(self, job_id) for job_id in ids]
             for handle in linked:
@@ -399,13 +406,13 @@ class Scheduler(Deciding, Watching):
         batch = [
             (
                 self.store.new_id(),
-                spec,
+                replace(spec, name=member_name(spec.name, suffix, MAX_NAME)),
                 {
                     "payload.pkl": pickle_payload({"fn_pickle": fn_pickle, "args": (item,)}),
                     "context.json": context,
                 },
             )
-            for item in items
+            for item, suffix in zip(items, suffixes, strict=True)
         ]
         self.store.insert_jobs(batch, owner=self.owner, uid=self.uid, backend=self.backend.name)
         handles = [JobHandle(self, job_id) for job_id, _, _ in batch]
@@ -472,11 +479,36 @@ class Scheduler(Deciding, Watching):
         self.wake()
         return self.store.get(job_id)
 
+    @raised_here
+    def requeue(self, job_id: str) -> JobHandle:
+        """Run a finished job again: a new job with the same spec (what it runs, what it
+        needs, its name), linked to the old one (``JobInfo.requeue_of``).
+
+        >>> again = s.requeue("k3x9m2ab")  # doctest: +SKIP
+        >>> again.info().requeue_of  # doctest: +SKIP
+        'k3x9m2ab'
+
+        Only a job in a final state can be requeued (``IllegalTransition`` otherwise);
+        in a shared pool, only its owner or an admin may.
+        """
+        return self.get(self.requeue_job(job_id).id)
+
+    def requeue_job(self, job_id: str) -> JobInfo:
+        """``requeue`` answering the new job's row (what the agent and REST send back)."""
+        if self.link is not None:
+            return self.link.requeue(job_id)
+        info = self.store.requeue(job_id)
+        self.wake()
+        return info
+
     def pool(self) -> PoolInfo:
         """The machine now, with each GPU's jobs and the memory the scheduler granted."""
         if self.backend.name != "local":
             return self.backend.pool()
-        info = copy.deepcopy(probe(usage=True))  # the probe is cached and shared: never mutate it
+        # the pool's simulated GPUs are the ledger's, not this caller's environment; the probe
+        # is cached and shared: never mutate it
+        simulate = remembered_simulation(self.inventory)
+        info = copy.deepcopy(probe(usage=True, simulate=simulate))
         running = self.store.jobs(states=["running"])
         by_pid = {j.job_pid: j.id for j in running if j.job_pid}
         by_pid.update({j.supervisor_pid: j.id for j in running if j.supervisor_pid})

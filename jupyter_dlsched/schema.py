@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -231,6 +231,10 @@ MIGRATIONS: list[str] = [
     UPDATE blob_refs SET size = COALESCE((SELECT length(data) FROM blobs b WHERE b.hash = blob_refs.hash), 0);
     DELETE FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs);
     """,
+    # version 6: a job run again (`dlsched requeue`) names the job it re-runs
+    """
+    ALTER TABLE jobs ADD COLUMN requeue_of TEXT;
+    """,
 ]
 
 
@@ -299,6 +303,8 @@ class JobInfo:
     rss_now: int | None = None
     # inputs staged while the job waits: name -> source (a path or URL)
     stage_in: dict[str, str] = field(default_factory=dict)
+    # the finished job this one runs again (`dlsched requeue`, `dls.requeue`), else None
+    requeue_of: str | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -356,6 +362,7 @@ class JobInfo:
             "stage_in": self.stage_in,
             "cpu_now": self.cpu_now,
             "rss_now": self.rss_now,
+            "requeue_of": self.requeue_of,
             "usage": {
                 "gpu_hours": self.gpu_hours,
                 "cpu_time": self.cpu_time,

@@ -475,6 +475,60 @@ class Store:
         ).fetchone()
         return int(row[0])
 
+    #: what a job asked for and what it runs: copied to the new job of a requeue
+    _SPEC_COLUMNS = (
+        "name, kind, owner, uid, origin, priority, gpus, gpu_mem, cpus, mem, deadline, "
+        "time_limit, retries, preemptible, distributed, after, backend, env, inline, files, "
+        "stage_in"
+    )
+
+    def requeue(self, job_id: str, now: float | None = None) -> JobInfo:
+        """A new queued job with the spec of finished job ``job_id`` (what it runs, what it
+        needs, its name and owner), linked to it by ``requeue_of``; an event on the old job
+        names the new one. ``IllegalTransition`` for a job that has not ended."""
+        now = time.time() if now is None else now
+        new_id = self.new_id()
+        self.spool(new_id)
+        with self.transaction() as db:
+            row = self.state_and_priority(db, job_id)
+            if row is None:
+                raise JobNotFound(job_id)
+            if row[0] not in TERMINAL:
+                raise IllegalTransition(
+                    f"job {job_id} is {row[0]}: only a finished job (succeeded, failed, "
+                    f"cancelled, timeout, lost) can be requeued; `dlsched cancel {job_id}` "
+                    "first to run it anew"
+                )
+            kind, inline = db.execute(
+                "SELECT kind, inline FROM jobs WHERE id=?", (job_id,)
+            ).fetchone()
+            if inline or kind == "kernel":
+                from .errors import SpecError
+
+                raise SpecError(
+                    "requeue",
+                    job_id,
+                    "a job that runs in a job process (an --inline cell runs only in the "
+                    "kernel that held it, a kernel's GPU lease with that kernel: run the cell "
+                    "or start the kernel again)",
+                )
+            latest = db.execute("SELECT submitted FROM jobs ORDER BY seq DESC LIMIT 1").fetchone()
+            if latest is not None and latest[0] is not None and latest[0] > now:
+                now = float(latest[0])  # submit order and submit times agree (see insert_jobs)
+            db.execute(
+                f"INSERT INTO jobs(id, state, submitted, requeue_of, {self._SPEC_COLUMNS}) "
+                f"SELECT ?, 'queued', ?, id, {self._SPEC_COLUMNS} FROM jobs WHERE id=?",
+                (new_id, now, job_id),
+            )
+            db.execute(
+                "INSERT INTO job_inputs(job_id, name, source, source_id, added) "
+                "SELECT ?, name, source, source_id, ? FROM job_inputs WHERE job_id=?",
+                (new_id, now, job_id),
+            )
+            self._event(db, new_id, None, "queued", f"submitted: requeue of {job_id}", now)
+            self._event(db, job_id, row[0], row[0], f"requeued as {new_id}", now)
+        return self.get(new_id)
+
     def read_file(self, job_id: str, name: str) -> bytes | None:
         """A file stored with the job at submission (``payload.pkl``, ``context.json``, ...);
         ``None`` once the job has ended (its payload is deleted then)."""
@@ -882,6 +936,12 @@ class Store:
             row = self.state_and_priority(db, job_id)
             if row is None:
                 raise JobNotFound(job_id)
+            if row[0] in TERMINAL:
+                # a finished job's record is what happened; a new priority would rewrite it
+                raise IllegalTransition(
+                    f"job {job_id} already {row[0]}: a finished job's priority cannot change; "
+                    f"`dlsched requeue {job_id}` (dls.requeue) runs it again as a new job"
+                )
             db.execute("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))
             self._event(db, job_id, row[0], row[0], f"priority {row[1]} -> {priority}")
 

@@ -51,7 +51,9 @@ def test_queue_shows_why_a_job_waits_and_cancel_works(home):
     assert "waiting for 1 GPU" in table and waiting in table
     assert dlsched("cancel", waiting).stdout.strip() == f"{waiting} cancelled"
     assert dlsched("cancel", running).stdout.strip() == f"{running} cancel requested"
-    assert dlsched("priority", waiting, "high", "--json").returncode == 0
+    # a finished job's record stays as it ended
+    refused = dlsched("priority", waiting, "high", "--json", check=False)
+    assert refused.returncode == 1 and "already cancelled" in refused.stderr
 
 
 def test_follow_logs_until_the_job_ends(home):

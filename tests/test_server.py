@@ -583,7 +583,7 @@ async def test_the_openapi_file_describes_exactly_the_registered_routes(
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
             responses = operation["responses"]
-            assert "200" in responses, (path, method)
+            assert {"200", "201"} & set(responses), (path, method)  # a success answer
             assert "403" in responses, (path, method)
             if "{job_id}" in path:
                 assert "404" in responses, (path, method)
@@ -601,3 +601,65 @@ def test_the_extension_is_enabled_by_the_shipped_config() -> None:
     enabled = json.loads(config.read_text())["ServerApp"]["jpserver_extensions"]
 
     assert enabled == {"jupyter_dlsched": True}
+
+
+# a finished job's record stays as it ended; requeue runs it again as a new job
+
+
+async def finished_job(jp_fetch: Any, submitter: Scheduler) -> str:
+    job_id = submitter.submit_command(["true"], cpus=0.25, name="short", priority=5).id
+    await wait_for_state(jp_fetch, job_id, "succeeded")
+    return job_id
+
+
+async def test_the_priority_of_a_finished_job_is_a_409_and_its_record_stays(
+    jp_fetch: Any, submitter: Scheduler
+) -> None:
+    job_id = await finished_job(jp_fetch, submitter)
+    before = submitter.store.events(job_id)
+
+    code, message = await error_of(
+        jp_fetch, "jobs", job_id, method="PATCH", body=json.dumps({"priority": "high"})
+    )
+
+    assert code == 409
+    assert f"job {job_id} already succeeded" in message and "requeue" in message
+    assert (await get_json(jp_fetch, "jobs", job_id))["priority"] == 5
+    assert submitter.store.events(job_id) == before
+
+
+async def test_requeue_makes_a_new_job_with_the_same_spec_linked_to_the_old(
+    jp_fetch: Any, submitter: Scheduler
+) -> None:
+    job_id = await finished_job(jp_fetch, submitter)
+
+    response = await jp_fetch(
+        "dlsched", "api", "v1", "jobs", job_id, "requeue", method="POST", body=b""
+    )
+
+    assert response.code == 201
+    body = json.loads(response.body)
+    assert set(body) == {"job"}
+    new = body["job"]
+    old = await get_json(jp_fetch, "jobs", job_id)
+    assert new["id"] != job_id and new["requeue_of"] == job_id and old["requeue_of"] is None
+    assert (new["name"], new["priority"], new["request"]) == (
+        old["name"],
+        old["priority"],
+        old["request"],
+    )
+    await wait_for_state(jp_fetch, new["id"], "succeeded")
+    assert any(f"requeued as {new['id']}" in e["reason"] for e in submitter.store.events(job_id))
+
+
+async def test_requeue_of_an_unfinished_job_is_a_409_and_of_no_job_a_404(
+    jp_fetch: Any, submitter: Scheduler
+) -> None:
+    running = sleeper(submitter, cpus=0.25)
+    await wait_for_state(jp_fetch, running, "running")
+
+    code, message = await error_of(jp_fetch, "jobs", running, "requeue", method="POST", body=b"")
+    assert code == 409 and f"job {running} is running" in message
+    code, _ = await error_of(jp_fetch, "jobs", "nosuchjob", "requeue", method="POST", body=b"")
+    assert code == 404
+    assert len(submitter.jobs()) == 1

@@ -426,6 +426,7 @@ def _cases(failed: str, retried: str, running: str) -> dict[str, dict]:
         "cache": {},
         "metrics": {},
         "samples": {"since": 0},
+        "requeue": {"id": failed},
         "ray": {"address": "127.0.0.1:1"},
         "stop": {},
     }

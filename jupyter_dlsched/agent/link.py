@@ -112,11 +112,13 @@ class AgentLink:
         options: dict[str, Any],
         inline: bool = False,
         backend: str = "local",
+        suffixes: Sequence[str] | None = None,
     ) -> list[str]:
-        """Queue ``jobs`` (each its files) with the same options; their ids."""
+        """Queue ``jobs`` (each its files) with the same options; their ids. ``suffixes``:
+        what each job's name adds to the common one (a sweep's ``"[2] lr=0.01"``)."""
         blobs: list[bytes] = []
         index: dict[int, int] = {}
-        items = []
+        items: list[dict[str, Any]] = []
         extra: dict[str, Any] = {}
         for files in jobs:
             refs = {}
@@ -127,6 +129,8 @@ class AgentLink:
                     blobs.append(data)
                 refs[name] = index[key]
             items.append({"files": refs})
+        for item, suffix in zip(items, suffixes or (), strict=False):
+            item["suffix"] = suffix
         if backend == "ray":
             extra["ray"] = self.ray  # the cluster this client joined: refused if switched since
         reply = self.client.call(
@@ -187,6 +191,9 @@ class AgentLink:
 
     def set_priority(self, job_id: str, priority: int | str) -> JobInfo:
         return info_from_json(self.client.call("priority", id=job_id, priority=priority)["job"])
+
+    def requeue(self, job_id: str) -> JobInfo:
+        return info_from_json(self.client.call("requeue", id=job_id)["job"])
 
     def status(self) -> dict[str, Any]:
         return dict(self.client.call("status")["status"])

@@ -38,6 +38,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,8 @@ from ..policy import Policy
 from ..pool import idle_capacity
 from ..scheduler import Scheduler
 from ..schema import WAITING, JobInfo, info_to_json
-from ..spec import build_spec
+from ..spec import MAX_NAME, build_spec, check_text
+from ..sweep import member_name
 from ..words import PRIORITY_WORDS
 from .client import IDLE_EXIT, trusted_server_uids, user_address
 from .config import ServiceConfig
@@ -363,6 +365,7 @@ class Agent:
             "submit": self._submit,
             "cancel": self._cancel,
             "priority": self._priority,
+            "requeue": self._requeue,
             "get": self._get,
             "jobs": self._jobs,
             "finished": self._finished,
@@ -812,7 +815,11 @@ class Agent:
         batch = []
         for item in jobs:
             files = _job_files(item, blobs)
-            batch.append((self._store.new_id(), spec, files))
+            named = spec
+            if item.get("suffix"):  # a sweep member: "train[2] lr=0.01"
+                suffix = check_text(str(item["suffix"]), "name")
+                named = replace(spec, name=member_name(spec.name, suffix, MAX_NAME))
+            batch.append((self._store.new_id(), named, files))
         self._check_payload(peer, batch)
         self._store.insert_jobs(
             batch, owner=peer.user, uid=peer.uid, backend=backend, inline=inline
@@ -1023,6 +1030,13 @@ class Agent:
         self._check_priority(peer, priority)
         self._dirty = True
         return {"job": info_to_json(self.sched.set_priority(info.id, priority))}
+
+    def _requeue(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+        assert self.sched is not None
+        info = self._owned(peer, msg.get("id"), "requeue")
+        self._check_queued(peer, 1)
+        self._dirty = True
+        return {"job": info_to_json(self.sched.requeue_job(info.id))}
 
     def _get(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         job_id = msg.get("id")

@@ -11,7 +11,14 @@ from typing import Any
 import psutil
 
 from ..local import launcher
-from ..pool import PoolInfo, inventory_json, probe, usable_cores
+from ..pool import (
+    PoolInfo,
+    inventory_json,
+    probe,
+    remembered_simulation,
+    simulation,
+    usable_cores,
+)
 from ..spec import JobSpec
 from ..store import JobInfo
 from .base import Backend
@@ -35,9 +42,14 @@ class LocalBackend(Backend):
         return None  # stage_in included: staged into this machine's cache
 
     def inventory(self) -> dict[str, Any]:
-        info = probe(usage=False, max_age=0)
+        assert self.scheduler is not None
+        # simulated GPUs stay with the ledger: a later agent started without the variable
+        # (a plain terminal after `make lab`) keeps them
+        simulate = simulation(self.scheduler.store.get_meta("inventory"))
+        info = probe(usage=False, max_age=0, simulate=simulate)
         data = inventory_json(info)
         data["cores"] = usable_cores()
+        data["simulate"] = simulate or None
         return data
 
     def launch(self, job: JobInfo) -> None:
@@ -85,4 +97,5 @@ class LocalBackend(Backend):
         }
 
     def pool(self) -> PoolInfo:
-        return probe(usage=True)
+        assert self.scheduler is not None
+        return probe(usage=True, simulate=remembered_simulation(self.scheduler.inventory))

@@ -7,6 +7,7 @@
     dlsched logs [-f] JOB_ID
     dlsched history [--since 30d] [--mine | -u USER]
     dlsched priority JOB_ID high
+    dlsched requeue JOB_ID [JOB_ID ...]
     dlsched sim TRACE --gpus 8 --policy fifo,priority
 
 Every command takes ``--json`` for machine-readable output. A failure is one
@@ -24,7 +25,7 @@ from .common import (
     EXIT_USAGE,
     CommandError,
 )
-from .jobs import cmd_cancel, cmd_logs, cmd_priority, cmd_submit
+from .jobs import cmd_cancel, cmd_logs, cmd_priority, cmd_requeue, cmd_submit
 from .parser import build_parser
 from .reports import cmd_history, cmd_queue, cmd_status
 
@@ -42,6 +43,7 @@ __all__ = [
     "cmd_logs",
     "cmd_priority",
     "cmd_queue",
+    "cmd_requeue",
     "cmd_status",
     "cmd_submit",
     "main",

@@ -10,7 +10,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..errors import DlschedError, LedgerUnavailable
+from ..errors import DlschedError, IllegalTransition, LedgerUnavailable
 from ..store import default_home
 from .common import (
     EXIT_CLOSED_PIPE,
@@ -39,7 +39,9 @@ def _explain(error: BaseException, args: argparse.Namespace) -> tuple[int, str]:
     home = _home(args)
     if isinstance(error, CommandError):
         return error.status, str(error)
-    if isinstance(error, LedgerUnavailable):
+    if isinstance(error, LedgerUnavailable | IllegalTransition):
+        # IllegalTransition: the job's state does not allow it (a finished job's priority,
+        # requeueing an unfinished job); the input itself was fine
         return EXIT_FAILED, str(error)
     if isinstance(error, DlschedError):
         return EXIT_USAGE, str(error)

@@ -22,7 +22,9 @@ EXIT_STATUSES = """\
 exit status:
   0    done
   1    the job failed (submit --wait), cancel found no unfinished job to cancel,
-       the job ledger could not be read or written, or an unexpected error
+       the job's state does not allow it (priority of a finished job, requeue of
+       an unfinished one), the job ledger could not be read or written, or an
+       unexpected error
   2    bad usage or input: an unknown option or value, an unknown job id,
        a state folder you cannot use
   N    submit --wait of a command: the command's own exit status

@@ -1,4 +1,5 @@
-"""Commands that act on jobs: ``dlsched submit``, ``cancel``, ``priority`` and ``logs``."""
+"""Commands that act on jobs: ``dlsched submit``, ``cancel``, ``priority``, ``requeue`` and
+``logs``."""
 
 from __future__ import annotations
 
@@ -130,6 +131,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                 continue
             cancelled.append(info)
             lines.append(f"{info.id} {'cancel requested' if not info.done else 'cancelled'}")
+    if not cancelled:
+        # every job named had already ended: nothing was cancelled, and the status says so
+        raise CommandError(f"nothing to cancel: {', '.join(lines)}", EXIT_FAILED)
     if args.json:
         _print_json([j.to_json() for j in cancelled])
     else:
@@ -144,6 +148,25 @@ def cmd_priority(args: argparse.Namespace) -> int:
         _print_json(info.to_json())
     else:
         print(f"{info.id} priority {info.priority}")
+    return EXIT_OK
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    with _scheduler(args) as s:
+        # every id is checked before any job is requeued: one unfinished job requeues nothing
+        jobs = [s.info(job_id) for job_id in dict.fromkeys(args.job_ids)]
+        unfinished = [j for j in jobs if not j.done]
+        if unfinished:
+            listed = ", ".join(f"{j.id} is {j.state}" for j in unfinished)
+            raise CommandError(
+                f"only finished jobs can be requeued ({listed}); nothing was requeued",
+                EXIT_FAILED,
+            )
+        new = [s.requeue_job(j.id) for j in jobs]
+    if args.json:
+        _print_json([j.to_json() for j in new])
+    else:
+        print("\n".join(f"{old.id} requeued as {j.id}" for old, j in zip(jobs, new, strict=True)))
     return EXIT_OK
 
 

@@ -12,7 +12,7 @@ from ..options import add_resource_flags
 from ..schema import ACTIVE, STATES
 from ..units import parse_duration
 from .common import EXIT_STATUSES, EXIT_USAGE
-from .jobs import cmd_cancel, cmd_logs, cmd_priority, cmd_submit
+from .jobs import cmd_cancel, cmd_logs, cmd_priority, cmd_requeue, cmd_submit
 from .reports import cmd_history, cmd_queue, cmd_status
 
 
@@ -134,6 +134,10 @@ def build_parser() -> _Parser:
     p.add_argument("job_id", metavar="ID")
     p.add_argument("priority", help="an integer or low, normal, high, urgent")
     p.set_defaults(run=cmd_priority)
+
+    r = add("requeue", "run finished jobs again: a new job each, same spec, linked to the old")
+    r.add_argument("job_ids", nargs="+", metavar="ID")
+    r.set_defaults(run=cmd_requeue)
 
     h = add("history", "finished jobs and what they used: GPU-hours, CPU time, peak memory")
     h.add_argument(

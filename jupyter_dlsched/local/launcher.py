@@ -35,18 +35,25 @@ def code_stamp() -> str:
     fresh launcher instead of silently falling back to slow starts. Only the
     package's own source folders are read (a few dozen ``stat`` calls), never
     the prebuilt JupyterLab files beside them.
+
+    The interpreter is named by what it really is, not by how it was spelt: a kernel
+    started as ``.venv/bin/python`` and a console script whose first line says
+    ``.venv/bin/python3`` run the same code, and must not take each other's agent for
+    an older one (each would replace the other's). The binary's resolved path says which
+    interpreter, the environment's resolved prefix which packages it sees.
     """
     global _stamp
     now = time.monotonic()
     if now - _stamp[0] > 2.0:
-        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
         newest = 0
         for folder in _CODE_FOLDERS:
             with os.scandir(os.path.join(package, folder)) as entries:
                 for entry in entries:
                     if entry.name.endswith(".py"):
                         newest = max(newest, entry.stat().st_mtime_ns)
-        _stamp = (now, f"{sys.executable}:{newest}")
+        interpreter = os.path.realpath(sys.executable)
+        _stamp = (now, f"{interpreter}:{os.path.realpath(sys.prefix)}:{package}:{newest}")
     return _stamp[1]
 
 

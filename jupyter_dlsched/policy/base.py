@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from ..placement import place
-from ..resources import Capacity, GpuFree, Placement, Request
+from ..resources import EPS, Capacity, GpuFree, Placement, Request
 from ..units import format_size
 
 
@@ -199,14 +199,16 @@ def _shortfall(request: Request, free_gpus: int, cpus_free: float, mem_free: int
     if request.whole_gpus and free_gpus < request.whole_gpus:
         n = request.whole_gpus
         return f"waiting for {n} GPU{'s' if n > 1 else ''}"
+    # CPUs and memory are what placement checks first; a shared-GPU job short of them is
+    # not waiting for GPU memory, whatever its GPUs look like
+    if request.cpus > cpus_free + EPS:
+        return f"waiting for {request.cpus:g} CPU{'s' if request.cpus != 1 else ''}"
+    if request.mem > mem_free:
+        return f"waiting for {format_size(request.mem)} of memory"
     if request.shared:
         return "waiting for GPU memory" + (
             f" ({format_size(request.gpu_mem)})" if request.gpu_mem else ""
         )
-    if request.cpus > cpus_free:
-        return f"waiting for {request.cpus:g} CPU{'s' if request.cpus != 1 else ''}"
-    if request.mem > mem_free:
-        return f"waiting for {format_size(request.mem)} of memory"
     return "waiting for resources"
 
 

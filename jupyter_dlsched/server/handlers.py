@@ -282,6 +282,17 @@ class CancelHandler(DlschedHandler):
         self.send(self.job_json(job_id))
 
 
+class RequeueHandler(DlschedHandler):
+    @tornado.web.authenticated
+    def post(self, job_id: str) -> None:
+        """A new job with the finished job's spec: 201 and ``{"job": <the new job>}``; 409
+        for a job that has not ended."""
+        job_id = self.job_id(job_id)
+        with scheduler_errors():
+            new_id = self.dlsched.requeue(job_id)
+        self.send({"job": self.job_json(new_id)}, status=201)
+
+
 class LogHandler(DlschedHandler):
     @tornado.web.authenticated
     def get(self, job_id: str) -> None:
@@ -370,6 +381,7 @@ HANDLERS: list[tuple[str, type[DlschedHandler]]] = [
     (f"{API_PREFIX}/jobs/{_ID}", JobHandler),
     (f"{API_PREFIX}/jobs/{_ID}/log", LogHandler),
     (f"{API_PREFIX}/jobs/{_ID}/cancel", CancelHandler),
+    (f"{API_PREFIX}/jobs/{_ID}/requeue", RequeueHandler),
     (f"{API_PREFIX}/metrics", MetricsHandler),
     (f"{API_PREFIX}/accounting", AccountingHandler),
     ("/dlsched/metrics", PrometheusHandler),

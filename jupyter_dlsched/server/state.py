@@ -241,6 +241,12 @@ class ServerState:
         self.scheduler.set_priority(job_id, priority)
         self._forget()
 
+    def requeue(self, job_id: str) -> str:
+        """Run a finished job again; the new job's id."""
+        new_id = self.scheduler.requeue_job(job_id).id
+        self._forget()
+        return new_id
+
     def _forget(self) -> None:
         # A cancel of a running job only sets a flag (no event yet); show it from now on.
         self._status_cache.clear()
