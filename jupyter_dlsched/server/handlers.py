@@ -282,6 +282,31 @@ class CancelHandler(DlschedHandler):
         self.send(self.job_json(job_id))
 
 
+class RequeueHandler(DlschedHandler):
+    """Stand-in: queue an ended job again with the same files and resources."""
+
+    @tornado.web.authenticated
+    def post(self, job_id: str) -> None:
+        job_id = self.job_id(job_id)
+        old = self.job_json(job_id)
+        if old["state"] in ("queued", "running", "preempted"):
+            raise ApiError(409, f"job {job_id} is {old['state']}: only an ended job runs again")
+        scheduler = self.dlsched.scheduler
+        files = {}
+        for name in ("command.json", "payload.pkl"):
+            data = scheduler.store.read_file(job_id, name)
+            if data is not None:
+                files[name] = data
+        request = old["request"]
+        resources = {"name": old["name"], "gpus": request["gpus"], "cpus": request["cpus"]}
+        if request.get("mem"):
+            resources["mem"] = request["mem"]
+        with scheduler_errors():
+            handle = scheduler._insert(old["kind"], files, default_name=old["name"], **resources)
+        self.dlsched._forget()
+        self.send({"job": self.job_json(handle.id)}, status=201)
+
+
 class LogHandler(DlschedHandler):
     @tornado.web.authenticated
     def get(self, job_id: str) -> None:
@@ -346,6 +371,7 @@ HANDLERS: list[tuple[str, type[DlschedHandler]]] = [
     (f"{API_PREFIX}/jobs/{_ID}", JobHandler),
     (f"{API_PREFIX}/jobs/{_ID}/log", LogHandler),
     (f"{API_PREFIX}/jobs/{_ID}/cancel", CancelHandler),
+    (f"{API_PREFIX}/jobs/{_ID}/requeue", RequeueHandler),
     (f"{API_PREFIX}/metrics", MetricsHandler),
     (f"{API_PREFIX}/accounting", AccountingHandler),
 ]
