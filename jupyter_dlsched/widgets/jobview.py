@@ -29,6 +29,7 @@ from ..store import TERMINAL, WAITING, JobInfo
 from ..units import format_duration
 from ..words import renumber
 from . import format as fmt
+from .confirm import Confirm
 from .live import refresher
 
 LOG_TAIL_LINES = 15
@@ -158,7 +159,9 @@ class JobView(w.VBox):
         self.cancel_button = w.Button(
             description="Cancel", tooltip="Cancel this job", layout=w.Layout(width="auto")
         )
-        self.cancel_button.on_click(lambda _: self.cancel())
+        # asks first, as every view does before it stops work (UI.md)
+        self.cancel_button.on_click(lambda _: self.ask_cancel())
+        self.confirm = Confirm()
         self.traceback_button = w.ToggleButton(
             description="show traceback", layout=w.Layout(width="auto", display="none")
         )
@@ -173,7 +176,7 @@ class JobView(w.VBox):
             [self.status, self.bar, self.progress_label, self.cancel_button, self.traceback_button],
             layout=w.Layout(align_items="center", flex_flow="row wrap"),
         )
-        super().__init__([line, self.traceback, self.result_area, self.output])
+        super().__init__([line, self.confirm, self.traceback, self.result_area, self.output])
         self.add_class("dlsched-jobview")
         self.refresh()
         if live and not self.finished:
@@ -298,8 +301,14 @@ class JobView(w.VBox):
             return False
 
     # -- actions ------------------------------------------------------------------------------
+    def ask_cancel(self) -> None:
+        """What the Cancel button does: ask, and cancel on "Cancel job"."""
+        info = self.info or self.handle.info()
+        self.confirm.ask(info, self.cancel)
+
     def cancel(self) -> None:
-        """What the Cancel button does."""
+        """Cancel the job (the answer "Cancel job" to the question of the Cancel button)."""
+        self.confirm.dismiss()
         self.cancel_button.disabled = True
         self.cancel_button.description = "Cancelling…"
         try:
@@ -341,6 +350,8 @@ class JobView(w.VBox):
             fmt.esc(fmt.progress_words(info)) if info.state == "running" else ""
         )
         self.cancel_button.layout.display = "none" if info.state in TERMINAL else ""
+        if info.state in TERMINAL and self.confirm.asking:
+            self.confirm.dismiss()  # nothing left to cancel
         # the job runner prints a failure's traceback to the log with its own frames
         tail = user_traceback(read_log_tail(self.handle))
         if tail:
