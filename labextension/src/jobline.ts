@@ -29,6 +29,7 @@ import {
   stateTone
 } from './format';
 import { SchedulerModel } from './model';
+import { confirmCancel, RUN_AGAIN_LABEL, RUN_AGAIN_TITLE } from './steer';
 
 export const JOB_MIME = 'application/vnd.dlsched.job+json';
 export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
@@ -218,6 +219,15 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     );
     if (!isFinished(job.state)) {
       main.appendChild(this._cancelButton());
+    } else {
+      const again = this._button(
+        this._requeueing ? 'Queueing…' : RUN_AGAIN_LABEL,
+        RUN_AGAIN_TITLE,
+        () => void this._runAgain(),
+        'run-again'
+      );
+      again.disabled = this._requeueing;
+      main.appendChild(again);
     }
     main.appendChild(
       this._button('log', 'Open the job\'s output in the main area', () =>
@@ -235,6 +245,12 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
   private _note(job: IJob): string {
     if (this._cancelError) {
       return `cancel failed: ${this._cancelError}`;
+    }
+    if (this._requeueError) {
+      return `run again failed: ${this._requeueError}`;
+    }
+    if (this._againOf) {
+      return `run again of job ${this._againOf}`;
     }
     if (job.state === 'succeeded' && job.kind === 'cell' && !job.inline) {
       return (
@@ -276,8 +292,12 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     );
   }
 
-  /** As the widget's Cancel button: at once (a queued job ends, a running one is stopped). */
+  /** As the widget's Cancel button: asks first (as every view does), then cancels at once. */
   private async _cancel(): Promise<void> {
+    const job = this._job;
+    if (!job || !(await confirmCancel(job)) || this.isDisposed) {
+      return;
+    }
     this._cancelling = true;
     this._cancelError = '';
     this._draw();
@@ -288,6 +308,31 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
       this._cancelError = error instanceof Error ? error.message : String(error);
     } finally {
       this._cancelling = false;
+      this._draw();
+    }
+  }
+
+  /** "Run again": the line follows the new job from now on (the old one stays in the ledger). */
+  private async _runAgain(): Promise<void> {
+    const old = this._id;
+    this._requeueing = true;
+    this._requeueError = '';
+    this._draw();
+    try {
+      const fresh = await this._options.model.runAgain(old);
+      if (this.isDisposed || this._id !== old) {
+        return;
+      }
+      this._id = fresh.id;
+      this._job = null;
+      this._gone = '';
+      this._againOf = old;
+      this._show(fresh);
+      this._watch();
+    } catch (error) {
+      this._requeueError = error instanceof Error ? error.message : String(error);
+    } finally {
+      this._requeueing = false;
       this._draw();
     }
   }
@@ -375,6 +420,9 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
   private _looking = false;
   private _cancelling = false;
   private _cancelError = '';
+  private _requeueing = false;
+  private _requeueError = '';
+  private _againOf = '';
   private _widgetView: IRenderMime.IRenderer | null = null;
 }
 
@@ -389,7 +437,7 @@ export namespace JobLine {
 }
 
 /** The ids of the widget models the kernel holds (their comms are open). */
-async function openWidgetComms(kernel: Kernel.IKernelConnection): Promise<Set<string>> {
+export async function openWidgetComms(kernel: Kernel.IKernelConnection): Promise<Set<string>> {
   let timer = 0;
   const timeout = new Promise<never>((_, reject) => {
     timer = window.setTimeout(
