@@ -40,11 +40,13 @@ COLUMNS = (
 # the text columns shrink to an ellipsis (the whole text is the cell's tooltip) and the
 # buttons' column is never narrower than its buttons.
 GRID = (
-    "68px 70px minmax(48px,1.3fr) minmax(48px,1.2fr) 60px minmax(48px,1fr) 52px 56px "
+    "68px 70px minmax(48px,1.3fr) minmax(48px,1.2fr) 60px minmax(48px,1fr) 58px 56px "
     "minmax(64px,1.6fr) max-content"
 )
 MUTED = "color:var(--jp-ui-font-color2, #757575)"
-ELLIPSIS = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;padding:1px 4px"
+ELLIPSIS = (
+    "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;padding:1px 4px;text-align:left"
+)
 HEADER = (
     '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis" title="{0}">'
     "<b>{0}</b></div>"
@@ -62,7 +64,9 @@ SNAPSHOT_EVERY = 5.0
 
 CARD_STYLE = (
     "border:1px solid var(--jp-border-color2, #ccc);border-radius:4px;padding:4px 8px;"
-    "font-family:var(--jp-code-font-family, monospace);font-size:12px;line-height:1.6"
+    "font-family:var(--jp-code-font-family, monospace);font-size:12px;line-height:1.6;"
+    # a long job name wraps inside its card rather than pushing the card past the notebook
+    "max-width:100%;box-sizing:border-box;overflow-wrap:anywhere"
 )
 
 
@@ -299,8 +303,12 @@ class Dashboard(w.VBox):
         self.host_card = w.HTML()
         # each table carries its own header row, so its columns line up with it
         self.headers = {
-            "active": [w.HTML(HEADER.format(fmt.esc(c))) for c in COLUMNS],
-            "recent": [w.HTML(HEADER.format(fmt.esc(c))) for c in COLUMNS],
+            "active": [
+                w.HTML(HEADER.format(fmt.esc(c)), layout=w.Layout(**CELL_LAYOUT)) for c in COLUMNS
+            ],
+            "recent": [
+                w.HTML(HEADER.format(fmt.esc(c)), layout=w.Layout(**CELL_LAYOUT)) for c in COLUMNS
+            ],
         }
         self.active_table = w.GridBox(
             layout=w.Layout(grid_template_columns=GRID, grid_gap="2px 6px")
