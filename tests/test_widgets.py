@@ -449,7 +449,7 @@ def test_a_finished_jobs_view_says_what_it_used(sched):
     assert "peak GPU memory" not in html, "simulated GPUs: not measured, so not shown"
 
 
-def test_a_running_jobs_output_names_the_job_for_jupyterlabs_line_and_not_once_ended(
+def test_a_running_jobs_output_names_the_job_for_jupyterlabs_line_and_says_when_it_ended(
     sched, tmp_path
 ):
     gate = tmp_path / "go"
@@ -460,4 +460,8 @@ def test_a_running_jobs_output_names_the_job_for_jupyterlabs_line_and_not_once_e
     assert view._repr_mimebundle_()[JOB_MIME] == {"id": handle.id}
     gate.touch()
     wait_for(lambda: refreshed(view, "done in"), what="the job to finish")
-    assert JOB_MIME not in view._repr_mimebundle_()
+    ended = view._repr_mimebundle_()
+    # the summary, and for JupyterLab the id with what an ended job can still do
+    assert ended[JOB_MIME] == {"id": handle.id, "ended": True}
+    assert "application/vnd.jupyter.widget-view+json" not in ended
+    assert "done in" in ended["text/html"]

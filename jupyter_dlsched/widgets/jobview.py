@@ -208,9 +208,13 @@ class JobView(w.VBox):
             live = super()._repr_mimebundle_(**kwargs) or {}
             if WIDGET_MIME in live:
                 bundle[WIDGET_MIME] = live[WIDGET_MIME]
-            # JupyterLab's live line, which outlasts the kernel; once the job has ended the
-            # summary (with the cell's value) is all there is to show, so it is left out then
+            # JupyterLab's live line, which outlasts the kernel
             bundle[JOB_MIME] = {"id": self.handle.id}
+        elif self.info is not None and not self.info.inline:
+            # once the job has ended the summary (with the cell's value) is what there is to
+            # show; JupyterLab shows it with what an ended job can still do (Run again, log).
+            # A cell run in its kernel's thread (--inline) cannot run again without it.
+            bundle[JOB_MIME] = {"id": self.handle.id, "ended": True}
         return bundle
 
     def _publish_key(self) -> tuple[str, bool]:

@@ -70,12 +70,22 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
 
   async renderModel(model: IRenderMime.IMimeModel): Promise<void> {
     this._mimeModel = model;
-    const data = model.data[JOB_MIME] as { id?: unknown } | undefined;
+    const data = model.data[JOB_MIME] as { id?: unknown; ended?: unknown } | undefined;
     const id = typeof data?.id === 'string' && JOB_ID.test(data.id) ? data.id : '';
-    if (id !== this._id) {
+    if (id !== this._id && !this._againOf) {
       this._id = id;
       this._job = null;
       this._gone = '';
+    }
+    const summary = data?.ended === true ? model.data['text/html'] : undefined;
+    if (typeof summary === 'string' && id && !this._againOf) {
+      // The job has ended: the kernel's summary (value, traceback, output) is the output,
+      // with the steering an ended job has under it. No widget, nothing to poll.
+      this._dropWidget(false);
+      this._unwatch();
+      await this._showSummary(summary, model.trusted);
+      this._draw();
+      return;
     }
     if (this._widgetView) {
       // the kernel updated its display (a change of state): the widget redraws, as it would
@@ -89,6 +99,26 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     this._watch();
     void this._fetch();
     void this._lookForWidget();
+  }
+
+  /** The ended job's summary as the kernel wrote it, through JupyterLab's HTML renderer. */
+  private async _showSummary(html: string, trusted: boolean): Promise<void> {
+    const rendermime = this._options.rendermime;
+    this._endedSummary = true;
+    if (!rendermime || !rendermime.mimeTypes.includes('text/html')) {
+      return; // the line's own words stand in for it
+    }
+    if (!this._summary) {
+      this._summary = rendermime.createRenderer('text/html');
+      this.insertWidget(0, this._summary);
+    }
+    // sanitized when the notebook is not trusted, as any HTML output is
+    await this._summary.renderModel({
+      trusted,
+      data: { 'text/html': html },
+      metadata: {},
+      setData: () => undefined
+    });
   }
 
   dispose(): void {
@@ -178,6 +208,32 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
       );
       return;
     }
+    if (this._endedSummary && !this._againOf) {
+      // under the kernel's summary of an ended job: what can still be done with it
+      node.className = 'jp-dlsched-jobline jp-dlsched-jobline-ended';
+      node.dataset.state = 'ended';
+      node.dataset.jobId = this._id;
+      node.replaceChildren(
+        h(
+          'div',
+          { className: 'jp-dlsched-jobline-main' },
+          this._runAgainButton(),
+          this._button('log', 'Open the job\'s output in the main area', () =>
+            this._options.openLog(this._id)
+          )
+        ),
+        ...(this._requeueError
+          ? [
+              h(
+                'div',
+                { className: 'jp-dlsched-muted jp-dlsched-jobline-note' },
+                `run again failed: ${this._requeueError}`
+              )
+            ]
+          : [])
+      );
+      return;
+    }
     if (!job) {
       // Before the first answer, or with no server to ask: what the kernel last wrote.
       const saved = String(this._mimeModel?.data['text/plain'] ?? `job ${this._id}`);
@@ -219,15 +275,9 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     );
     if (!isFinished(job.state)) {
       main.appendChild(this._cancelButton());
-    } else {
-      const again = this._button(
-        this._requeueing ? 'Queueing…' : RUN_AGAIN_LABEL,
-        RUN_AGAIN_TITLE,
-        () => void this._runAgain(),
-        'run-again'
-      );
-      again.disabled = this._requeueing;
-      main.appendChild(again);
+    } else if (!job.inline) {
+      // a cell run in its kernel's thread (--inline) needs that kernel to run again
+      main.appendChild(this._runAgainButton());
     }
     main.appendChild(
       this._button('log', 'Open the job\'s output in the main area', () =>
@@ -259,6 +309,17 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
       );
     }
     return '';
+  }
+
+  private _runAgainButton(): HTMLButtonElement {
+    const node = this._button(
+      this._requeueing ? 'Queueing…' : RUN_AGAIN_LABEL,
+      RUN_AGAIN_TITLE,
+      () => void this._runAgain(),
+      'run-again'
+    );
+    node.disabled = this._requeueing;
+    return node;
   }
 
   private _cancelButton(): HTMLButtonElement {
@@ -385,7 +446,7 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
   }
 
   /** The kernel that held the widget's model restarts or is replaced: back to the line. */
-  private _dropWidget(): void {
+  private _dropWidget(follow = true): void {
     const view = this._widgetView;
     if (!view) {
       return;
@@ -393,9 +454,11 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     this._widgetView = null;
     view.dispose();
     this._line.show();
-    this._draw();
-    this._watch();
-    void this._fetch();
+    if (follow) {
+      this._draw();
+      this._watch();
+      void this._fetch();
+    }
   }
 
   private _onKernelStatus(_: ISessionContext, status: Kernel.Status): void {
@@ -423,6 +486,9 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
   private _requeueing = false;
   private _requeueError = '';
   private _againOf = '';
+  /** The output is the kernel's summary of an ended job (`{"id", "ended": true}`). */
+  private _endedSummary = false;
+  private _summary: IRenderMime.IRenderer | null = null;
   private _widgetView: IRenderMime.IRenderer | null = null;
 }
 

@@ -77,6 +77,7 @@ export class JobList {
 export class JobRow {
   constructor(actions: JobRow.IActions, active: boolean) {
     this._actions = actions;
+    this._active = active;
     this._chip = h('span', { className: 'jp-dlsched-chip' });
     this._name = h('button', {
       className: 'jp-dlsched-name',
@@ -140,6 +141,10 @@ export class JobRow {
         node.hidden = !mine;
       }
       this._name.disabled = !mine;
+    }
+    if (!this._active && this._steering.length) {
+      // a cell run in its kernel's thread (--inline) needs that kernel to run again
+      this._steering[0].hidden = !mine || !!job.inline;
     }
     const tone = stateTone(job.state);
     const node = this.node;
@@ -220,6 +225,7 @@ export class JobRow {
   }
 
   private _actions: JobRow.IActions;
+  private _active: boolean;
   private _job: IJob | null = null;
   private _mine = true;
   private _steering: HTMLButtonElement[] = [];

@@ -353,6 +353,42 @@ def test_the_cell_line_asks_before_cancelling_and_runs_an_ended_job_again(
     page.wait_for_selector(f"{LINE}[data-state='succeeded']", timeout=90_000)
 
 
+def test_a_failed_cell_runs_again_from_under_its_summary(
+    lab: Lab, submitter: Scheduler, new_page: Any, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    notebook(
+        lab,
+        "flaky.ipynb",
+        "%load_ext jupyter_dlsched",
+        "%%schedule --name flaky --cpus 0.5\n"
+        "import os\n"
+        f"if not os.path.exists({str(gate)!r}):\n"
+        "    raise RuntimeError('the data is not there yet')\n",
+    )
+    page = new_page("lab/tree/flaky.ipynb")
+    run_all(page)
+
+    # the kernel is alive and the job failed: its summary, and under it what can be done
+    again = page.wait_for_selector(
+        f"{LINE}[data-state='ended'] button[data-action='run-again']", timeout=90_000
+    )
+    [old] = [job for job in submitter.jobs(state=["failed"]) if job.name == "flaky"]
+    output = page.inner_text(".jp-dlsched-jobline-output")
+    assert "failed" in output and "the data is not there yet" in output
+    no_broken_widget(page)
+    page.screenshot(path=str(ARTIFACTS / "cell-failed-run-again.png"))
+
+    gate.touch()
+    again.click()
+    line = page.wait_for_selector(f"{LINE}[data-state='succeeded']", timeout=90_000)
+    fresh = line.get_attribute("data-job-id")
+    assert fresh and fresh != old.id
+    assert f"run again of job {old.id}" in line.inner_text()
+    assert submitter.info(fresh).name == "flaky"
+    assert submitter.info(old.id).state == "failed"
+
+
 # -- the sidebar ------------------------------------------------------------------------------
 
 
