@@ -122,3 +122,21 @@ def test_the_dashboards_output_carries_a_snapshot_for_when_its_kernel_is_gone(sc
     board.close()
     assert not refresher.watching(board)
     handle.cancel()
+
+
+def test_the_jobview_line_shows_what_its_running_job_uses_now(sched, tmp_path):
+    handle = sched.submit(hold_until, str(tmp_path / "never"), cpus=0.5, name="measured")
+    view = JobView(handle, live=False)
+    wait_for(lambda: refreshed(view, "running"), what="the job to run")
+    assert "cpu" not in view.progress_label.value  # this ledger has no readings for it
+    real = view._read
+
+    def with_readings() -> JobInfo:
+        info = real()
+        fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(JobInfo)}
+        return LiveJob(**fields, cpu_now=95.0, rss_now=300 * 2**20)
+
+    view._read = with_readings  # type: ignore[method-assign]
+    view.refresh()
+    assert view.progress_label.value.endswith("cpu 95% · 300 MiB")
+    handle.cancel()

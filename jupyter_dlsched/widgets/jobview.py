@@ -350,8 +350,10 @@ class JobView(w.VBox):
         self.bar.layout.display = "" if show_bar else "none"
         if share is not None:
             self.bar.value = share
+        # "70% loss 0.31 · cpu 180% · 1.2 GiB": how far it got, and what it uses now
+        words = [fmt.progress_words(info), fmt.live_usage_words(info)]
         self.progress_label.value = (
-            fmt.esc(fmt.progress_words(info)) if info.state == "running" else ""
+            fmt.esc(" · ".join(w for w in words if w)) if info.state == "running" else ""
         )
         self.cancel_button.layout.display = "none" if info.state in TERMINAL else ""
         if info.state in TERMINAL and self.confirm.asking:

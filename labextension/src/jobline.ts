@@ -24,6 +24,7 @@ import { bar, h } from './dom';
 import {
   isFinished,
   lineWords,
+  liveUsageWords,
   progressFraction,
   progressWords,
   stateTone
@@ -266,6 +267,19 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
             { className: 'jp-dlsched-progress' },
             fraction !== null ? bar(fraction) : null,
             words
+          )
+        );
+      }
+      const using = liveUsageWords(job);
+      if (using) {
+        main.appendChild(
+          h(
+            'span',
+            {
+              className: 'jp-dlsched-using',
+              title: 'what it uses now: CPU (100% is one core) and resident memory'
+            },
+            using
           )
         );
       }
