@@ -284,6 +284,13 @@ def test_the_dashboard_fits_beside_the_sidebar_asks_before_cancelling_and_outliv
     page.keyboard.press("Shift+Enter")
     page.wait_for_selector(f"{BOARD}[data-view='live'] .dlsched-dashboard", timeout=60_000)
 
+    # a reload while that kernel still holds the panel: the live panel again, never broken
+    save_and_wait_for(page, path, "application/vnd.dlsched.dashboard+json")
+    reload(page)
+    page.wait_for_selector(f"{BOARD}[data-view='live'] .dlsched-dashboard", timeout=60_000)
+    page.wait_for_timeout(2000)
+    no_broken_widget(page)
+
 
 # -- the cell's line --------------------------------------------------------------------------
 
