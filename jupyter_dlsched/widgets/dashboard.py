@@ -6,10 +6,10 @@ The panel refreshes itself from a background thread and stops when closed
 
 from __future__ import annotations
 
-import html
 import threading
 import time
 import uuid
+from html import unescape
 from typing import Any
 
 import ipywidgets as w
@@ -374,7 +374,7 @@ class Dashboard(w.VBox):
         return bundle
 
     def summary_text(self) -> str:
-        return html.unescape(self.summary.value) or "dls.dashboard()"
+        return unescape(self.summary.value) or "dls.dashboard()"
 
     def snapshot_html(self) -> str:
         """The panel as plain HTML, no widgets: what a reloaded page shows without the kernel."""
