@@ -161,7 +161,9 @@ def test_cancel_stops_an_inline_cell_at_its_next_python_instruction(ip):
     schedule(ip, "--inline", "import time\nwhile True:\n    time.sleep(0.01)")
     handle = ip.user_ns["_job"]
     wait_for(lambda: handle.info().state == "running", what="the inline job to start")
-    last_view(ip).cancel_button.click()
+    view = last_view(ip)
+    view.cancel_button.click()  # asks first, as every view does
+    view.confirm.yes_button.click()
     assert handle.wait(timeout=60).state == "cancelled"
 
 

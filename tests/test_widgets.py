@@ -96,7 +96,9 @@ def test_the_cancel_button_cancels_the_running_job(sched, tmp_path):
     handle = sched.submit(hold_until, str(tmp_path / "never"), cpus=0.5)
     view = JobView(handle, live=False)
     wait_for(lambda: refreshed(view, "running"), what="the job to run")
-    view.cancel_button.click()
+    view.cancel_button.click()  # asks first
+    assert view.confirm.asking and handle.info().state == "running"
+    view.confirm.yes_button.click()
     assert view.cancel_button.disabled
     assert handle.wait(timeout=60).state == "cancelled"
     wait_for(lambda: refreshed(view, "cancelled"), what="the cancelled state")
@@ -166,6 +168,7 @@ def test_the_dashboard_shows_running_then_queued_jobs_and_acts_on_them(sched, tm
     assert "epoch 1 loss 0.31" in board.log_view.value
     # cancel from the table
     board.rows[first.id].cancel_button.click()
+    board.confirm.yes_button.click()
     assert sched.info(first.id).state == "cancelled"
     assert board.rows[first.id].widgets[0] in board.recent_table.children
     assert board.rows[first.id].cancel_button.disabled
@@ -359,6 +362,7 @@ def test_queue_positions_close_up_at_once_after_a_cancel(sched):
     last = JobView(line[2], live=False)
     assert board.rows[line[2].id].texts["progress"].startswith("#3 in line")
     board.rows[line[1].id].cancel_button.click()
+    board.confirm.yes_button.click()
     # what the ledger says until the pool decides again may still be #3; the views renumber
     assert board.rows[line[2].id].texts["progress"].startswith("#2 in line")
     assert board.rows[line[0].id].texts["progress"].startswith("#1 in line")
@@ -445,7 +449,7 @@ def test_a_finished_jobs_view_says_what_it_used(sched):
     assert "peak GPU memory" not in html, "simulated GPUs: not measured, so not shown"
 
 
-def test_a_running_jobs_output_names_the_job_for_jupyterlabs_line_and_not_once_ended(
+def test_a_running_jobs_output_names_the_job_for_jupyterlabs_line_and_says_when_it_ended(
     sched, tmp_path
 ):
     gate = tmp_path / "go"
@@ -456,4 +460,8 @@ def test_a_running_jobs_output_names_the_job_for_jupyterlabs_line_and_not_once_e
     assert view._repr_mimebundle_()[JOB_MIME] == {"id": handle.id}
     gate.touch()
     wait_for(lambda: refreshed(view, "done in"), what="the job to finish")
-    assert JOB_MIME not in view._repr_mimebundle_()
+    ended = view._repr_mimebundle_()
+    # the summary, and for JupyterLab the id with what an ended job can still do
+    assert ended[JOB_MIME] == {"id": handle.id, "ended": True}
+    assert "application/vnd.jupyter.widget-view+json" not in ended
+    assert "done in" in ended["text/html"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
+from html import unescape
 from typing import Any
 
 import ipywidgets as w
@@ -17,6 +19,7 @@ from ..store import ACTIVE, TERMINAL, WAITING, JobInfo
 from ..units import format_duration, parse_duration
 from ..words import renumber
 from . import format as fmt
+from .confirm import Confirm
 from .history import History, render_png
 from .live import refresher
 
@@ -33,17 +36,37 @@ COLUMNS = (
     "progress",
     "",
 )
+# Fits a notebook beside an open sidebar (about 900 px of output at a 1400 px window):
+# the text columns shrink to an ellipsis (the whole text is the cell's tooltip) and the
+# buttons' column is never narrower than its buttons.
 GRID = (
-    "84px 76px minmax(90px,1.3fr) minmax(120px,1.3fr) 56px 124px 60px 60px "
-    "minmax(150px,1.6fr) 150px"
+    "68px 70px minmax(48px,1.3fr) minmax(48px,1.2fr) 60px minmax(48px,1fr) 58px 56px "
+    "minmax(64px,1.6fr) max-content"
 )
 MUTED = "color:var(--jp-ui-font-color2, #757575)"
-HEADER = '<div style="white-space:nowrap;overflow:hidden"><b>{}</b></div>'
+ELLIPSIS = (
+    "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;padding:1px 4px;text-align:left"
+)
+HEADER = (
+    '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis" title="{0}">'
+    "<b>{0}</b></div>"
+)
+CELL_LAYOUT = {"overflow": "hidden", "min_width": "0", "width": "auto"}
+BUTTON_LAYOUT = {"width": "28px", "padding": "0", "margin": "1px"}
+#: The dashboard's output for the JupyterLab extension, beside the live widget and a plain
+#: snapshot: the extension shows the widget while its kernel holds it, and the snapshot with
+#: a note once the kernel restarted or the page was reloaded without it (docs/notebooks.md).
+DASHBOARD_MIME = "application/vnd.dlsched.dashboard+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+#: Seconds between two updates of the saved snapshot (each marks the notebook modified).
+SNAPSHOT_EVERY = 5.0
 
 
 CARD_STYLE = (
     "border:1px solid var(--jp-border-color2, #ccc);border-radius:4px;padding:4px 8px;"
-    "font-family:var(--jp-code-font-family, monospace);font-size:12px;line-height:1.6"
+    "font-family:var(--jp-code-font-family, monospace);font-size:12px;line-height:1.6;"
+    # a long job name wraps inside its card rather than pushing the card past the notebook
+    "max-width:100%;box-sizing:border-box;overflow-wrap:anywhere"
 )
 
 
@@ -150,28 +173,42 @@ def cache_html(cache: dict[str, Any] | None) -> str:
     )
 
 
+def cell_html(html: str, tooltip: str) -> str:
+    """One table cell: one line per row, cut with an ellipsis, the whole text on hover."""
+    return (
+        '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis"'
+        f' title="{fmt.esc(tooltip)}">{html}</div>'
+    )
+
+
 class QueueRow:
     """The widgets of one job's row; ``update(job)`` changes only what changed."""
 
     def __init__(self, dashboard: Dashboard, job_id: str) -> None:
         self.job_id = job_id
-        self.cells = {name: w.HTML(layout=w.Layout(overflow="hidden")) for name in COLUMNS[:-1]}
-        self.cancel_button = w.Button(icon="times", tooltip="Cancel", layout=w.Layout(width="32px"))
+        self.cells = {name: w.HTML(layout=w.Layout(**CELL_LAYOUT)) for name in COLUMNS[:-1]}
+        self.cancel_button = w.Button(
+            icon="times", tooltip="Cancel this job", layout=w.Layout(**BUTTON_LAYOUT)
+        )
         self.up_button = w.Button(
-            description="↑", tooltip="Raise priority", layout=w.Layout(width="32px")
+            description="↑", tooltip="Raise priority", layout=w.Layout(**BUTTON_LAYOUT)
         )
         self.down_button = w.Button(
-            description="↓", tooltip="Lower priority", layout=w.Layout(width="32px")
+            description="↓", tooltip="Lower priority", layout=w.Layout(**BUTTON_LAYOUT)
         )
         self.log_button = w.Button(
-            description="log", tooltip="Show output", layout=w.Layout(width="42px")
+            description="log",
+            tooltip="Show output",
+            layout=w.Layout(**{**BUTTON_LAYOUT, "width": "36px"}),
         )
-        self.cancel_button.on_click(lambda _: dashboard.cancel(job_id))
+        # asks first, as every view does before it stops work (UI.md)
+        self.cancel_button.on_click(lambda _: dashboard.ask_cancel(job_id))
         self.up_button.on_click(lambda _: dashboard.change_priority(job_id, +PRIORITY_STEP))
         self.down_button.on_click(lambda _: dashboard.change_priority(job_id, -PRIORITY_STEP))
         self.log_button.on_click(lambda _: dashboard.show_log(job_id))
         self.actions = w.HBox(
-            [self.cancel_button, self.up_button, self.down_button, self.log_button]
+            [self.cancel_button, self.up_button, self.down_button, self.log_button],
+            layout=w.Layout(flex_flow="row nowrap", min_width="max-content"),
         )
         self.widgets: list[w.Widget] = [*self.cells.values(), self.actions]
         self.job: JobInfo | None = None
@@ -201,12 +238,16 @@ class QueueRow:
             "ran": (fmt.esc(ran), ran),
             "progress": (self._progress_html(job, progress), progress),
         }
+        using = fmt.live_usage_words(job)
+        if using:
+            html, tooltip = values["progress"]
+            values["progress"] = (
+                f'{html}<br><span class="dlsched-using" style="{MUTED}">{fmt.esc(using)}</span>',
+                f"{tooltip} · now using {using}" if tooltip else f"now using {using}",
+            )
         self.texts = {name: tooltip for name, (_, tooltip) in values.items()}
         for name, (html, tooltip) in values.items():
-            value = (
-                '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis"'
-                f' title="{fmt.esc(tooltip)}">{html}</div>'
-            )
+            value = cell_html(html, tooltip)
             if self.cells[name].value != value:
                 self.cells[name].value = value
         active = job.state in ACTIVE
@@ -262,14 +303,18 @@ class Dashboard(w.VBox):
         self.host_card = w.HTML()
         # each table carries its own header row, so its columns line up with it
         self.headers = {
-            "active": [w.HTML(HEADER.format(fmt.esc(c))) for c in COLUMNS],
-            "recent": [w.HTML(HEADER.format(fmt.esc(c))) for c in COLUMNS],
+            "active": [
+                w.HTML(HEADER.format(fmt.esc(c)), layout=w.Layout(**CELL_LAYOUT)) for c in COLUMNS
+            ],
+            "recent": [
+                w.HTML(HEADER.format(fmt.esc(c)), layout=w.Layout(**CELL_LAYOUT)) for c in COLUMNS
+            ],
         }
         self.active_table = w.GridBox(
-            layout=w.Layout(grid_template_columns=GRID, grid_gap="2px 8px")
+            layout=w.Layout(grid_template_columns=GRID, grid_gap="2px 6px")
         )
         self.recent_table = w.GridBox(
-            layout=w.Layout(grid_template_columns=GRID, grid_gap="2px 8px")
+            layout=w.Layout(grid_template_columns=GRID, grid_gap="2px 6px")
         )
         self.recent_box = w.Accordion(children=[self.recent_table], selected_index=None)
         self.recent_box.set_title(0, "recent (0)")
@@ -280,6 +325,10 @@ class Dashboard(w.VBox):
         self.log_job: str | None = None
         self.plot = w.Image(format="png", layout=w.Layout(max_width="100%"))
         self.message = w.HTML()
+        self.confirm = Confirm()
+        self.display_id: str | None = None
+        self._snapshot_key: tuple[Any, ...] = ()
+        self._snapshot_at = 0.0
         super().__init__(
             [
                 w.HBox(
@@ -290,6 +339,7 @@ class Dashboard(w.VBox):
                 self.active_table,
                 self.empty,
                 self.recent_box,
+                self.confirm,
                 self.message,
                 self.log_box,
                 self.plot,
@@ -300,7 +350,105 @@ class Dashboard(w.VBox):
         if live:
             refresher.add(self)
 
+    # -- showing ------------------------------------------------------------------------------
+    def _ipython_display_(self) -> None:
+        """Shown with an id, so that the snapshot left in the notebook can follow the queue."""
+        from IPython.display import display
+
+        with self._refresh_lock:
+            self.display_id = f"dlsched-dashboard-{uuid.uuid4().hex[:12]}"
+            self._snapshot_at = time.time()
+            self._snapshot_key = self._queue_key()
+            display(self._repr_mimebundle_(), raw=True, display_id=self.display_id)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle: dict[str, Any] = {
+            "text/plain": self.summary_text(),
+            "text/html": self.snapshot_html(),
+        }
+        if not self.closed:
+            live = super()._repr_mimebundle_(**kwargs) or {}
+            if WIDGET_MIME in live:
+                bundle[WIDGET_MIME] = live[WIDGET_MIME]
+            bundle[DASHBOARD_MIME] = {"as_of": self._snapshot_at or time.time()}
+        return bundle
+
+    def summary_text(self) -> str:
+        return unescape(self.summary.value) or "dls.dashboard()"
+
+    def snapshot_html(self) -> str:
+        """The panel as plain HTML, no widgets: what a reloaded page shows without the kernel."""
+        as_of = time.strftime("%H:%M:%S", time.localtime(self._snapshot_at or time.time()))
+        if self.closed:
+            return (
+                f'<div class="dlsched-dashboard-snapshot" style="{MUTED}">the dashboard was '
+                "closed; <code>dls.dashboard()</code> opens a new one</div>"
+            )
+        head = "".join(
+            f'<th style="text-align:left;{ELLIPSIS}" title="{fmt.esc(c)}">{fmt.esc(c)}</th>'
+            for c in COLUMNS[:-1]
+        )
+        rows = []
+        for row in self._shown_rows():
+            cells = "".join(
+                f'<td style="{ELLIPSIS}" title="{fmt.esc(row.texts.get(name, ""))}">'
+                f"{row.cells[name].value}</td>"
+                for name in COLUMNS[:-1]
+            )
+            rows.append(f"<tr>{cells}</tr>")
+        table = (
+            '<table class="dlsched-queue" style="table-layout:fixed;width:100%;'
+            f'border-collapse:collapse"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>"
+            if rows
+            else f'<div style="{MUTED}">no queued or running jobs</div>'
+        )
+        cards = "".join(f"<div>{card.value}</div>" for card in self.cards.children)
+        return (
+            '<div class="dlsched-dashboard-snapshot">'
+            f"<div>{self.summary.value}</div>"
+            f'<div style="display:flex;flex-wrap:wrap;gap:6px">{cards}</div>'
+            f"{table}"
+            f'<div style="{MUTED};font-size:90%">a snapshot as of {as_of}: '
+            "run the cell again for a live view</div></div>"
+        )
+
+    def _shown_rows(self) -> list[QueueRow]:
+        return [
+            row
+            for row in self.rows.values()
+            if row.widgets[0] in self.active_table.children
+            or row.widgets[0] in self.recent_table.children
+        ]
+
+    def _queue_key(self) -> tuple[Any, ...]:
+        return tuple(
+            (r.job_id, r.state, r.texts.get("progress"), r.texts.get("priority"))
+            for r in self._shown_rows()
+        )
+
+    def _publish(self, now: float) -> None:
+        """Update the snapshot left in the notebook when the queue changed (now and then)."""
+        if self.display_id is None or now - self._snapshot_at < SNAPSHOT_EVERY:
+            return
+        key = self._queue_key()
+        if key == self._snapshot_key:
+            return
+        from IPython.display import update_display
+
+        self._snapshot_key = key
+        self._snapshot_at = now
+        update_display(self._repr_mimebundle_(), raw=True, display_id=self.display_id)
+
     # -- actions ------------------------------------------------------------------------------
+    def ask_cancel(self, job_id: str) -> None:
+        """What a row's ✕ does: ask (as the sidebar does), and cancel on "Cancel job"."""
+        row = self.rows.get(job_id)
+        job = row.job if row is not None else None
+        if job is None:
+            job = self.scheduler.info(job_id)
+        self.confirm.ask(job, lambda: self.cancel(job_id))
+
     def cancel(self, job_id: str) -> None:
         self._act(lambda: self.scheduler.cancel(job_id), f"cancel {job_id}")
 
@@ -327,9 +475,13 @@ class Dashboard(w.VBox):
         self.refresh(force=True)
 
     def close(self) -> None:
-        """Stop refreshing and close the panel."""
+        """Stop refreshing and close the panel (the notebook keeps a line saying so)."""
         self.closed = True
         refresher.remove(self)
+        if self.display_id is not None:
+            from IPython.display import update_display
+
+            update_display(self._repr_mimebundle_(), raw=True, display_id=self.display_id)
         super().close()
 
     # -- refreshing ---------------------------------------------------------------------------
@@ -353,6 +505,7 @@ class Dashboard(w.VBox):
                 self._last["plot"] = now
                 self._refresh_plot(now)
             self._refresh_log()
+            self._publish(now)
         return not self.closed
 
     def _refresh_queue(self, now: float) -> dict[str, JobInfo]:
@@ -382,6 +535,8 @@ class Dashboard(w.VBox):
         )
         self.recent_box.set_title(0, f"recent ({len(finished)})")
         self.empty.layout.display = "none" if active else ""
+        if self.confirm.asking and self.confirm.job_id not in {j.id for j in active}:
+            self.confirm.dismiss()  # it ended meanwhile: nothing left to cancel
         counts = store.count_jobs()
         status = self.scheduler.status()
         gpus = status["gpus"]

@@ -163,3 +163,35 @@ def size(value: Any) -> str:
 def log_html(text: str) -> str:
     """Escaped output lines (callers pass only the last few, so no scrolling is needed)."""
     return f'<pre style="margin:0;white-space:pre-wrap">{esc(text)}</pre>'
+
+
+#: The question every view asks before cancelling (the JupyterLab sidebar and cell line word
+#: their dialog the same, labextension/src/steer.ts): the title, then the two answers.
+CANCEL_KEEP = "Keep it"
+CANCEL_CONFIRM = "Cancel job"
+
+
+def cancel_question(job: JobInfo) -> tuple[str, str]:
+    """``("Cancel job k3f9x2ab?", "resnet (running) will be stopped and will not be retried.")``"""
+    return (
+        f"Cancel job {job.id}?",
+        f"{job.name} ({job.state}) will be stopped and will not be retried.",
+    )
+
+
+def live_usage_words(job: JobInfo) -> str:
+    """``"cpu 180% · 1.2 GiB"``: what a running job uses now; ``""`` when nothing was measured.
+
+    ``cpu_now`` is in percent of one core, ``rss_now`` in bytes; a ledger without these
+    readings (or a job not running) has neither, and the words are left out.
+    """
+    if job.state != "running":
+        return ""
+    cpu = getattr(job, "cpu_now", None)
+    rss = getattr(job, "rss_now", None)
+    words = []
+    if isinstance(cpu, int | float) and cpu == cpu:
+        words.append(f"cpu {cpu:.0f}%")
+    if isinstance(rss, int | float) and rss == rss and rss >= 0:
+        words.append(format_size(rss))
+    return " · ".join(words)

@@ -29,6 +29,7 @@ from ..store import TERMINAL, WAITING, JobInfo
 from ..units import format_duration
 from ..words import renumber
 from . import format as fmt
+from .confirm import Confirm
 from .live import refresher
 
 LOG_TAIL_LINES = 15
@@ -158,7 +159,9 @@ class JobView(w.VBox):
         self.cancel_button = w.Button(
             description="Cancel", tooltip="Cancel this job", layout=w.Layout(width="auto")
         )
-        self.cancel_button.on_click(lambda _: self.cancel())
+        # asks first, as every view does before it stops work (UI.md)
+        self.cancel_button.on_click(lambda _: self.ask_cancel())
+        self.confirm = Confirm()
         self.traceback_button = w.ToggleButton(
             description="show traceback", layout=w.Layout(width="auto", display="none")
         )
@@ -173,7 +176,7 @@ class JobView(w.VBox):
             [self.status, self.bar, self.progress_label, self.cancel_button, self.traceback_button],
             layout=w.Layout(align_items="center", flex_flow="row wrap"),
         )
-        super().__init__([line, self.traceback, self.result_area, self.output])
+        super().__init__([line, self.confirm, self.traceback, self.result_area, self.output])
         self.add_class("dlsched-jobview")
         self.refresh()
         if live and not self.finished:
@@ -205,9 +208,13 @@ class JobView(w.VBox):
             live = super()._repr_mimebundle_(**kwargs) or {}
             if WIDGET_MIME in live:
                 bundle[WIDGET_MIME] = live[WIDGET_MIME]
-            # JupyterLab's live line, which outlasts the kernel; once the job has ended the
-            # summary (with the cell's value) is all there is to show, so it is left out then
+            # JupyterLab's live line, which outlasts the kernel
             bundle[JOB_MIME] = {"id": self.handle.id}
+        elif self.info is not None and not self.info.inline:
+            # once the job has ended the summary (with the cell's value) is what there is to
+            # show; JupyterLab shows it with what an ended job can still do (Run again, log).
+            # A cell run in its kernel's thread (--inline) cannot run again without it.
+            bundle[JOB_MIME] = {"id": self.handle.id, "ended": True}
         return bundle
 
     def _publish_key(self) -> tuple[str, bool]:
@@ -298,8 +305,14 @@ class JobView(w.VBox):
             return False
 
     # -- actions ------------------------------------------------------------------------------
+    def ask_cancel(self) -> None:
+        """What the Cancel button does: ask, and cancel on "Cancel job"."""
+        info = self.info or self.handle.info()
+        self.confirm.ask(info, self.cancel)
+
     def cancel(self) -> None:
-        """What the Cancel button does."""
+        """Cancel the job (the answer "Cancel job" to the question of the Cancel button)."""
+        self.confirm.dismiss()
         self.cancel_button.disabled = True
         self.cancel_button.description = "Cancelling…"
         try:
@@ -337,10 +350,14 @@ class JobView(w.VBox):
         self.bar.layout.display = "" if show_bar else "none"
         if share is not None:
             self.bar.value = share
+        # "70% loss 0.31 · cpu 180% · 1.2 GiB": how far it got, and what it uses now
+        words = [fmt.progress_words(info), fmt.live_usage_words(info)]
         self.progress_label.value = (
-            fmt.esc(fmt.progress_words(info)) if info.state == "running" else ""
+            fmt.esc(" · ".join(w for w in words if w)) if info.state == "running" else ""
         )
         self.cancel_button.layout.display = "none" if info.state in TERMINAL else ""
+        if info.state in TERMINAL and self.confirm.asking:
+            self.confirm.dismiss()  # nothing left to cancel
         # the job runner prints a failure's traceback to the log with its own frames
         tail = user_traceback(read_log_tail(self.handle))
         if tail:

@@ -72,6 +72,10 @@ export interface IJob {
   inline?: boolean;
   /** Absent from servers older than the usage columns. */
   usage?: IUsage;
+  /** A running job's CPU now, in percent of one core; null or absent when not measured. */
+  cpu_now?: number | null;
+  /** A running job's resident memory now, in bytes; null or absent when not measured. */
+  rss_now?: number | null;
 }
 
 export interface IGpuProcess {

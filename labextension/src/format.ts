@@ -327,3 +327,23 @@ export function cacheCounts(cache: ICache): string {
   }
   return parts.join(' · ');
 }
+
+/**
+ * What a running job uses now: "cpu 180% · 1.2 GiB" (as `live_usage_words` in the widgets);
+ * '' for a job not running or a server that does not measure it.
+ */
+export function liveUsageWords(job: IJob): string {
+  if (job.state !== 'running') {
+    return '';
+  }
+  const parts: string[] = [];
+  const cpu = job.cpu_now;
+  if (typeof cpu === 'number' && isFinite(cpu)) {
+    parts.push(`cpu ${Math.round(cpu)}%`);
+  }
+  const rss = job.rss_now;
+  if (typeof rss === 'number' && isFinite(rss) && rss >= 0) {
+    parts.push(formatBytes(rss));
+  }
+  return parts.join(' · ');
+}

@@ -13,6 +13,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { IJob } from './api';
+import { dashboardFactory } from './dashboardview';
 import { IRendermime, jobLineFactory } from './jobline';
 import { createLogWidget, JobLogView } from './logview';
 import { SchedulerModel } from './model';
@@ -94,6 +95,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
             sessionContext: context.sessionContext,
             rendermime
           })
+        );
+        // dls.dashboard(): the live widget while its kernel has it, else a snapshot with a note
+        rendermime?.addFactory(
+          dashboardFactory({ sessionContext: context.sessionContext, rendermime })
         );
       }
     });

@@ -24,11 +24,13 @@ import { bar, h } from './dom';
 import {
   isFinished,
   lineWords,
+  liveUsageWords,
   progressFraction,
   progressWords,
   stateTone
 } from './format';
 import { SchedulerModel } from './model';
+import { confirmCancel, RUN_AGAIN_LABEL, RUN_AGAIN_TITLE } from './steer';
 
 export const JOB_MIME = 'application/vnd.dlsched.job+json';
 export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
@@ -69,12 +71,22 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
 
   async renderModel(model: IRenderMime.IMimeModel): Promise<void> {
     this._mimeModel = model;
-    const data = model.data[JOB_MIME] as { id?: unknown } | undefined;
+    const data = model.data[JOB_MIME] as { id?: unknown; ended?: unknown } | undefined;
     const id = typeof data?.id === 'string' && JOB_ID.test(data.id) ? data.id : '';
-    if (id !== this._id) {
+    if (id !== this._id && !this._againOf) {
       this._id = id;
       this._job = null;
       this._gone = '';
+    }
+    const summary = data?.ended === true ? model.data['text/html'] : undefined;
+    if (typeof summary === 'string' && id && !this._againOf) {
+      // The job has ended: the kernel's summary (value, traceback, output) is the output,
+      // with the steering an ended job has under it. No widget, nothing to poll.
+      this._dropWidget(false);
+      this._unwatch();
+      await this._showSummary(summary, model.trusted);
+      this._draw();
+      return;
     }
     if (this._widgetView) {
       // the kernel updated its display (a change of state): the widget redraws, as it would
@@ -88,6 +100,26 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     this._watch();
     void this._fetch();
     void this._lookForWidget();
+  }
+
+  /** The ended job's summary as the kernel wrote it, through JupyterLab's HTML renderer. */
+  private async _showSummary(html: string, trusted: boolean): Promise<void> {
+    const rendermime = this._options.rendermime;
+    this._endedSummary = true;
+    if (!rendermime || !rendermime.mimeTypes.includes('text/html')) {
+      return; // the line's own words stand in for it
+    }
+    if (!this._summary) {
+      this._summary = rendermime.createRenderer('text/html');
+      this.insertWidget(0, this._summary);
+    }
+    // sanitized when the notebook is not trusted, as any HTML output is
+    await this._summary.renderModel({
+      trusted,
+      data: { 'text/html': html },
+      metadata: {},
+      setData: () => undefined
+    });
   }
 
   dispose(): void {
@@ -177,6 +209,32 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
       );
       return;
     }
+    if (this._endedSummary && !this._againOf) {
+      // under the kernel's summary of an ended job: what can still be done with it
+      node.className = 'jp-dlsched-jobline jp-dlsched-jobline-ended';
+      node.dataset.state = 'ended';
+      node.dataset.jobId = this._id;
+      node.replaceChildren(
+        h(
+          'div',
+          { className: 'jp-dlsched-jobline-main' },
+          this._runAgainButton(),
+          this._button('log', 'Open the job\'s output in the main area', () =>
+            this._options.openLog(this._id)
+          )
+        ),
+        ...(this._requeueError
+          ? [
+              h(
+                'div',
+                { className: 'jp-dlsched-muted jp-dlsched-jobline-note' },
+                `run again failed: ${this._requeueError}`
+              )
+            ]
+          : [])
+      );
+      return;
+    }
     if (!job) {
       // Before the first answer, or with no server to ask: what the kernel last wrote.
       const saved = String(this._mimeModel?.data['text/plain'] ?? `job ${this._id}`);
@@ -212,12 +270,28 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
           )
         );
       }
+      const using = liveUsageWords(job);
+      if (using) {
+        main.appendChild(
+          h(
+            'span',
+            {
+              className: 'jp-dlsched-using',
+              title: 'what it uses now: CPU (100% is one core) and resident memory'
+            },
+            using
+          )
+        );
+      }
     }
     main.appendChild(
       h('span', { className: 'jp-dlsched-muted jp-dlsched-jobline-who' }, `${job.name} · ${job.id}`)
     );
     if (!isFinished(job.state)) {
       main.appendChild(this._cancelButton());
+    } else if (!job.inline) {
+      // a cell run in its kernel's thread (--inline) needs that kernel to run again
+      main.appendChild(this._runAgainButton());
     }
     main.appendChild(
       this._button('log', 'Open the job\'s output in the main area', () =>
@@ -236,6 +310,12 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     if (this._cancelError) {
       return `cancel failed: ${this._cancelError}`;
     }
+    if (this._requeueError) {
+      return `run again failed: ${this._requeueError}`;
+    }
+    if (this._againOf) {
+      return `run again of job ${this._againOf}`;
+    }
     if (job.state === 'succeeded' && job.kind === 'cell' && !job.inline) {
       return (
         `the cell's value and --out names are kept with the job: ` +
@@ -243,6 +323,17 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
       );
     }
     return '';
+  }
+
+  private _runAgainButton(): HTMLButtonElement {
+    const node = this._button(
+      this._requeueing ? 'Queueing…' : RUN_AGAIN_LABEL,
+      RUN_AGAIN_TITLE,
+      () => void this._runAgain(),
+      'run-again'
+    );
+    node.disabled = this._requeueing;
+    return node;
   }
 
   private _cancelButton(): HTMLButtonElement {
@@ -276,8 +367,12 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     );
   }
 
-  /** As the widget's Cancel button: at once (a queued job ends, a running one is stopped). */
+  /** As the widget's Cancel button: asks first (as every view does), then cancels at once. */
   private async _cancel(): Promise<void> {
+    const job = this._job;
+    if (!job || !(await confirmCancel(job)) || this.isDisposed) {
+      return;
+    }
     this._cancelling = true;
     this._cancelError = '';
     this._draw();
@@ -288,6 +383,31 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
       this._cancelError = error instanceof Error ? error.message : String(error);
     } finally {
       this._cancelling = false;
+      this._draw();
+    }
+  }
+
+  /** "Run again": the line follows the new job from now on (the old one stays in the ledger). */
+  private async _runAgain(): Promise<void> {
+    const old = this._id;
+    this._requeueing = true;
+    this._requeueError = '';
+    this._draw();
+    try {
+      const fresh = await this._options.model.runAgain(old);
+      if (this.isDisposed || this._id !== old) {
+        return;
+      }
+      this._id = fresh.id;
+      this._job = null;
+      this._gone = '';
+      this._againOf = old;
+      this._show(fresh);
+      this._watch();
+    } catch (error) {
+      this._requeueError = error instanceof Error ? error.message : String(error);
+    } finally {
+      this._requeueing = false;
       this._draw();
     }
   }
@@ -340,7 +460,7 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
   }
 
   /** The kernel that held the widget's model restarts or is replaced: back to the line. */
-  private _dropWidget(): void {
+  private _dropWidget(follow = true): void {
     const view = this._widgetView;
     if (!view) {
       return;
@@ -348,9 +468,11 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     this._widgetView = null;
     view.dispose();
     this._line.show();
-    this._draw();
-    this._watch();
-    void this._fetch();
+    if (follow) {
+      this._draw();
+      this._watch();
+      void this._fetch();
+    }
   }
 
   private _onKernelStatus(_: ISessionContext, status: Kernel.Status): void {
@@ -375,6 +497,12 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
   private _looking = false;
   private _cancelling = false;
   private _cancelError = '';
+  private _requeueing = false;
+  private _requeueError = '';
+  private _againOf = '';
+  /** The output is the kernel's summary of an ended job (`{"id", "ended": true}`). */
+  private _endedSummary = false;
+  private _summary: IRenderMime.IRenderer | null = null;
   private _widgetView: IRenderMime.IRenderer | null = null;
 }
 
@@ -389,7 +517,7 @@ export namespace JobLine {
 }
 
 /** The ids of the widget models the kernel holds (their comms are open). */
-async function openWidgetComms(kernel: Kernel.IKernelConnection): Promise<Set<string>> {
+export async function openWidgetComms(kernel: Kernel.IKernelConnection): Promise<Set<string>> {
   let timer = 0;
   const timeout = new Promise<never>((_, reject) => {
     timer = window.setTimeout(

@@ -19,6 +19,7 @@ import {
   ServerPartMissing
 } from './api';
 import { isFinished } from './format';
+import { runAgain } from './steer';
 
 /** Points kept per GPU for the sparkline. */
 const HISTORY_LENGTH = 60;
@@ -125,6 +126,13 @@ export class SchedulerModel {
 
   async cancel(id: string): Promise<IJob> {
     const job = await requestAPI<IJob>(jobPath(id, '/cancel'), { method: 'POST' });
+    void this.refreshSoon();
+    return job;
+  }
+
+  /** "Run again": a new job with the same spec as the ended job `id` (see steer.ts). */
+  async runAgain(id: string): Promise<IJob> {
+    const job = await runAgain(id);
     void this.refreshSoon();
     return job;
   }

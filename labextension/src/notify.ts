@@ -6,15 +6,19 @@ import { Notification } from '@jupyterlab/apputils';
 import { IJob } from './api';
 import { formatDuration, ranFor } from './format';
 
-/** How long a success message stays up; a failure stays until dismissed. */
+/** How long a message stays up when nothing failed. */
 const SUCCESS_AUTOCLOSE_MS = 8000;
+/** Names listed in a grouped message before "…". */
+const NAMES_SHOWN = 3;
 
 /**
  * Collects finished jobs into one notification while they keep finishing.
  *
  * A job that ends within `groupWindow` seconds of the previous one joins its notification,
  * which then reads "10 jobs finished: 9 done, 1 failed"; a job that ends later, or after the
- * user dismissed the message, starts a new one.
+ * user dismissed the message, starts a new one. Failures never pile up: while a message that
+ * tells of a failure is still there, every later end joins it ("4 jobs failed: sweep[0],
+ * sweep[1], sweep[2], …"), updated in place, so the notebook holds at most one of them.
  */
 export class FinishNotifier {
   constructor(options: FinishNotifier.IOptions) {
@@ -34,11 +38,12 @@ export class FinishNotifier {
     }
     const now = Date.now();
     const group = this._group;
-    if (group && now - group.lastAt <= this.groupWindow * 1000) {
-      group.jobs.push(...jobs);
-      group.lastAt = now;
+    if (group && (now - group.lastAt <= this.groupWindow * 1000 || failures(group.jobs).length)) {
+      const joined = [...group.jobs, ...jobs];
       // Fails when the user closed the message in the meantime: then a new one starts.
-      if (Notification.update({ id: group.id, ...this._content(group.jobs) })) {
+      if (Notification.update({ id: group.id, ...this._content(joined) })) {
+        group.jobs = joined;
+        group.lastAt = now;
         return;
       }
     }
@@ -56,8 +61,9 @@ export class FinishNotifier {
     autoClose: number | false;
     actions: Notification.IAction[];
   } {
-    const failed = jobs.filter(job => job.state !== 'succeeded');
+    const failed = failures(jobs);
     const type = failed.length ? 'error' : 'success';
+    // One message that tells of failures stays until dismissed; later ones join it.
     const autoClose = failed.length ? false : SUCCESS_AUTOCLOSE_MS;
     if (jobs.length === 1) {
       const job = jobs[0];
@@ -74,20 +80,35 @@ export class FinishNotifier {
       };
     }
     const done = jobs.length - failed.length;
-    const counts = [done ? `${done} done` : '', failed.length ? `${failed.length} failed` : '']
-      .filter(Boolean)
-      .join(', ');
     const actions: Notification.IAction[] = [{ label: 'Show jobs', callback: this._showJobs }];
     if (failed.length === 1) {
       const job = failed[0];
       actions.push({ label: `Show log of ${job.name}`, callback: () => this._openLog(job.id) });
     }
-    return { message: `${jobs.length} jobs finished: ${counts}`, type, autoClose, actions };
+    let message: string;
+    if (!failed.length) {
+      message = `${jobs.length} jobs finished: ${done} done`;
+    } else if (!done) {
+      message = `${failed.length} jobs failed: ${names(failed)}`;
+    } else {
+      message = `${jobs.length} jobs finished: ${done} done, ${failed.length} failed: ${names(failed)}`;
+    }
+    return { message, type, autoClose, actions };
   }
 
   private _openLog: (id: string) => void;
   private _showJobs: () => void;
   private _group: { id: string; jobs: IJob[]; lastAt: number } | null = null;
+}
+
+function failures(jobs: IJob[]): IJob[] {
+  return jobs.filter(job => job.state !== 'succeeded');
+}
+
+/** "sweep[0], sweep[1], sweep[2], …": the first few names, newest last. */
+function names(jobs: IJob[]): string {
+  const shown = jobs.slice(0, NAMES_SHOWN).map(job => job.name);
+  return jobs.length > NAMES_SHOWN ? `${shown.join(', ')}, …` : shown.join(', ');
 }
 
 export namespace FinishNotifier {
