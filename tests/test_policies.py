@@ -218,7 +218,7 @@ def test_srtf_preempts_the_job_with_most_remaining_gpu_time():
 
 def test_srtf_weighs_remaining_time_by_gpus():
     wide, cap = running_on(pool(2), "wide", 0, gpus=2, remaining=30.0, preemptible=True)
-    d = SrtfPolicy()([queued("q", 1, remaining=40.0)], [wide], cap, now=0.0)
+    d = SrtfPolicy(restart_cost=0.0)([queued("q", 1, remaining=40.0)], [wide], cap, now=0.0)
     assert preempted(d) == ["wide"]  # 60 GPU-seconds left against 40
 
 

@@ -116,6 +116,13 @@ class _Table:
 
     grid: list[float]
     index: list[float]
+    # the rank: 1 / index, GPU-seconds of service per completion (smaller first); in the
+    # unit of the restart cost, so a preemption's gain can be weighed against it
+    cost: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.cost:
+            self.cost = [1.0 / x if x > 0 else math.inf for x in self.index]
 
     @classmethod
     def build(
@@ -142,6 +149,9 @@ class _Table:
 
     def at(self, attained: float) -> float:
         return self.index[bisect.bisect_right(self.grid, attained) - 1]
+
+    def rank_at(self, attained: float) -> float:
+        return self.cost[bisect.bisect_right(self.grid, attained) - 1]
 
 
 @lru_cache(maxsize=64)
@@ -187,6 +197,11 @@ class GittinsPolicy(RankedPolicy):
     * ``preempt=True``: a waiting job stops running jobs with a lower index
       (only jobs submitted with ``preemptible=True``);
     * ``preempt_grace=30``: seconds a preempted job gets to checkpoint;
+    * ``restart_cost=30``: seconds a job loses when it starts again; a waiting job
+      stops a running one only when it ranks better by more than that on each of
+      the victim's GPUs (the rank, ``1 / index``, is in GPU-seconds);
+    * ``min_run=300``: seconds a job runs before it can be preempted (a young
+      job's index falls fast, so without it minute-long jobs take turns);
     * ``skip=True``: a job that fits starts even if one ahead does not.
 
     >>> p = GittinsPolicy(sizes=[60.0, 60.0, 6000.0])
@@ -207,6 +222,8 @@ class GittinsPolicy(RankedPolicy):
     promote_share: float = 1.0
     preempt: bool = True
     preempt_grace: float = 30.0
+    restart_cost: float = 30.0
+    min_run: float = 300.0
     skip: bool = True
     name: str = "gittins"
     #: how many times what was learnt changed the ranking; the simulator re-sorts its queue
@@ -308,10 +325,14 @@ class GittinsPolicy(RankedPolicy):
         return (self.queued_rank(job), job.seq)
 
     def queued_rank(self, job: QueuedJob) -> float:
-        return -self.table_for(job.owner, job.name).at(job.attained)
+        return self.table_for(job.owner, job.name).rank_at(job.attained)
 
     def running_rank(self, job: RunningJob, now: float) -> float:
-        return -self.table_for(job.owner, job.name).at(job.attained_at(now))
+        return self.table_for(job.owner, job.name).rank_at(job.attained_at(now))
+
+    def rank_margin(self, job: RunningJob) -> float:
+        # ranks are GPU-seconds per completion: a restart costs restart_cost on each GPU
+        return self.restart_cost * max(job.request.gpus, 1.0)
 
     def next_change(self, job: RunningJob, now: float) -> float | None:
         grid = self.table_for(job.owner, job.name).grid
@@ -337,7 +358,7 @@ class GittinsPolicy(RankedPolicy):
             gpus = r.request.gpus
             attained = r.attained + gpus * max(0.0, now - r.started)
             cell = cell_of(grid, attained)
-            victims.append((table.index[cell - 1], -r.seq, r))
+            victims.append((-table.cost[cell - 1], -r.seq, r))
             if cell < len(grid) and gpus > 0:
                 change = now + (grid[cell] - attained) / gpus + 1e-6
                 if change < wake:
@@ -355,8 +376,8 @@ class GittinsPolicy(RankedPolicy):
             table = self.table_for(job.owner, job.name)
             found = by_table.get(id(table))
             if found is None:
-                # rank in cell c (grid[c - 1] <= service < grid[c]) is -index[c - 1]
-                ranks = [-table.index[0]] + [-x for x in table.index]
+                # rank in cell c (grid[c - 1] <= service < grid[c]) is cost[c - 1]
+                ranks = [table.cost[0], *table.cost]
                 found = by_table[id(table)] = (table, ranks)  # holding the table keeps its id
             return found[0].grid, found[1]
 
