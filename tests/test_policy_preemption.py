@@ -110,3 +110,18 @@ def test_fair_share_forgets_old_usage_with_its_half_life():
     ]
     first = {j.id: j.first_start for j in simulate(jobs, "fair", gpus=1).jobs}
     assert first["bob-new"] < first["carl-new"]
+
+
+def test_the_tail_guard_promotes_a_job_that_waited_a_multiple_of_its_expected_size():
+    # 4 GPUs kept busy by a stream of 1-GPU jobs of 100 s (one every 25 s); a 4-GPU job
+    # arriving at 1 never finds 4 GPUs free: first fit gives every freed GPU to the
+    # stream. Expected size 100 GPU-s, so 25 s on 4 GPUs: with promote_factor 2 it goes
+    # first after waiting 50 s, at 51, stopping what holds its GPUs.
+    jobs = [TraceJob(f"s{i}", i * 25.0, 1, 100.0) for i in range(80)]
+    jobs.append(TraceJob("wide", 1.0, 4, 100.0))
+    known = {"sizes": [100.0] * 10, "learn_sizes": False, "min_run": 0.0, "restart_cost": 0.0}
+    starved = simulate(jobs, GittinsPolicy(**known), gpus=4, restart_overhead=0)
+    guarded = simulate(jobs, GittinsPolicy(promote_factor=2.0, **known), gpus=4, restart_overhead=0)
+    first = {j.id: j.first_start for j in guarded.jobs}
+    assert first["wide"] == pytest.approx(51.0)
+    assert {j.id: j.first_start for j in starved.jobs}["wide"] > 1900

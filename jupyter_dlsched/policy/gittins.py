@@ -119,6 +119,7 @@ class _Table:
     # the rank: 1 / index, GPU-seconds of service per completion (smaller first); in the
     # unit of the restart cost, so a preemption's gain can be weighed against it
     cost: list[float] = field(default_factory=list)
+    mean: float = math.inf  # the mean size, GPU-seconds (what a fresh job is expected to use)
 
     def __post_init__(self) -> None:
         if not self.cost:
@@ -145,7 +146,9 @@ class _Table:
             point *= max(growth, 1.01)
         steps = [b - a for a, b in zip(grid, grid[1:], strict=False)] + [quantum]
         index = [weighted_index(items, a, step) for a, step in zip(grid, steps, strict=True)]
-        return cls(grid, index)
+        total = sum(w for _, w in items)
+        mean = sum(s * w for s, w in items) / total if total else math.inf
+        return cls(grid, index, mean=mean)
 
     def at(self, attained: float) -> float:
         return self.index[bisect.bisect_right(self.grid, attained) - 1]
@@ -217,13 +220,14 @@ class GittinsPolicy(RankedPolicy):
     group_min: int = 50
     prior_weight: int = 100
     quantum: float = 300.0
-    growth: float = 1.2
+    growth: float = 2.0
     promote_after: float | None = None
+    promote_factor: float | None = None
     promote_share: float = 1.0
     preempt: bool = True
     preempt_grace: float = 30.0
     restart_cost: float = 30.0
-    min_run: float = 300.0
+    min_run: float = 1800.0
     skip: bool = True
     name: str = "gittins"
     #: how many times what was learnt changed the ranking; the simulator re-sorts its queue
@@ -330,6 +334,14 @@ class GittinsPolicy(RankedPolicy):
     def running_rank(self, job: RunningJob, now: float) -> float:
         return self.table_for(job.owner, job.name).rank_at(job.attained_at(now))
 
+    def promote_at(self, job: QueuedJob | RunningJob) -> float:
+        # Tiresias' starvation limit: waited a multiple of what such a job is expected to run
+        at = super().promote_at(job)
+        if self.promote_factor is not None:
+            mean = self.table_for(job.owner, job.name).mean
+            at = min(at, job.submitted + self.promote_factor * mean / max(job.request.gpus, 1.0))
+        return at
+
     def rank_margin(self, job: RunningJob) -> float:
         # ranks are GPU-seconds per completion: a restart costs restart_cost on each GPU
         return self.restart_cost * max(job.request.gpus, 1.0)
@@ -368,7 +380,7 @@ class GittinsPolicy(RankedPolicy):
     def running_ranks(self) -> RunningRanks | None:
         # a job's index changes only when its service crosses a point of its table's grid;
         # a new index is needed whenever model_version changes
-        if self.promote_after is not None:
+        if self.promotes():
             return None
         by_table: dict[int, tuple[_Table, list[float]]] = {}
 

@@ -95,7 +95,7 @@ class LasPolicy(RankedPolicy):
 
     def running_ranks(self) -> RunningRanks | None:
         # a job's level changes only when its service crosses a threshold
-        if self.promote_after is not None:
+        if self.promotes():
             return None
         levels = tuple(range(len(self.thresholds) + 1))
         return StepRanks(self, lambda job: (self.thresholds, levels))

@@ -114,6 +114,18 @@ class RankedPolicy:
         """An index of running jobs by rank that a caller may keep for this policy, if any."""
         return None
 
+    def promotes(self) -> bool:
+        """Whether a starvation guard may promote jobs (``promote_after`` or ``promote_factor``)."""
+        return (
+            getattr(self, "promote_after", None) is not None
+            or getattr(self, "promote_factor", None) is not None
+        )
+
+    def promote_at(self, job: QueuedJob | RunningJob) -> float:
+        """When ``job`` goes ahead of every job not yet promoted (``inf``: never)."""
+        after = getattr(self, "promote_after", None)
+        return job.submitted + after if after is not None else math.inf
+
     # -- the head of a deep queue (see PresortedQueue) ------------------------------------
 
     def lane_layout(self) -> Hashable:
@@ -129,7 +141,7 @@ class RankedPolicy:
         by age or learns (those look at the whole queue, or re-rank it, at each decision)."""
         if (
             self.preempt
-            or getattr(self, "promote_after", None) is not None
+            or self.promotes()
             or callable(getattr(self, "learn", None))
             or getattr(self, "oracle", False)
         ):
@@ -150,14 +162,12 @@ class RankedPolicy:
         fast = presorted(queued, self.queue_key)
         ordered: Sequence[QueuedJob] = queued if fast else sorted(queued, key=self.queue_key)
         lean = fast and gpu_only(queued)
-        promote_after = getattr(self, "promote_after", None)
+        promote_after = 0.0 if self.promotes() else None
         promoted: set[str] = set()  # waiting jobs that go first, oldest first
         protected: set[str] = set()  # running jobs nobody may preempt
         promotion: float | None = None
         if promote_after is not None and ordered:
-            ordered, promotion = self._promote(
-                ordered, running, capacity, now - promote_after, promoted, protected
-            )
+            ordered, promotion = self._promote(ordered, running, capacity, now, promoted, protected)
         ranks = getattr(running, "ranks", None)
         if (
             self.preempt
@@ -266,38 +276,39 @@ class RankedPolicy:
         ordered: Sequence[QueuedJob],
         running: Sequence[RunningJob],
         capacity: Capacity,
-        cutoff: float,
+        now: float,
         promoted: set[str],
         protected: set[str],
     ) -> tuple[Sequence[QueuedJob], float | None]:
-        """The starvation guard: jobs submitted before ``cutoff`` go first, oldest first.
+        """The starvation guard: jobs past their ``promote_at`` go first, oldest first.
 
         With ``promote_share`` below 1 they hold at most that share of the GPUs
         (running promoted jobs count first): a lane in submit order for the
         oldest jobs beside the ranked order, like a multi-level feedback queue
         whose aged jobs get a bounded share, so the tail is bounded without
         handing the whole pool to a backlog of old jobs. Returns the new order
-        and when the next waiting job becomes old.
+        and when the next waiting job is promoted.
         """
         share = float(getattr(self, "promote_share", 1.0))
         budget = share * len(capacity.gpus) if share < 1 else math.inf
-        for r in sorted((r for r in running if r.submitted <= cutoff), key=lambda r: r.seq):
+        for r in sorted((r for r in running if self.promote_at(r) <= now), key=lambda r: r.seq):
             if r.request.gpus > budget:
                 break
             budget -= r.request.gpus
             protected.add(r.id)
-        old = sorted((j for j in ordered if j.submitted <= cutoff), key=submit_order)
+        due = [(self.promote_at(j), j) for j in ordered]
+        old = sorted((j for at, j in due if at <= now), key=submit_order)
         for j in old:
             if j.request.gpus > budget:
                 break
             budget -= j.request.gpus
             promoted.add(j.id)
-        rest = [j for j in ordered if j.id not in promoted] if promoted else list(ordered)
-        after = float(getattr(self, "promote_after", 0.0))
-        young = [j.submitted for j in rest if j.submitted > cutoff]
-        promotion = min(young) + after if young else None
+        later = [at for at, j in due if at > now]
+        promotion = min(later) if later else None
         if promoted:
-            return [j for j in old if j.id in promoted] + rest, promotion
+            return [j for j in old if j.id in promoted] + [
+                j for j in ordered if j.id not in promoted
+            ], promotion
         return ordered, promotion
 
     def _first_fit(
