@@ -218,7 +218,7 @@ def test_srtf_preempts_the_job_with_most_remaining_gpu_time():
 
 def test_srtf_weighs_remaining_time_by_gpus():
     wide, cap = running_on(pool(2), "wide", 0, gpus=2, remaining=30.0, preemptible=True)
-    d = SrtfPolicy()([queued("q", 1, remaining=40.0)], [wide], cap, now=0.0)
+    d = SrtfPolicy(restart_cost=0.0)([queued("q", 1, remaining=40.0)], [wide], cap, now=0.0)
     assert preempted(d) == ["wide"]  # 60 GPU-seconds left against 40
 
 
@@ -248,10 +248,13 @@ def test_gittins_ignores_declared_and_true_durations():
 
 
 def test_gittins_favours_a_fresh_job_over_one_that_outlived_most_sizes():
-    policy = GittinsPolicy(sizes=[60.0] * 9 + [36000.0], quantum=60)
+    policy = GittinsPolicy(sizes=[60.0] * 9 + [36000.0], quantum=60, min_run=300.0)
     r, cap = running_on(pool(1), "veteran", 0, started=0.0, preemptible=True)
     d = policy([queued("fresh", 1)], [r], cap, now=600.0)
     assert preempted(d) == ["veteran"]
+    # inside its minimum run time it is not stopped, and the policy asks again when it ends
+    early = policy([queued("fresh", 1)], [r], cap, now=200.0)
+    assert preempted(early) == [] and early.wake_at is not None and early.wake_at <= 300.0
 
 
 def test_gittins_index_falls_with_age_for_heavy_tailed_sizes():

@@ -79,7 +79,7 @@ def test_srtf_never_stops_a_job_for_one_that_is_not_strictly_shorter():
 def test_las_equals_on_one_level_never_stop_each_other_but_a_lower_level_does():
     capacity = pool(1)
     old, capacity = running_on(capacity, "old", 0, attained=5000.0, preemptible=True)
-    policy = LasPolicy(thresholds=(3600,))
+    policy = LasPolicy(thresholds=(3600,), min_run=0.0)
     same = policy([queued("same", 1, attained=4000.0)], [old], capacity, now=0.0)
     fresh = policy([queued("fresh", 1)], [old], capacity, now=0.0)
     assert same.preempts == []

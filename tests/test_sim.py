@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jupyter_dlsched.policy import LasPolicy, get_policy
+from jupyter_dlsched.policy import LasPolicy, SrtfPolicy, get_policy
 from jupyter_dlsched.sim import (
     SimulationError,
     TraceError,
@@ -86,7 +86,8 @@ def test_preemptive_srtf_matches_the_hand_calculation():
 
 def test_restart_overhead_is_paid_on_every_restart():
     # as above, but each restart costs 1 s: b resumes 4-7 (2 + 1), a 7-16 (8 + 1)
-    result = simulate(SRTF, "srtf", gpus=1, restart_overhead=1)
+    # (the policy ignores the cost, to show what the replay charges: SrtfPolicy(restart_cost=0))
+    result = simulate(SRTF, SrtfPolicy(restart_cost=0.0), gpus=1, restart_overhead=1)
     assert finishes(result) == {"a": 16.0, "b": 7.0, "c": 4.0}
 
 
@@ -109,13 +110,14 @@ def test_las_wakes_itself_when_a_running_job_crosses_a_threshold():
     # 1 GPU, threshold 5 GPU-s. a (20 s) at 0, b (3 s) at 1: b waits (same level)
     # until a has had 5 s, then takes over 5-8; a finishes 8-23
     jobs = [TraceJob("a", 0, 1, 20.0), TraceJob("b", 1, 1, 3.0)]
-    result = simulate(jobs, LasPolicy(thresholds=(5.0,)), gpus=1, restart_overhead=0)
+    policy = LasPolicy(thresholds=(5.0,), min_run=0.0)
+    result = simulate(jobs, policy, gpus=1, restart_overhead=0)
     assert finishes(result) == pytest.approx({"a": 23.0, "b": 8.0}, abs=1e-3)
 
 
 def test_sjf_uses_time_limits_and_none_means_fifo():
     jobs = [TraceJob("long", 0, 1, 10.0), TraceJob("x", 0, 1, 8.0), TraceJob("y", 0, 1, 1.0)]
-    assert finishes(simulate(jobs, "sjf", gpus=1))["y"] == 1.0
+    assert finishes(simulate(jobs, "sjf", gpus=1, time_limits="exact"))["y"] == 1.0
     assert finishes(simulate(jobs, "sjf", gpus=1, time_limits=None))["y"] == 19.0
 
 
@@ -397,7 +399,9 @@ def test_the_table_shows_short_traces_in_seconds_and_long_ones_in_hours():
 def test_rows_say_when_a_policy_read_what_only_a_replay_knows():
     trace = [TraceJob("a", 0, 1, 30.0), TraceJob("b", 0, 1, 10.0)]
     labels = [r["policy"] for r in compare(trace, ["sjf", "srtf", "las"], gpus=1).rows]
-    assert labels == ["sjf (exact limits)", "srtf (oracle)", "las"]
+    assert labels == ["sjf", "srtf (oracle)", "las"]  # by default no job declares a limit
+    exact = compare(trace, ["sjf", "priority"], gpus=1, time_limits="exact").rows
+    assert [r["policy"] for r in exact] == ["sjf (oracle)", "priority (oracle)"]
     guessed = compare(trace, ["sjf"], gpus=1, time_limits=2.0).rows
     assert guessed[0]["policy"] == "sjf"
 
@@ -441,9 +445,11 @@ def test_the_kept_rank_index_makes_the_same_decisions_as_ranking_afresh(
 ):
     trace = [TraceJob(f"j{i}", s, g, float(d), o) for i, (s, g, d, o) in enumerate(rows)]
     params = {
-        "las": {"thresholds": (300.0, 1200.0)},  # crossed within these short jobs
+        # no minimum run time: its wake-ups are asked only where a plan needs them
+        "las": {"thresholds": (300.0, 1200.0), "min_run": 0.0},  # crossed within these jobs
         "srtf": {},
-        "gittins": {"group_min": 3, "quantum": 30.0, "window": 8},  # learns and re-ranks often
+        # learns and re-ranks often
+        "gittins": {"group_min": 3, "quantum": 30.0, "window": 8, "min_run": 0.0},
     }[name]
     options = {"nodes": nodes, "grace": grace, "restart_overhead": 5.0}
     fast = simulate(trace, get_policy(name, **params), gpus, **options)

@@ -95,6 +95,12 @@ class FinishedJob:
     name: str
     size: float
     finished: float = 0.0
+    gpus: float = 0.0  # GPUs it held; 0: not known (then size counts as one GPU's seconds)
+
+    @property
+    def duration(self) -> float:
+        """Seconds it ran (its size over its GPUs; the size itself when those are unknown)."""
+        return self.size / self.gpus if self.gpus > 0 else self.size
 
     @property
     def key(self) -> tuple[str, str]:
@@ -174,6 +180,8 @@ class PolicyGate:
         self.name = getattr(policy, "name", "policy")
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_policy":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self._policy, name)
 
 
@@ -421,6 +429,12 @@ class GangRoom:
 
     def take(self, placement: Placement) -> None:
         self._apply(placement, +1)
+
+    def copy(self) -> GangRoom:
+        other = GangRoom.__new__(GangRoom)
+        other._base, other._capacity = self._base, self._capacity
+        other.gpus, other.whole = list(self.gpus), self.whole
+        return other
 
     def give_back(self, placement: Placement) -> None:
         self._apply(placement, -1)

@@ -5,11 +5,17 @@ running jobs (GPUs, CPU cores, memory), divided by its weight. The next job to
 start is the first job that fits of the owner with the smallest share, so a
 person with one job is not stuck behind someone who queued fifty (Ghodsi et
 al., "Dominant Resource Fairness", NSDI'11).
+
+It also remembers: the GPU-seconds an owner's finished jobs used count
+against it, decayed with a half-life (SLURM's ``PriorityDecayHalfLife``), so
+someone who used the machine all of last night waits behind someone who did
+not, and what was used a month ago is all but forgotten.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -18,6 +24,7 @@ from typing import Any
 from ..resources import Capacity, Request
 from .base import (
     Decisions,
+    FinishedJob,
     PresortedQueue,
     QueuedJob,
     Room,
@@ -41,7 +48,11 @@ class FairPolicy:
 
     * ``weights={}``: owner -> weight; a weight of 2 entitles an owner to twice
       the share of someone with weight 1;
-    * ``default_weight=1.0``: the weight of owners not named in ``weights``.
+    * ``default_weight=1.0``: the weight of owners not named in ``weights``;
+    * ``half_life=7 days``: seconds after which the GPU-seconds of an owner's
+      finished jobs count half against it; holding every GPU for one half-life
+      weighs as much as holding all of them now. ``None``: no memory, only
+      what runs now counts.
 
     Never preempts: fairness is restored as running jobs end.
 
@@ -51,10 +62,38 @@ class FairPolicy:
 
     weights: Mapping[str, float] = field(default_factory=dict)
     default_weight: float = 1.0
+    half_life: float | None = 7 * 86400.0
+    window: int = 2000
     name: str = "fair"
+    # owner -> (decayed GPU-seconds, as of this time)
+    _used: dict[str, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
 
     def weight(self, owner: str) -> float:
         return float(self.weights.get(owner, self.default_weight)) or 1e-9
+
+    def learn(self, finished: list[FinishedJob], replace: bool = False) -> None:
+        """Take in jobs that finished (each once): their GPU-seconds count against their
+        owners, decaying from the moment they finished."""
+        if not self.half_life:
+            return
+        if replace:
+            self._used = {}
+        for job in finished:
+            if job.size > 0 and math.isfinite(job.size):
+                value, at = self._used.get(job.owner, (0.0, job.finished))
+                if job.finished >= at:
+                    value, at = self._decay(value, job.finished - at) + job.size, job.finished
+                else:
+                    value += self._decay(job.size, at - job.finished)
+                self._used[job.owner] = (value, at)
+
+    def used(self, owner: str, now: float) -> float:
+        """The decayed GPU-seconds of ``owner``'s finished jobs at ``now``."""
+        value, at = self._used.get(owner, (0.0, now))
+        return self._decay(value, max(0.0, now - at))
+
+    def _decay(self, value: float, elapsed: float) -> float:
+        return value * 0.5 ** (elapsed / self.half_life) if self.half_life else value
 
     # -- the head of a deep queue (see PresortedQueue) ------------------------------------
 
@@ -106,9 +145,14 @@ class FairPolicy:
             # others behind it that this call cannot see: it may not settle
             shapes = None
 
+        # the past, in the unit of the share: every GPU held for one half-life is 1
+        scale = totals[0] * self.half_life if self.half_life else 0.0
+        past = {o: self.used(o, now) / scale for o in self._used} if scale else {}
+
         def share(owner: str) -> float:
             used = usage.get(owner, [0.0, 0.0, 0.0])
-            return max(u / t for u, t in zip(used, totals, strict=True)) / self.weight(owner)
+            now_share = max(u / t for u, t in zip(used, totals, strict=True))
+            return (now_share + past.get(owner, 0.0)) / self.weight(owner)
 
         heap = [(share(o), jobs[0].seq, o) for o, jobs in by_owner.items()]
         heapq.heapify(heap)

@@ -116,6 +116,14 @@ class _Table:
 
     grid: list[float]
     index: list[float]
+    # the rank: 1 / index, GPU-seconds of service per completion (smaller first); in the
+    # unit of the restart cost, so a preemption's gain can be weighed against it
+    cost: list[float] = field(default_factory=list)
+    mean: float = math.inf  # the mean size, GPU-seconds (what a fresh job is expected to use)
+
+    def __post_init__(self) -> None:
+        if not self.cost:
+            self.cost = [1.0 / x if x > 0 else math.inf for x in self.index]
 
     @classmethod
     def build(
@@ -138,10 +146,15 @@ class _Table:
             point *= max(growth, 1.01)
         steps = [b - a for a, b in zip(grid, grid[1:], strict=False)] + [quantum]
         index = [weighted_index(items, a, step) for a, step in zip(grid, steps, strict=True)]
-        return cls(grid, index)
+        total = sum(w for _, w in items)
+        mean = sum(s * w for s, w in items) / total if total else math.inf
+        return cls(grid, index, mean=mean)
 
     def at(self, attained: float) -> float:
         return self.index[bisect.bisect_right(self.grid, attained) - 1]
+
+    def rank_at(self, attained: float) -> float:
+        return self.cost[bisect.bisect_right(self.grid, attained) - 1]
 
 
 @lru_cache(maxsize=64)
@@ -187,6 +200,11 @@ class GittinsPolicy(RankedPolicy):
     * ``preempt=True``: a waiting job stops running jobs with a lower index
       (only jobs submitted with ``preemptible=True``);
     * ``preempt_grace=30``: seconds a preempted job gets to checkpoint;
+    * ``restart_cost=30``: seconds a job loses when it starts again; a waiting job
+      stops a running one only when it ranks better by more than that on each of
+      the victim's GPUs (the rank, ``1 / index``, is in GPU-seconds);
+    * ``min_run=300``: seconds a job runs before it can be preempted (a young
+      job's index falls fast, so without it minute-long jobs take turns);
     * ``skip=True``: a job that fits starts even if one ahead does not.
 
     >>> p = GittinsPolicy(sizes=[60.0, 60.0, 6000.0])
@@ -202,11 +220,14 @@ class GittinsPolicy(RankedPolicy):
     group_min: int = 50
     prior_weight: int = 100
     quantum: float = 300.0
-    growth: float = 1.2
+    growth: float = 2.0
     promote_after: float | None = None
+    promote_factor: float | None = None
     promote_share: float = 1.0
     preempt: bool = True
     preempt_grace: float = 30.0
+    restart_cost: float = 30.0
+    min_run: float = 1800.0
     skip: bool = True
     name: str = "gittins"
     #: how many times what was learnt changed the ranking; the simulator re-sorts its queue
@@ -308,10 +329,22 @@ class GittinsPolicy(RankedPolicy):
         return (self.queued_rank(job), job.seq)
 
     def queued_rank(self, job: QueuedJob) -> float:
-        return -self.table_for(job.owner, job.name).at(job.attained)
+        return self.table_for(job.owner, job.name).rank_at(job.attained)
 
     def running_rank(self, job: RunningJob, now: float) -> float:
-        return -self.table_for(job.owner, job.name).at(job.attained_at(now))
+        return self.table_for(job.owner, job.name).rank_at(job.attained_at(now))
+
+    def promote_at(self, job: QueuedJob | RunningJob) -> float:
+        # Tiresias' starvation limit: waited a multiple of what such a job is expected to run
+        at = super().promote_at(job)
+        if self.promote_factor is not None:
+            mean = self.table_for(job.owner, job.name).mean
+            at = min(at, job.submitted + self.promote_factor * mean / max(job.request.gpus, 1.0))
+        return at
+
+    def rank_margin(self, job: RunningJob) -> float:
+        # ranks are GPU-seconds per completion: a restart costs restart_cost on each GPU
+        return self.restart_cost * max(job.request.gpus, 1.0)
 
     def next_change(self, job: RunningJob, now: float) -> float | None:
         grid = self.table_for(job.owner, job.name).grid
@@ -337,7 +370,7 @@ class GittinsPolicy(RankedPolicy):
             gpus = r.request.gpus
             attained = r.attained + gpus * max(0.0, now - r.started)
             cell = cell_of(grid, attained)
-            victims.append((table.index[cell - 1], -r.seq, r))
+            victims.append((-table.cost[cell - 1], -r.seq, r))
             if cell < len(grid) and gpus > 0:
                 change = now + (grid[cell] - attained) / gpus + 1e-6
                 if change < wake:
@@ -347,7 +380,7 @@ class GittinsPolicy(RankedPolicy):
     def running_ranks(self) -> RunningRanks | None:
         # a job's index changes only when its service crosses a point of its table's grid;
         # a new index is needed whenever model_version changes
-        if self.promote_after is not None:
+        if self.promotes():
             return None
         by_table: dict[int, tuple[_Table, list[float]]] = {}
 
@@ -355,8 +388,8 @@ class GittinsPolicy(RankedPolicy):
             table = self.table_for(job.owner, job.name)
             found = by_table.get(id(table))
             if found is None:
-                # rank in cell c (grid[c - 1] <= service < grid[c]) is -index[c - 1]
-                ranks = [-table.index[0]] + [-x for x in table.index]
+                # rank in cell c (grid[c - 1] <= service < grid[c]) is cost[c - 1]
+                ranks = [table.cost[0], *table.cost]
                 found = by_table[id(table)] = (table, ranks)  # holding the table keeps its id
             return found[0].grid, found[1]
 

@@ -33,6 +33,8 @@ class LasPolicy(RankedPolicy):
     * ``preempt=True``: a waiting job stops running jobs of a lower level
       (more service); only jobs submitted with ``preemptible=True``;
     * ``preempt_grace=30``: seconds a preempted job gets to checkpoint;
+    * ``min_run=60``: seconds a job runs before it can be preempted (a restart
+      costs time; levels say nothing of how much a preemption would gain);
     * ``skip=True``: a job that fits starts even if one ahead does not.
 
     >>> LasPolicy().level(5000.0)
@@ -44,6 +46,7 @@ class LasPolicy(RankedPolicy):
     promote_share: float = 1.0
     preempt: bool = True
     preempt_grace: float = 30.0
+    min_run: float = 60.0
     skip: bool = True
     name: str = "las"
 
@@ -92,7 +95,7 @@ class LasPolicy(RankedPolicy):
 
     def running_ranks(self) -> RunningRanks | None:
         # a job's level changes only when its service crosses a threshold
-        if self.promote_after is not None:
+        if self.promotes():
             return None
         levels = tuple(range(len(self.thresholds) + 1))
         return StepRanks(self, lambda job: (self.thresholds, levels))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
@@ -22,6 +22,7 @@ from ..placement import place
 from ..resources import EPS, Capacity, Placement, Request
 from .base import (
     Decisions,
+    FinishedJob,
     Preempt,
     PresortedQueue,
     QueuedJob,
@@ -37,6 +38,7 @@ from .base import (
     submit_order,
 )
 from .ranked import _victims_for
+from .sizes import SizeModel
 
 _DEADLINE_LANE = ("deadline",)
 
@@ -58,7 +60,12 @@ class PriorityPolicy:
       take turns stopping each other);
     * ``preempt_grace=30``: seconds a preempted job gets between SIGTERM and
       SIGKILL to checkpoint; it then waits as ``preempted``, keeping its
-      priority and submit order.
+      priority and submit order;
+    * ``learn_sizes=True``: a job without a ``time_limit`` is taken, for
+      backfill, to run as long as ``estimate_quantile`` of the jobs of its
+      owner and name (else its owner, else everyone) that finished before
+      this decision; ``False``: such jobs have no known end, as before;
+    * ``estimate_quantile=0.8``, ``window=2000``, ``group_min=3``: see ``SizeModel``.
 
     >>> PriorityPolicy(preempt=True).preempt_grace
     30.0
@@ -70,9 +77,28 @@ class PriorityPolicy:
     reserve_after: float = 0.0
     preempt: bool = False
     preempt_grace: float = 30.0
+    learn_sizes: bool = True
+    estimate_quantile: float = 0.8
+    window: int = 2000
+    group_min: int = 3
     name: str = "priority"
     #: backfill reads declared time limits (the simulator says when those are true durations)
     reads_time_limits = True
+    _sizes: SizeModel = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._sizes = SizeModel(self.window, self.group_min, self.estimate_quantile)
+
+    def learn(self, finished: list[FinishedJob], replace: bool = False) -> None:
+        """Take in jobs that finished (each once), for the estimates of jobs without limits."""
+        if self.learn_sizes and self.backfill:
+            self._sizes.learn(finished, replace=replace)
+
+    def length(self, owner: str, name: str, gpus: float, time_limit: float | None) -> float | None:
+        """Seconds a job is expected to run: its ``time_limit``, else what was learnt."""
+        if time_limit is not None:
+            return time_limit
+        return self._sizes.estimate(owner, name)
 
     def effective_priority(self, job: QueuedJob, now: float) -> float:
         if self.aging_interval <= 0:
@@ -175,9 +201,9 @@ class PriorityPolicy:
                         out.settled = True  # nothing behind the head starts
                         break
                     continue
-                holders = [(r.expected_end, r.placement) for r in running]
+                holders = [(self._expected_end(r, now), r.placement) for r in running]
                 holders.extend(
-                    (_end(now, q.time_limit), s.placement)
+                    (_end(now, self._length(q)), s.placement)
                     for q, s in zip(ahead, out.starts, strict=True)
                 )
                 shadow, reserved = _reservation(job.request, room.capacity, holders)
@@ -187,11 +213,8 @@ class PriorityPolicy:
                 if not lean:
                     out.waiting[job.id] = f"behind {head.id} (higher in line)"
                 continue
-            ends_in_time = (
-                shadow is not None
-                and job.time_limit is not None
-                and now + job.time_limit <= shadow + EPS
-            )
+            length = self._length(job) if shadow is not None else None
+            ends_in_time = length is not None and now + length <= shadow + EPS  # type: ignore[operator]
             placement = (room if ends_in_time else protected).place(job.request)
             if placement is None:
                 if lean:
@@ -210,6 +233,16 @@ class PriorityPolicy:
         if self.preempt and head is not None and not fast:
             self._plan_preemptions(ordered, running, room, now, out)
         return out
+
+    def _length(self, job: QueuedJob) -> float | None:
+        return self.length(job.owner, job.name, job.request.gpus, job.time_limit)
+
+    def _expected_end(self, job: RunningJob, now: float) -> float | None:
+        length = self.length(job.owner, job.name, job.request.gpus, job.time_limit)
+        if length is None:
+            return None
+        # a job past its estimate is expected to end any moment, not in the past
+        return max(job.started + length, now)
 
     def _plan_preemptions(
         self,

@@ -63,6 +63,35 @@ class RankedPolicy:
         """When ``job``'s running rank next changes, if it changes on its own."""
         return None
 
+    def rank_margin(self, job: RunningJob) -> float:
+        """How much better, in rank units, a waiting job must rank to stop ``job``.
+
+        Stopping a job costs it a restart (``restart_cost`` seconds on each of its
+        GPUs): a preemption only pays when the waiting job is shorter by more than
+        that. ``0`` for ranks that are not in GPU-seconds (``las`` levels).
+        """
+        return 0.0
+
+    def _guard(
+        self, victims: list[tuple[float, int, RunningJob]], now: float
+    ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
+        """``victims`` without jobs inside their minimum run time, each ranked better by its
+        restart margin; and when the first protected job may be stopped."""
+        min_run = float(getattr(self, "min_run", 0.0))
+        if min_run <= 0 and float(getattr(self, "restart_cost", 0.0)) <= 0:
+            return victims, None
+        guarded = []
+        until = math.inf
+        for item in victims:
+            r = item[2]
+            free_at = r.started + min_run
+            if min_run > 0 and now < free_at:
+                until = min(until, free_at)
+                continue
+            margin = self.rank_margin(r)
+            guarded.append((item[0] + margin, item[1], r) if margin else item)
+        return guarded, (None if until == math.inf else until)
+
     def rank_running(
         self, running: Sequence[RunningJob], now: float
     ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
@@ -85,6 +114,18 @@ class RankedPolicy:
         """An index of running jobs by rank that a caller may keep for this policy, if any."""
         return None
 
+    def promotes(self) -> bool:
+        """Whether a starvation guard may promote jobs (``promote_after`` or ``promote_factor``)."""
+        return (
+            getattr(self, "promote_after", None) is not None
+            or getattr(self, "promote_factor", None) is not None
+        )
+
+    def promote_at(self, job: QueuedJob | RunningJob) -> float:
+        """When ``job`` goes ahead of every job not yet promoted (``inf``: never)."""
+        after = getattr(self, "promote_after", None)
+        return job.submitted + after if after is not None else math.inf
+
     # -- the head of a deep queue (see PresortedQueue) ------------------------------------
 
     def lane_layout(self) -> Hashable:
@@ -100,7 +141,7 @@ class RankedPolicy:
         by age or learns (those look at the whole queue, or re-rank it, at each decision)."""
         if (
             self.preempt
-            or getattr(self, "promote_after", None) is not None
+            or self.promotes()
             or callable(getattr(self, "learn", None))
             or getattr(self, "oracle", False)
         ):
@@ -121,14 +162,12 @@ class RankedPolicy:
         fast = presorted(queued, self.queue_key)
         ordered: Sequence[QueuedJob] = queued if fast else sorted(queued, key=self.queue_key)
         lean = fast and gpu_only(queued)
-        promote_after = getattr(self, "promote_after", None)
+        promote_after = 0.0 if self.promotes() else None
         promoted: set[str] = set()  # waiting jobs that go first, oldest first
         protected: set[str] = set()  # running jobs nobody may preempt
         promotion: float | None = None
         if promote_after is not None and ordered:
-            ordered, promotion = self._promote(
-                ordered, running, capacity, now - promote_after, promoted, protected
-            )
+            ordered, promotion = self._promote(ordered, running, capacity, now, promoted, protected)
         ranks = getattr(running, "ranks", None)
         if (
             self.preempt
@@ -141,6 +180,8 @@ class RankedPolicy:
             self._decide_by_index(queued, ordered, running, ranks, capacity, now, out)
         elif self.preempt and ordered:
             victims, wake = self.rank_running(running, now)
+            victims, free_at = self._guard(victims, now)
+            wake = _earliest(wake, free_at)
             if protected:
                 victims = [v for v in victims if v[2].id not in protected]
             first = ordered[0]
@@ -177,13 +218,17 @@ class RankedPolicy:
         ranked worse than it let go; otherwise first fit is the plan.
         """
         smallest = smallest_size(queued)
+        free_at: float | None = None
+        # the index counts every victim; the minimum run time and restart margins only
+        # protect more of them, so where it says nobody would be stopped, nobody is
         if ranks.worse(self.queued_rank(ordered[0]), now)[0] == 0:
             self._first_fit(queued, ordered, capacity, True, out)
         elif self._first_fit_unless_planned(ordered, ranks, capacity, now, smallest, out):
             victims, _ = self.rank_running(running, now)
+            victims, free_at = self._guard(victims, now)
             room = GangRoom if _indexed(capacity.gpus) else Room
             self._plan_by_rank(ordered, running, victims, capacity, out, set(), smallest, room)
-        out.wake_at = ranks.wake(now)
+        out.wake_at = _earliest(ranks.wake(now), free_at)
 
     def _first_fit_unless_planned(
         self,
@@ -231,38 +276,39 @@ class RankedPolicy:
         ordered: Sequence[QueuedJob],
         running: Sequence[RunningJob],
         capacity: Capacity,
-        cutoff: float,
+        now: float,
         promoted: set[str],
         protected: set[str],
     ) -> tuple[Sequence[QueuedJob], float | None]:
-        """The starvation guard: jobs submitted before ``cutoff`` go first, oldest first.
+        """The starvation guard: jobs past their ``promote_at`` go first, oldest first.
 
         With ``promote_share`` below 1 they hold at most that share of the GPUs
         (running promoted jobs count first): a lane in submit order for the
         oldest jobs beside the ranked order, like a multi-level feedback queue
         whose aged jobs get a bounded share, so the tail is bounded without
         handing the whole pool to a backlog of old jobs. Returns the new order
-        and when the next waiting job becomes old.
+        and when the next waiting job is promoted.
         """
         share = float(getattr(self, "promote_share", 1.0))
         budget = share * len(capacity.gpus) if share < 1 else math.inf
-        for r in sorted((r for r in running if r.submitted <= cutoff), key=lambda r: r.seq):
+        for r in sorted((r for r in running if self.promote_at(r) <= now), key=lambda r: r.seq):
             if r.request.gpus > budget:
                 break
             budget -= r.request.gpus
             protected.add(r.id)
-        old = sorted((j for j in ordered if j.submitted <= cutoff), key=submit_order)
+        due = [(self.promote_at(j), j) for j in ordered]
+        old = sorted((j for at, j in due if at <= now), key=submit_order)
         for j in old:
             if j.request.gpus > budget:
                 break
             budget -= j.request.gpus
             promoted.add(j.id)
-        rest = [j for j in ordered if j.id not in promoted] if promoted else list(ordered)
-        after = float(getattr(self, "promote_after", 0.0))
-        young = [j.submitted for j in rest if j.submitted > cutoff]
-        promotion = min(young) + after if young else None
+        later = [at for at, j in due if at > now]
+        promotion = min(later) if later else None
         if promoted:
-            return [j for j in old if j.id in promoted] + rest, promotion
+            return [j for j in old if j.id in promoted] + [
+                j for j in ordered if j.id not in promoted
+            ], promotion
         return ordered, promotion
 
     def _first_fit(
@@ -369,7 +415,7 @@ class RankedPolicy:
                 out.starts.append(Start(job.id, placement))
                 started.add(job.id)
                 continue
-            planned = plan.place(job.request)
+            planned = _place_sparing(plan, job.request, holders, h)
             if planned is None:
                 blocked = True
                 continue
@@ -424,6 +470,43 @@ def _victims_for(
         if id(item[2]) not in kept:
             heapq.heappush(victims, item)
     return chosen
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _place_sparing(
+    plan: Room | GangRoom,
+    request: Any,
+    holders: list[tuple[tuple[float, int], RunningJob]],
+    h: int,
+) -> Placement | None:
+    """Where ``request`` goes in ``plan``, displacing the worst-ranked holders it must.
+
+    ``holders[h:]`` are running jobs ranked worse than the job, not yet placed in
+    the plan. A placement anywhere in the plan would land on whichever of their
+    devices comes first, so a job that keeps its rank could be stopped while a
+    worse one keeps running; so their devices count as taken, and the worst are
+    handed back one by one until the job fits.
+    """
+    if plan.place(request) is None:
+        return None
+    trial = plan.copy()
+    taken: list[Placement] = []
+    for _, r in holders[h:]:
+        if _fits(trial, r.placement):
+            trial.take(r.placement)
+            taken.append(r.placement)
+    whole = request.whole_gpus
+    while True:
+        if trial.whole >= whole:
+            spot = trial.place(request)
+            if spot is not None:
+                return spot
+        if not taken:
+            return plan.place(request)
+        trial.give_back(taken.pop())
 
 
 def _fits(room: Room | GangRoom, placement: Placement) -> bool:

@@ -31,6 +31,10 @@ class SrtfPolicy(RankedPolicy):
 
     * ``preempt=True``: a waiting job stops running jobs with more remaining GPU-time;
     * ``preempt_grace=30``: seconds a preempted job gets to checkpoint;
+    * ``restart_cost=30``: seconds a job loses when it starts again; a running job
+      is stopped only for a job whose remaining GPU-time is smaller by more than
+      that on each of the victim's GPUs (it knows the true gain);
+    * ``min_run=0``: seconds a job runs before it can be preempted;
     * ``skip=True``: a job that fits starts even if one ahead does not.
 
     >>> from jupyter_dlsched.resources import Request
@@ -40,6 +44,8 @@ class SrtfPolicy(RankedPolicy):
 
     preempt: bool = True
     preempt_grace: float = 30.0
+    restart_cost: float = 30.0
+    min_run: float = 0.0
     skip: bool = True
     name: str = "srtf"
     #: it reads every job's true remaining run time: the simulator labels its rows "(oracle)"
@@ -58,6 +64,9 @@ class SrtfPolicy(RankedPolicy):
         if left is None:
             return math.inf
         return left * max(job.request.gpus, 1.0)
+
+    def rank_margin(self, job: RunningJob) -> float:
+        return self.restart_cost * max(job.request.gpus, 1.0)
 
     def rank_running(
         self, running: Sequence[RunningJob], now: float

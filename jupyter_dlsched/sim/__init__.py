@@ -5,7 +5,7 @@ The simulator drives the very policy objects the live scheduler uses
 
 >>> from jupyter_dlsched.sim import TraceJob, compare
 >>> trace = [TraceJob("a", 0, 1, 30.0), TraceJob("b", 0, 1, 10.0)]
->>> [row["avg_jct"] for row in compare(trace, ["fifo", "sjf"], gpus=1).rows]
+>>> [row["avg_jct"] for row in compare(trace, ["fifo", "sjf"], gpus=1, time_limits="exact").rows]
 [35.0, 25.0]
 """
 

@@ -108,8 +108,8 @@ class SimResult:
     ``busy_gpu_seconds`` is GPU time held (restart overhead included);
     ``work_gpu_seconds`` the useful part (GPUs × duration of every job).
     ``policy`` is the label of the row: the policy's name, with ``(oracle)``
-    when it read true remaining times and ``(exact limits)`` when it read time
-    limits that were the jobs' true durations.
+    when it read true remaining times, or time limits that were the jobs' true
+    durations.
     """
 
     policy: str
@@ -129,16 +129,18 @@ def simulate(
     nodes: int = 1,
     restart_overhead: float = 30.0,
     grace: float = 0.0,
-    time_limits: str | float | None = "exact",
+    time_limits: str | float | None = None,
     preemptible: bool = True,
     **policy_params: Any,
 ) -> SimResult:
     """Replay ``jobs`` on ``gpus`` GPUs (split evenly over ``nodes``) under ``policy``.
 
     ``time_limits`` is what jobs declare as ``time_limit`` (the estimate ``sjf``
-    and backfill use): ``"exact"`` (their true duration), a factor (``2.0``:
-    twice it) or ``None`` (none declared). ``preemptible`` is what every job
-    declares. Same inputs, same result.
+    and backfill use): ``None`` (none declared, as live users mostly do: those
+    policies then learn sizes from finished jobs), ``"exact"`` (their true
+    duration: an oracle, and the row says so) or a factor (``2.0``: twice it). ``preemptible`` is what every job
+    declares. A policy given by name that weighs preemptions against their
+    cost (``restart_cost``) is told ``restart_overhead``. Same inputs, same result.
 
     >>> from jupyter_dlsched.sim.trace import TraceJob
     >>> trace = [TraceJob("a", 0, 1, 10.0), TraceJob("b", 0, 1, 5.0)]
@@ -146,6 +148,10 @@ def simulate(
     [10.0, 15.0]
     """
     chosen = get_policy(policy, **policy_params)
+    if isinstance(policy, str) and "restart_cost" not in policy_params:
+        # a policy named here weighs preemptions by this replay's restart cost
+        if hasattr(chosen, "restart_cost"):
+            chosen.restart_cost = restart_overhead
     if hasattr(chosen, "learn"):
         # learning policies keep what they learnt: each replay starts from a fresh copy
         chosen = copy.deepcopy(chosen)
@@ -440,7 +446,9 @@ class _Replay:
             if self.learns:
                 trace_job = self.trace[seq]
                 self.finished_now.append(
-                    FinishedJob(trace_job.owner, trace_job.name, self.attained[seq], t)
+                    FinishedJob(
+                        trace_job.owner, trace_job.name, self.attained[seq], t, trace_job.gpus
+                    )
                 )
             return
         progress = max(0.0, elapsed - self.run_overhead[seq])
@@ -505,7 +513,7 @@ def _label(policy: Policy, time_limits: str | float | None) -> str:
     if getattr(policy, "oracle", False) and "oracle" not in name:
         return f"{name} (oracle)"
     if getattr(policy, "reads_time_limits", False) and time_limits == "exact":
-        return f"{name} (exact limits)"
+        return f"{name} (oracle)"
     return name
 
 

@@ -113,7 +113,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 line.append("-")
             else:
-                line.append(fmt.format(value / scale[key] if key in scale else value))
+                line.append(_cell(fmt, value / scale[key] if key in scale else value))
         cells.append(line)
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     return "\n".join(
@@ -123,6 +123,21 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         )
         for r in cells
     )
+
+
+# past this a figure is shown with 3 significant digits, so one absurd job keeps the table narrow
+_HUGE = 1e7
+
+
+def _cell(fmt: str, value: Any) -> str:
+    """``value`` in ``fmt``, or as ``2.78e+296`` when it is too large for fixed notation.
+
+    >>> _cell("{:.2f}", 12.345), _cell("{:.2f}", 2.7e296), _cell("{:.1%}", 0.5)
+    ('12.35', '2.7e+296', '50.0%')
+    """
+    if isinstance(value, float) and (abs(value) >= _HUGE or math.isinf(value)) and "%" not in fmt:
+        return f"{value:.3g}"
+    return fmt.format(value)
 
 
 def _finite(value: Any) -> bool:

@@ -10,6 +10,7 @@ replay's clock.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import random
 from collections.abc import Iterable, Iterator, Mapping
@@ -123,10 +124,11 @@ def load_trace(
     The filters are those of ``load_philly``; ``cluster``, ``start`` and ``end``
     need a Philly trace (a plain CSV has neither clusters nor dates) and say so.
     """
-    with _reading(path) as f:
-        header = f.readline()
+    # read once: a pipe or a process substitution (/dev/stdin, <(...)) cannot be read twice
+    text = _read(path)
+    header = text.split("\n", 1)[0]
     if "timestamp" in header and "cluster" in header:
-        return load_philly(path, cluster, start, end, max_gpus, sample, seed)
+        return _load_philly(path, text, cluster, start, end, max_gpus, sample, seed)
     for name, value, needs in (
         ("cluster", cluster, "a cluster column"),
         ("start", start, "timestamps"),
@@ -137,7 +139,7 @@ def load_trace(
                 f"{path} is a plain CSV trace ({CSV_COLUMNS}, times in seconds); filtering by "
                 f"{name} needs a Philly trace, which has {needs}"
             )
-    return _filter(load_csv(path), max_gpus, sample, seed)
+    return _filter(_load_csv(path, text), max_gpus, sample, seed)
 
 
 def load_philly(
@@ -163,6 +165,19 @@ def load_philly(
     for no GPUs are dropped (and counted); a duration or GPU count that is not
     a finite number >= 0 is a ``TraceError`` naming the line.
     """
+    return _load_philly(path, _read(path), cluster, start, end, max_gpus, sample, seed)
+
+
+def _load_philly(
+    path: str | Path,
+    text: str,
+    cluster: str | Iterable[str] | None,
+    start: str | datetime | None,
+    end: str | datetime | None,
+    max_gpus: int | None,
+    sample: float | int | None,
+    seed: int,
+) -> Trace:
     clusters = {cluster} if isinstance(cluster, str) else set(cluster) if cluster else None
     lo = _when(start, "start")
     hi = _when(end, "end")
@@ -170,7 +185,7 @@ def load_philly(
         raise TraceError(f"start={start!s} is not before end={end!s}: no job could be kept")
     rows: list[tuple[datetime, int, float, float, str]] = []
     no_gpus = too_big = 0
-    with _reading(path) as f:
+    with _parsing(path, text) as f:
         reader = csv.DictReader(f)
         if not set(PHILLY_COLUMNS).issubset(reader.fieldnames or ()):
             raise TraceError(
@@ -232,10 +247,14 @@ def load_csv(path: str | Path) -> Trace:
     [(0.0, 1, 10.0, '', 50), (5.0, 2, 20.0, 'ana', 100)]
     >>> os.unlink(f.name)
     """
+    return _load_csv(path, _read(path))
+
+
+def _load_csv(path: str | Path, text: str) -> Trace:
     columns = ["submit_time", "num_gpus", "duration", "owner", "priority"]
     rows: list[tuple[float, int, float, float, str, int, str]] = []
     header_read = False
-    with _reading(path) as f:
+    with _parsing(path, text) as f:
         reader = csv.reader(f)
         for record_no, row in enumerate(reader, start=1):
             if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
@@ -309,12 +328,11 @@ def _sample(rows: list, sample: float | int, seed: int) -> list:
     return random.Random(seed).sample(rows, count)
 
 
-@contextmanager
-def _reading(path: str | Path) -> Iterator[IO[str]]:
-    """``path`` open for reading as CSV text; what goes wrong while reading is a ``TraceError``."""
+def _read(path: str | Path) -> str:
+    """The whole text of ``path``, read once; what goes wrong while reading is a ``TraceError``."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            yield f
+            return f.read()
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file; give the path of a trace file") from None
     except IsADirectoryError:
@@ -327,6 +345,13 @@ def _reading(path: str | Path) -> Iterator[IO[str]]:
         raise TraceError(
             f"{path}: not a UTF-8 text file (byte {exc.start}); a trace is a CSV file"
         ) from None
+
+
+@contextmanager
+def _parsing(path: str | Path, text: str) -> Iterator[IO[str]]:
+    """``text`` (read from ``path``) as a stream; a malformed CSV is a ``TraceError``."""
+    try:
+        yield io.StringIO(text, newline="")
     except csv.Error as exc:
         raise TraceError(f"{path}: not a readable CSV file ({exc})") from None
 
