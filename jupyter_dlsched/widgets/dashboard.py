@@ -130,9 +130,12 @@ def gpu_card_html(gpu: GpuInfo, jobs: dict[str, JobInfo], recent_util: list[floa
         )
     outside = [p for p in gpu.processes if p.job_id is None]
     if outside:
+        users = sorted({p.user or "unknown user" for p in outside})
+        commands = "; ".join(f"{p.user or '?'} pid {p.pid}: {p.command or '?'}" for p in outside)
         entries.append(
+            f'<span title="{fmt.esc(commands)}">'
             f"{len(outside)} process{'es' if len(outside) != 1 else ''} outside the scheduler "
-            f"{fmt.esc(fmt.size(gpu.external_mem))}"
+            f"{fmt.esc(fmt.size(gpu.external_mem))} · {fmt.esc(', '.join(users))}</span>"
         )
     for n, entry in enumerate(entries):
         lines.append(("└─ " if n == len(entries) - 1 else "├─ ") + entry)

@@ -82,6 +82,9 @@ export interface IGpuProcess {
   pid: number;
   used_mem: number;
   job_id: string | null;
+  /** whose it is, when no job of the pool owns it (null where it cannot be seen) */
+  user?: string | null;
+  command?: string | null;
 }
 
 export interface IGpu {

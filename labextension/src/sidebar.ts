@@ -260,11 +260,17 @@ export class SchedulerSidebar extends Widget {
     const outside = gpu.processes.filter(p => !p.job_id);
     if (outside.length) {
       const mem = outside.reduce((sum, p) => sum + p.used_mem, 0);
+      const users = [...new Set(outside.map(p => p.user || 'unknown user'))].sort();
       list.appendChild(
         h(
           'li',
-          { className: 'jp-dlsched-muted' },
-          `${outside.length} process${outside.length > 1 ? 'es' : ''} outside the scheduler · ${formatBytes(mem)}`
+          {
+            className: 'jp-dlsched-muted',
+            title: outside
+              .map(p => `${p.user || '?'} · pid ${p.pid} · ${p.command || '?'} · ${formatBytes(p.used_mem)}`)
+              .join('\n')
+          },
+          `${outside.length} process${outside.length > 1 ? 'es' : ''} outside the scheduler · ${formatBytes(mem)} · ${users.join(', ')}`
         )
       );
     }
