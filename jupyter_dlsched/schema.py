@@ -214,7 +214,8 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN cpu_now REAL;
     ALTER TABLE jobs ADD COLUMN rss_now INTEGER;
     """,
-    # version 5: a payload is deleted once no job that can still run names it. blob_refs
+    # version 5: a payload is deleted a while (DLSCHED_PAYLOAD_KEEP, for a requeue) after
+    # no job that can still run names it (unused_since says since when). blob_refs
     # counts the files of unfinished jobs that name each blob (apart from the data, so that
     # counting does not rewrite it) and says whose it is (a quota is one indexed sum);
     # Store.collect_leftovers counts again, as this does for a ledger that kept everything
@@ -223,10 +224,13 @@ MIGRATIONS: list[str] = [
         hash TEXT PRIMARY KEY,
         refs INTEGER NOT NULL,
         size INTEGER NOT NULL,
-        uid INTEGER
+        uid INTEGER,
+        unused_since REAL
     ) WITHOUT ROWID;
     CREATE INDEX blob_refs_uid ON blob_refs(uid, size);
-    INSERT INTO blob_refs SELECT f.value, COUNT(*), 0, MIN(j.uid) FROM jobs j, json_each(j.files) f
+    CREATE INDEX blob_refs_unused ON blob_refs(unused_since) WHERE refs <= 0;
+    INSERT INTO blob_refs(hash, refs, size, uid)
+        SELECT f.value, COUNT(*), 0, MIN(j.uid) FROM jobs j, json_each(j.files) f
         WHERE j.state IN ('queued','running','preempted') GROUP BY f.value;
     UPDATE blob_refs SET size = COALESCE((SELECT length(data) FROM blobs b WHERE b.hash = blob_refs.hash), 0);
     DELETE FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs);

@@ -43,6 +43,7 @@ from .schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
     source_id,
 )
 from .spec import JobSpec
+from .units import format_duration, parse_duration
 
 
 def default_home() -> Path:
@@ -123,6 +124,29 @@ def _free_bytes(folder: Path) -> int:
     except OSError:
         return 0
     return st.f_bavail * st.f_frsize
+
+
+#: ``DLSCHED_PAYLOAD_KEEP``: how long an ended job's payload is kept for a requeue.
+PAYLOAD_KEEP_ENV = "DLSCHED_PAYLOAD_KEEP"
+DEFAULT_PAYLOAD_KEEP = 86400.0
+
+
+def payload_keep() -> float:
+    """Seconds an ended job's payload is kept (``DLSCHED_PAYLOAD_KEEP``, a duration such as
+    ``"1h"``; default a day); ``SpecError`` for a value that is not one."""
+    value = os.environ.get(PAYLOAD_KEEP_ENV, "").strip()
+    if not value:
+        return DEFAULT_PAYLOAD_KEEP
+    return max(0.0, float(parse_duration(value, PAYLOAD_KEEP_ENV)))
+
+
+def _keep_or_default() -> float:
+    """``payload_keep()``, where a bad value cannot be refused (a job's end is being
+    recorded; the agent refused it at its start already)."""
+    try:
+        return payload_keep()
+    except ValueError:
+        return DEFAULT_PAYLOAD_KEEP
 
 
 def disk_full(folder: Path) -> bool:
@@ -374,7 +398,8 @@ class Store:
             # each blob counts the files of unfinished jobs that name it (``_drop_files``)
             db.executemany(
                 "INSERT INTO blob_refs(hash, refs, size, uid) VALUES(?, ?, ?, ?) "
-                "ON CONFLICT(hash) DO UPDATE SET refs = refs + excluded.refs",
+                "ON CONFLICT(hash) DO UPDATE SET refs = refs + excluded.refs, "
+                "unused_since = NULL",
                 [(digest, counts[digest], len(data), uid) for digest, data in blobs.items()],
             )
             db.executemany(
@@ -426,54 +451,99 @@ class Store:
             )
 
     @staticmethod
-    def _drop_files(db: sqlite3.Connection, files: str) -> None:
-        """A job can no longer run again: the blobs only it still named are deleted."""
+    def _drop_files(db: sqlite3.Connection, files: str, now: float | None = None) -> None:
+        """A job has ended: the blobs only it still named are kept ``payload_keep()`` seconds
+        more, for a ``requeue``, then deleted (here, when a later job ends; or when an agent
+        starts)."""
+        now = time.time() if now is None else now
         hashes = list(json.loads(files or "{}").values())
-        if not hashes:
-            return
-        db.executemany("UPDATE blob_refs SET refs = refs - 1 WHERE hash=?", [(h,) for h in hashes])
-        gone = [
-            r[0]
-            for r in db.execute(
-                f"SELECT hash FROM blob_refs WHERE refs <= 0 AND hash IN ({','.join('?' * len(hashes))})",
-                hashes,
+        if hashes:
+            db.executemany(
+                "UPDATE blob_refs SET refs = refs - 1 WHERE hash=?", [(h,) for h in hashes]
             )
-        ]
-        if gone:
-            marks = ",".join("?" * len(gone))
-            db.execute(f"DELETE FROM blobs WHERE hash IN ({marks})", gone)
-            db.execute(f"DELETE FROM blob_refs WHERE hash IN ({marks})", gone)
+            marks = ",".join("?" * len(hashes))
+            db.execute(
+                f"UPDATE blob_refs SET unused_since = ? WHERE refs <= 0 AND hash IN ({marks})",
+                [now, *hashes],
+            )
+        Store._purge_payloads(db, now - _keep_or_default())
+
+    @staticmethod
+    def _purge_payloads(db: sqlite3.Connection, before: float) -> tuple[int, int]:
+        """Delete the blobs no unfinished job has named since ``before`` or earlier;
+        ``(blobs, bytes)`` freed."""
+        gone = db.execute(
+            "SELECT hash, size FROM blob_refs WHERE refs <= 0 AND unused_since <= ?", (before,)
+        ).fetchall()
+        if not gone:
+            return 0, 0
+        hashes = [r[0] for r in gone]
+        for at in range(0, len(hashes), 500):
+            chunk = hashes[at : at + 500]
+            marks = ",".join("?" * len(chunk))
+            db.execute(f"DELETE FROM blobs WHERE hash IN ({marks})", chunk)
+            db.execute(f"DELETE FROM blob_refs WHERE hash IN ({marks})", chunk)
+        return len(gone), sum(int(r[1]) for r in gone)
 
     def collect_leftovers(self) -> tuple[int, int]:
-        """Count again which unfinished jobs name each blob and delete the blobs none does
-        (a ledger written by older code, which kept every payload); ``(blobs, bytes)`` freed.
+        """Count again which unfinished jobs name each blob; keep what jobs that ended less
+        than ``payload_keep()`` ago named, and delete the rest (a ledger written by older
+        code kept every payload); ``(blobs, bytes)`` freed.
 
-        One pass over the unfinished jobs: the pool agent does it when it starts.
+        One pass over the jobs: the pool agent does it when it starts.
         """
+        now = time.time()
+        keep = payload_keep()
         with self.transaction() as db:
             db.execute("DELETE FROM blob_refs")
             db.execute(
-                "INSERT INTO blob_refs SELECT f.value, COUNT(*), 0, MIN(j.uid) "
-                "FROM jobs j, json_each(j.files) f "
+                "INSERT INTO blob_refs(hash, refs, size, uid) SELECT f.value, COUNT(*), 0, "
+                "MIN(j.uid) FROM jobs j, json_each(j.files) f "
                 "WHERE j.state IN ('queued','running','preempted') GROUP BY f.value"
+            )
+            db.execute(
+                "INSERT OR IGNORE INTO blob_refs(hash, refs, size, uid, unused_since) "
+                "SELECT f.value, 0, 0, MIN(j.uid), MAX(j.finished) FROM jobs j, "
+                "json_each(j.files) f WHERE j.finished IS NOT NULL AND j.finished > ? "
+                "AND j.state NOT IN ('queued','running','preempted') GROUP BY f.value",
+                (now - keep,),
             )
             db.execute(
                 "UPDATE blob_refs SET size = COALESCE("
                 "(SELECT length(data) FROM blobs b WHERE b.hash = blob_refs.hash), 0)"
             )
+            db.execute("DELETE FROM blob_refs WHERE hash NOT IN (SELECT hash FROM blobs)")
             leftover = "FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs)"
             freed = db.execute(f"SELECT COUNT(*), COALESCE(SUM(length(data)), 0) {leftover}")
             count, size = freed.fetchone()
             db.execute(f"DELETE {leftover}")
-        return int(count), int(size)
+            purged, purged_bytes = self._purge_payloads(db, now - keep)
+        return int(count) + purged, int(size) + purged_bytes
 
     def payload_bytes(self, uid: int) -> int:
-        """Bytes of the payloads (each blob once) that user ``uid``'s unfinished jobs hold:
-        each blob is its storer's (``insert_jobs`` addresses content per user)."""
+        """Bytes of the payloads (each blob once) that user ``uid``'s jobs hold, unfinished
+        ones' and those ended ones' kept for a requeue: each blob is its storer's
+        (``insert_jobs`` addresses content per user)."""
         row = self.db.execute(
             "SELECT COALESCE(SUM(size), 0) FROM blob_refs WHERE uid=?", (uid,)
         ).fetchone()
         return int(row[0])
+
+    def release_kept_payloads(self, uid: int) -> int:
+        """Delete the payloads user ``uid``'s ended jobs keep for a requeue; bytes freed
+        (a submission that needs room under the user's quota takes it from these first)."""
+        with self.transaction() as db:
+            return self._purge_owner(db, uid)
+
+    @staticmethod
+    def _purge_owner(db: sqlite3.Connection, uid: int) -> int:
+        gone = db.execute(
+            "SELECT hash, size FROM blob_refs WHERE uid=? AND refs <= 0", (uid,)
+        ).fetchall()
+        for h, _ in gone:
+            db.execute("DELETE FROM blobs WHERE hash=?", (h,))
+            db.execute("DELETE FROM blob_refs WHERE hash=?", (h,))
+        return sum(int(r[1]) for r in gone)
 
     #: what a job asked for and what it runs: copied to the new job of a requeue
     _SPEC_COLUMNS = (
@@ -515,10 +585,29 @@ class Store:
             latest = db.execute("SELECT submitted FROM jobs ORDER BY seq DESC LIMIT 1").fetchone()
             if latest is not None and latest[0] is not None and latest[0] > now:
                 now = float(latest[0])  # submit order and submit times agree (see insert_jobs)
+            files = db.execute("SELECT files FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
+            hashes = sorted(set(json.loads(files or "{}").values()))
+            marks = ",".join("?" * len(hashes))
+            kept = db.execute(
+                f"SELECT COUNT(*) FROM blobs WHERE hash IN ({marks})", hashes
+            ).fetchone()[0]
+            if kept != len(hashes):
+                from .errors import SpecError
+
+                raise SpecError(
+                    "requeue",
+                    job_id,
+                    "a job whose payload is still kept (an ended job's is kept "
+                    f"{format_duration(_keep_or_default())}, then deleted): submit it again",
+                )
             db.execute(
                 f"INSERT INTO jobs(id, state, submitted, requeue_of, {self._SPEC_COLUMNS}) "
                 f"SELECT ?, 'queued', ?, id, {self._SPEC_COLUMNS} FROM jobs WHERE id=?",
                 (new_id, now, job_id),
+            )
+            db.executemany(  # the new job names them: kept for as long as it may run
+                "UPDATE blob_refs SET refs = refs + 1, unused_since = NULL WHERE hash=?",
+                [(h,) for h in hashes],
             )
             db.execute(
                 "INSERT INTO job_inputs(job_id, name, source, source_id, added) "

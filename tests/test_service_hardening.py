@@ -70,14 +70,45 @@ print(json.dumps([h.result(timeout=60) for h in handles]))
 """
 
 
-def test_a_jobs_payload_is_deleted_once_it_has_ended(users):
+def test_a_jobs_payload_is_deleted_once_it_has_ended_and_its_keep_is_over(users):
     a, _ = users
-    with shared_pool() as service:
+    with shared_pool(env={"DLSCHED_PAYLOAD_KEEP": "0"}) as service:
         done = service.as_user(a, RUN_THREE)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == [300_000] * 3
         # the ends are recorded before the results are read: nothing is left in the ledger
         assert blob_rows(service) == (0, 0)
+
+
+REQUEUE = """
+import json, sys, time
+import jupyter_dlsched as dls
+s = dls.Scheduler(loop=False)
+first = s.submit(len, b"k" * 300_000)
+first.result(timeout=60)
+again = s.requeue(first.id)
+out = [again.result(timeout=60)]
+time.sleep(float(sys.argv[1]))
+s.submit(len, b"").result(timeout=60)  # a later job's end deletes what is past its keep
+try:
+    s.requeue(first.id)
+    out.append("requeued")
+except dls.SpecError as error:
+    out.append(str(error))
+print(json.dumps(out))
+"""
+
+
+def test_an_ended_jobs_payload_is_kept_for_a_requeue_then_deleted(users):
+    a, _ = users
+    with shared_pool(env={"DLSCHED_PAYLOAD_KEEP": "3s"}) as service:
+        done = service.as_user(a, REQUEUE, "4")
+        assert done.returncode == 0, done.stderr
+        again, refused = json.loads(done.stdout)
+        assert again == 300_000  # the requeued job ran the kept payload
+        assert "a job whose payload is still kept (an ended job's is kept 3s" in refused
+        # the 300 kB payload is gone; only the last small job's files are still kept
+        assert blob_rows(service)[1] < 10_000
 
 
 HOLD = """
@@ -97,7 +128,7 @@ print(s.submit(hold, b"x" * int(sys.argv[1]), float(sys.argv[2]), gpus=gpus).id)
 
 def test_a_restarted_service_collects_the_payloads_nobody_needs(users):
     a, _ = users
-    with shared_pool() as service:
+    with shared_pool(env={"DLSCHED_PAYLOAD_KEEP": "0"}) as service:
         running = service.as_user(a, HOLD, "1000", "120", "2").stdout.strip()
         wait_for(lambda: service.job(running)["state"] == "running")
         waiting = service.as_user(a, HOLD, "200000", "0", "1").stdout.strip()
@@ -315,25 +346,32 @@ def test_a_directory_service_that_fails_makes_a_peer_a_plain_user(monkeypatch):
 
 
 def test_a_home_users_cannot_reach_is_refused_at_start_with_the_folder_and_mode(open_folder):
+    from team_pool import RUN_ROOT
+
     closed = open_folder / "closed"
     closed.mkdir(mode=0o700)
     (open_folder / "none.toml").write_text("")
-    done = subprocess.run(
-        [
-            DLSCHED,
-            "service",
-            "run",
-            "--home",
-            str(closed / "pool" / "home"),
-            "--socket",
-            str(open_folder / "s.sock"),
-            "--config",
-            str(open_folder / "none.toml"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = Path(tempfile.mkdtemp(prefix="dlsched-test-", dir=RUN_ROOT))  # a socket folder of root's
+    os.chmod(run, 0o755)
+    try:
+        done = subprocess.run(
+            [
+                DLSCHED,
+                "service",
+                "run",
+                "--home",
+                str(closed / "pool" / "home"),
+                "--socket",
+                str(run / "s.sock"),
+                "--config",
+                str(open_folder / "none.toml"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        subprocess.run(["rm", "-rf", str(run)], check=False)
     assert done.returncode == 2, (done.stdout, done.stderr)
     [line] = done.stderr.strip().splitlines()
     assert f"{closed} is drwx------ (0700), which other users cannot pass through" in line, line

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from jupyter_dlsched import store as store_mod
-from jupyter_dlsched.errors import IllegalTransition, JobNotFound
+from jupyter_dlsched.errors import IllegalTransition, JobNotFound, SpecError
 from jupyter_dlsched.resources import Capacity
 from jupyter_dlsched.spec import build_spec
 from jupyter_dlsched.store import TRANSITIONS, Store
@@ -114,8 +114,14 @@ def blob_rows(store):
     )
 
 
+@pytest.fixture
+def no_keep(monkeypatch):
+    """Ended jobs' payloads deleted at once (kept a day by default, for a requeue)."""
+    monkeypatch.setenv("DLSCHED_PAYLOAD_KEEP", "0")
+
+
 @pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled", "timeout", "lost"])
-def test_a_jobs_payload_is_deleted_when_it_ends(tmp_path, end):
+def test_a_jobs_payload_is_deleted_when_it_ends(tmp_path, end, no_keep):
     store = Store(tmp_path / "h")
     spec = build_spec(capacity=POOL)
     job = store.insert_job(
@@ -128,7 +134,7 @@ def test_a_jobs_payload_is_deleted_when_it_ends(tmp_path, end):
     assert store.read_file(job.id, "payload.pkl") is None
 
 
-def test_a_retried_or_preempted_job_keeps_its_payload(tmp_path):
+def test_a_retried_or_preempted_job_keeps_its_payload(tmp_path, no_keep):
     store = Store(tmp_path / "h")
     job = queued_job(store)
     store.transition(job.id, "running", started=1.0)
@@ -140,7 +146,7 @@ def test_a_retried_or_preempted_job_keeps_its_payload(tmp_path):
     assert blob_rows(store) == (0, 0)
 
 
-def test_a_maps_shared_blob_stays_while_any_of_its_jobs_can_still_run(tmp_path):
+def test_a_maps_shared_blob_stays_while_any_of_its_jobs_can_still_run(tmp_path, no_keep):
     store = Store(tmp_path / "h")
     spec = build_spec(capacity=POOL)
     shared = b"the function and context of a map" * 100
@@ -162,7 +168,7 @@ def test_a_maps_shared_blob_stays_while_any_of_its_jobs_can_still_run(tmp_path):
     assert blob_rows(store) == (0, 0)
 
 
-def test_leftover_payloads_are_collected_and_live_ones_counted_again(tmp_path):
+def test_leftover_payloads_are_collected_and_live_ones_counted_again(tmp_path, no_keep):
     store = Store(tmp_path / "h")
     live = queued_job(store)
     with store.transaction() as db:
@@ -175,7 +181,7 @@ def test_leftover_payloads_are_collected_and_live_ones_counted_again(tmp_path):
     assert blob_rows(store) == (0, 0)
 
 
-def test_a_users_payload_bytes_count_each_blob_of_their_unfinished_jobs_once(tmp_path):
+def test_a_users_payload_bytes_count_each_blob_of_their_unfinished_jobs_once(tmp_path, no_keep):
     store = Store(tmp_path / "h")
     spec = build_spec(capacity=POOL)
     context = b"c" * 100
@@ -194,7 +200,7 @@ def test_a_users_payload_bytes_count_each_blob_of_their_unfinished_jobs_once(tmp
     assert store.payload_bytes(1001) == 999
 
 
-def test_a_ledger_that_kept_every_payload_keeps_only_those_of_unfinished_jobs(tmp_path):
+def test_a_ledger_that_kept_every_payload_keeps_only_those_of_unfinished_jobs(tmp_path, no_keep):
     import sqlite3
 
     home = tmp_path / "home"
@@ -225,3 +231,19 @@ def test_a_ledger_that_kept_every_payload_keeps_only_those_of_unfinished_jobs(tm
     assert store.read_file("waitjob2", "context.json") == bytes(100)
     store.transition("waitjob2", "cancelled", finished=2.0)
     assert blob_rows(store) == (0, 0)
+
+
+def test_an_ended_jobs_payload_is_kept_for_a_requeue_and_deleted_after(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLSCHED_PAYLOAD_KEEP", "1h")
+    store = Store(tmp_path / "h")
+    job = queued_job(store)
+    store.transition(job.id, "cancelled")
+    assert store.read_file(job.id, "payload.pkl") is not None  # kept for a requeue
+    again = store.requeue(job.id)
+    assert store.read_file(again.id, "payload.pkl") == store.read_file(job.id, "payload.pkl")
+    store.transition(again.id, "cancelled")
+    monkeypatch.setenv("DLSCHED_PAYLOAD_KEEP", "0")
+    store.transition(queued_job(store).id, "cancelled")  # a later end deletes what is past
+    assert store.read_file(job.id, "payload.pkl") is None
+    with pytest.raises(SpecError, match="a job whose payload is still kept"):
+        store.requeue(job.id)

@@ -76,6 +76,13 @@ def client_timeout() -> float:
     return seconds
 
 
+def _held_for(wait: object) -> float:
+    """Seconds a request's ``wait`` may hold its reply (0 for anything but a real one)."""
+    if isinstance(wait, bool) or not isinstance(wait, int | float):
+        return 0.0
+    return float(wait) if 0 < wait < 3600 else 0.0
+
+
 def trusted_server_uids(path: str, service_uid: int | None = None) -> set[int]:
     """The uids that may serve the socket file ``path``, once the folders it lives in could
     not have let another user put a socket of their own there (as OpenSSH trusts a key file).
@@ -327,7 +334,7 @@ class AgentClient:
                     self._sock = self._connect()
                     self._decoder = Decoder()
                 # a held ``changes`` request answers within its wait; others at once
-                self._sock.settimeout(self.timeout + float(fields.get("wait") or 0.0))
+                self._sock.settimeout(self.timeout + _held_for(fields.get("wait")))
                 try:
                     self._sock.sendall(data)
                 except TimeoutError:

@@ -54,6 +54,7 @@ from ..pool import idle_capacity
 from ..scheduler import Scheduler
 from ..schema import WAITING, JobInfo, info_to_json
 from ..spec import MAX_NAME, build_spec, check_text
+from ..store import payload_keep
 from ..sweep import member_name
 from ..words import PRIORITY_WORDS
 from .client import IDLE_EXIT, trusted_server_uids, user_address
@@ -471,6 +472,7 @@ class Agent:
             # users reach their own spool folder (0700, theirs) through these; they cannot list them
             os.chmod(self._store.home, 0o711)
             os.chmod(self._store.spool_root, 0o711)
+        payload_keep()  # a bad DLSCHED_PAYLOAD_KEEP is this start's error, in one line
         try:
             blobs, size = self._store.collect_leftovers()
         except LedgerUnavailable as error:
@@ -996,6 +998,8 @@ class Agent:
         distinct = {id(data): len(data) for _, _, files in batch for data in files.values()}
         adding = sum(distinct.values())
         held = self._store.payload_bytes(peer.uid)
+        if held + adding > cap and self._store.release_kept_payloads(peer.uid):
+            held = self._store.payload_bytes(peer.uid)  # ended jobs' kept payloads went first
         if held + adding > cap:
             raise PermissionDenied(
                 f"{peer.user}'s queued payloads take {format_size(held)}; the limit per user "
