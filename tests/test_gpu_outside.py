@@ -57,6 +57,7 @@ def test_a_gpu_process_outside_the_pool_is_shown_with_its_user_and_command(
 ) -> None:
     gpu_processes.append((sleeper.pid, 12 * GiB))
     with Scheduler(tmp_path / "home", agent=False, loop=False) as s:
+        wait_for(lambda: s.pool().gpus[0].processes, timeout=10)
         [gpu] = s.pool().gpus
         [process] = gpu.processes
         assert (process.pid, process.used_mem, process.job_id) == (sleeper.pid, 12 * GiB, None)
@@ -82,8 +83,13 @@ def test_a_jobs_own_gpu_processes_are_the_jobs_down_to_its_grandchildren(
         child = int(line.split()[0])
         main = s.get(job.id).info().job_pid
         gpu_processes.extend([(main, GiB), (child, 2 * GiB)])
-        [gpu] = s.pool().gpus
-        assert {p.pid: p.job_id for p in gpu.processes} == {main: job.id, child: job.id}
+
+        def attributed() -> dict[int, str | None]:
+            [gpu] = s.pool().gpus  # a reading at most a second old
+            return {p.pid: p.job_id for p in gpu.processes}
+
+        wait_for(lambda: len(attributed()) == 2, timeout=10)
+        assert attributed() == {main: job.id, child: job.id}
         s.cancel(job.id)
 
 

@@ -79,8 +79,9 @@ def _end(proc: subprocess.Popen[str]) -> None:
 
 
 CONNECT = r"""
-import json, socket, sys, time
+import faulthandler, json, socket, sys, time
 from jupyter_dlsched.agent.protocol import Decoder, encode, recv_message
+faulthandler.dump_traceback_later(100, exit=True)  # a hang says where it is (stderr)
 
 def connect(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
