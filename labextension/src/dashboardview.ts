@@ -25,7 +25,9 @@ export const DASHBOARD_MIME = 'application/vnd.dlsched.dashboard+json';
 export const SNAPSHOT_NOTES = {
   looking: 'a snapshot: looking for the live view in the kernel…',
   restarted: 'kernel restarted: run the cell again for a live view',
-  missing: 'no live view: its kernel is gone (restarted, or the page was reloaded); run the cell again for a live view',
+  missing:
+    'no live view: its kernel is gone (restarted, or the page was reloaded); ' +
+    'run the cell again for a live view',
   untrusted: 'a snapshot from an untrusted notebook: run the cell for a live view'
 };
 
@@ -60,7 +62,8 @@ export class DashboardOutput extends Panel implements IRenderMime.IRenderer {
       !model.trusted ? 'untrusted' : this._reason || (canLook ? 'looking' : 'missing')
     );
     await this._lookForWidget();
-    if (!this._widgetView && !this.isDisposed && this._note.textContent === SNAPSHOT_NOTES.looking) {
+    const stillLooking = this._note.textContent === SNAPSHOT_NOTES.looking;
+    if (!this._widgetView && !this.isDisposed && stillLooking) {
       this._note.textContent = SNAPSHOT_NOTES.missing;
     }
   }

@@ -102,7 +102,13 @@ export class JobRow {
     } else {
       // an ended job (done, failed, cancelled) can be queued again as a new job
       this._steering = [
-        button('↻', RUN_AGAIN_TITLE, 'run-again', () => this._actions.runAgain(this._job!), RUN_AGAIN_LABEL)
+        button(
+          '↻',
+          RUN_AGAIN_TITLE,
+          'run-again',
+          () => this._actions.runAgain(this._job!),
+          RUN_AGAIN_LABEL
+        )
       ];
       buttons.append(...this._steering);
     }

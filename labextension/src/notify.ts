@@ -91,7 +91,8 @@ export class FinishNotifier {
     } else if (!done) {
       message = `${failed.length} jobs failed: ${names(failed)}`;
     } else {
-      message = `${jobs.length} jobs finished: ${done} done, ${failed.length} failed: ${names(failed)}`;
+      const counts = `${done} done, ${failed.length} failed`;
+      message = `${jobs.length} jobs finished: ${counts}: ${names(failed)}`;
     }
     return { message, type, autoClose, actions };
   }

@@ -28,7 +28,10 @@ export async function confirmCancel(job: Pick<IJob, 'id' | 'name' | 'state'>): P
   const result = await showDialog({
     title,
     body,
-    buttons: [Dialog.cancelButton({ label: KEEP_LABEL }), Dialog.warnButton({ label: CANCEL_LABEL })]
+    buttons: [
+      Dialog.cancelButton({ label: KEEP_LABEL }),
+      Dialog.warnButton({ label: CANCEL_LABEL })
+    ]
   });
   return result.button.accept;
 }

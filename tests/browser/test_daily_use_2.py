@@ -158,7 +158,7 @@ def reload(page: Any) -> None:
 
 def save_and_wait_for(page: Any, path: Path, mime: str) -> None:
     page.keyboard.press("Control+s")
-    for _ in range(100):
+    for _ in range(600):  # a minute, for a loaded machine
         if any(mime in o.get("data", {}) for o in saved_outputs(path)):
             return
         page.wait_for_timeout(100)
@@ -234,11 +234,11 @@ def test_the_dashboard_fits_beside_the_sidebar_asks_before_cancelling_and_outliv
     cancel = f"{BOARD} .dlsched-dashboard button[title='Cancel this job']"
     # running jobs come newest first: the first row is the second job
     page.locator(cancel).first.click()
-    question = page.wait_for_selector(f"{BOARD} .dlsched-confirm", state="visible")
+    question = page.wait_for_selector(f"{BOARD} .dlsched-confirm", state="visible", timeout=60_000)
     assert f"Cancel job {other}?" in question.inner_text()
     assert "will be stopped and will not be retried." in question.inner_text()
     page.click(f"{BOARD} .dlsched-confirm button:text-is('Keep it')")
-    page.wait_for_selector(f"{BOARD} .dlsched-confirm", state="hidden")
+    page.wait_for_selector(f"{BOARD} .dlsched-confirm", state="hidden", timeout=60_000)
     page.wait_for_timeout(1500)
     assert submitter.info(other).state == "running"
     page.locator(cancel).first.click()
@@ -249,7 +249,9 @@ def test_the_dashboard_fits_beside_the_sidebar_asks_before_cancelling_and_outliv
 
     # Kernel > Restart: a clean snapshot under a note, never a broken widget
     restart_kernel(page)
-    note = page.wait_for_selector(f"{BOARD}[data-view='snapshot'] .jp-dlsched-dashboard-note")
+    note = page.wait_for_selector(
+        f"{BOARD}[data-view='snapshot'] .jp-dlsched-dashboard-note", timeout=60_000
+    )
     assert note.inner_text() == "kernel restarted: run the cell again for a live view"
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
     page.wait_for_timeout(2000)
@@ -275,7 +277,7 @@ def test_the_dashboard_fits_beside_the_sidebar_asks_before_cancelling_and_outliv
     assert page.query_selector(f"{BOARD} .dlsched-dashboard") is None
     assert page.query_selector_all(".jp-OutputArea-output img") == []  # no broken images
     table = f"{BOARD} table.dlsched-queue"
-    page.wait_for_selector(f"{table} td[title='{LONG_NAME}']")
+    page.wait_for_selector(f"{table} td[title='{LONG_NAME}']", timeout=60_000)
     fits_in_output(page, table)
     page.screenshot(path=str(ARTIFACTS / "dashboard-after-reload.png"))
 
