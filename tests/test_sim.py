@@ -473,3 +473,27 @@ def test_a_replay_keeps_ranks_only_for_policies_that_offer_them():
     seen.clear()
     simulate(trace, Spy(thresholds=(100.0,), promote_after=3600.0), gpus=1)
     assert seen and all(r is None for r in seen)  # the starvation guard plans without an index
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(_job, min_size=1, max_size=40),
+    name=st.sampled_from(["las", "srtf", "gittins"]),
+    gpus=st.sampled_from([4, 8]),
+    min_run=st.sampled_from([30.0, 200.0]),
+)
+def test_the_kept_rank_index_keeps_the_minimum_run_time_as_ranking_afresh(
+    rows, name, gpus, min_run
+):
+    # the index counts protected jobs apart; the outcome is that of ranking every job afresh
+    trace = [TraceJob(f"j{i}", s, g, float(d), o) for i, (s, g, d, o) in enumerate(rows)]
+    params = {
+        "las": {"thresholds": (300.0, 1200.0)},
+        "srtf": {},
+        "gittins": {"group_min": 3, "quantum": 30.0, "window": 8},
+    }[name]
+    params["min_run"] = min_run
+    options = {"restart_overhead": 5.0}
+    fast = simulate(trace, get_policy(name, **params), gpus, **options)
+    afresh = simulate(trace, _RankedAfresh(get_policy(name, **params)), gpus, **options)
+    assert fast.jobs == afresh.jobs
