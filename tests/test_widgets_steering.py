@@ -18,18 +18,9 @@ from jupyter_dlsched.widgets.live import refresher
 STEER_TS = Path(__file__).parents[1] / "labextension" / "src" / "steer.ts"
 
 
-@dataclasses.dataclass(frozen=True)
-class LiveJob(JobInfo):
-    """A job as a ledger with live readings describes it (whether or not this one has them)."""
-
-    cpu_now: float | None = None
-    rss_now: int | None = None
-
-
-def live(**changes) -> LiveJob:
-    job = _job(state="running", started=100.0)
-    fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(JobInfo)}
-    return LiveJob(**{**fields, **changes})
+def live(**changes) -> JobInfo:
+    """A running job with these live readings (``cpu_now``, ``rss_now``)."""
+    return dataclasses.replace(_job(state="running", started=100.0), **changes)
 
 
 def test_live_usage_reads_cpu_in_percent_of_a_core_and_resident_memory():
@@ -128,15 +119,16 @@ def test_the_jobview_line_shows_what_its_running_job_uses_now(sched, tmp_path):
     handle = sched.submit(hold_until, str(tmp_path / "never"), cpus=0.5, name="measured")
     view = JobView(handle, live=False)
     wait_for(lambda: refreshed(view, "running"), what="the job to run")
-    assert "cpu" not in view.progress_label.value  # this ledger has no readings for it
     real = view._read
+    readings: dict[str, object] = {"cpu_now": None, "rss_now": None}
 
     def with_readings() -> JobInfo:
-        info = real()
-        fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(JobInfo)}
-        return LiveJob(**fields, cpu_now=95.0, rss_now=300 * 2**20)
+        return dataclasses.replace(real(), **readings)  # type: ignore[arg-type]
 
     view._read = with_readings  # type: ignore[method-assign]
+    view.refresh()
+    assert "cpu" not in view.progress_label.value  # nothing measured yet: nothing shown
+    readings.update(cpu_now=95.0, rss_now=300 * 2**20)
     view.refresh()
     assert view.progress_label.value.endswith("cpu 95% · 300 MiB")
     handle.cancel()
