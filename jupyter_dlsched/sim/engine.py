@@ -223,6 +223,7 @@ class _Replay:
         self.ranks = self.ranks_factory() if callable(self.ranks_factory) else None
         self.requests: dict[float, Request] = {}
         self.learns = callable(getattr(policy, "learn", None))
+        self.preemptive = bool(getattr(policy, "preempt", False))
         self.finished_now: list[FinishedJob] = []
         self.model_version = getattr(policy, "model_version", None)
         self.label = _label(policy, time_limits)
@@ -335,7 +336,10 @@ class _Replay:
             if wake is not None and wake > t and wake not in self.wakes:
                 self.wakes.add(wake)
                 heapq.heappush(self.heap, (wake, _WAKE, -1, 0))
-            if not released:
+            # a preemptive policy learns when the jobs it just started change rank or may
+            # be stopped (wake_at) only once they are running: ask it again with them
+            again = bool(decisions.starts) and self.queue and self.preemptive
+            if not released and not again:
                 return
 
     def _request(self, gpus: float) -> Request:
