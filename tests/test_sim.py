@@ -509,4 +509,13 @@ def test_the_kept_rank_index_keeps_the_minimum_run_time_as_ranking_afresh(
     params["min_run"] = min_run
     fast = simulate(trace, get_policy(name, **params), gpus, restart_overhead=5.0)
     afresh = simulate(trace, _RankedAfresh(get_policy(name, **params)), gpus, restart_overhead=5.0)
-    assert fast.jobs == afresh.jobs
+    # the same decisions; times may differ in their last bits (sums taken in another order)
+    assert [(j.id, j.preemptions) for j in fast.jobs] == [
+        (j.id, j.preemptions) for j in afresh.jobs
+    ]
+    for a, b in zip(fast.jobs, afresh.jobs, strict=True):
+        assert (a.first_start, a.finish, a.held) == (
+            pytest.approx(b.first_start),
+            pytest.approx(b.finish),
+            pytest.approx(b.held),
+        )
