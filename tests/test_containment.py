@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import OtherUser, wait_for
 
@@ -574,3 +575,28 @@ def test_a_v1_cgroup_is_emptied_while_its_processes_keep_forking(kind):
             path.rmdir()
     assert int(killed) >= 20 and (int(left), removed) == (0, "True")
     assert dlsched_cgroups() == []
+
+
+def test_a_supervisor_whose_state_folder_is_removed_stops_its_job(tmp_path, monkeypatch):
+    """Nothing could record or stop such a job again: it must not run on for good."""
+    import shutil
+
+    from jupyter_dlsched.scheduler import Scheduler
+
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+    home = tmp_path / "home"
+    with Scheduler(home, lease_ttl=2.0, grace=1.0) as s:
+        job = s.submit_command([sys.executable, "-c", "import time; time.sleep(300)"])
+        info = wait_for(lambda: (i := s.get(job.id).info()).job_pid and i, timeout=60)
+    shutil.rmtree(home)
+    wait_for(lambda: not psutil.pid_exists(info.job_pid), timeout=30, what=lambda: "job")
+    wait_for(lambda: not _alive(info.supervisor_pid), timeout=30, what=lambda: "supervisor")
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None or not psutil.pid_exists(pid):
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

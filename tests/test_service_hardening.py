@@ -209,7 +209,7 @@ def small_service() -> Iterator[Service]:
                 for job in client.call("jobs", states=["queued", "running"])["jobs"]:
                     client.call("cancel", id=job["id"])
             service.stop()
-    subprocess.run(["rm", "-rf", str(root)], check=False)
+    subprocess.run(["rm", "-rf", str(root), str(service.run)], check=False)
 
 
 def test_a_job_can_be_cancelled_on_a_full_disk(small_service, users):
@@ -411,7 +411,7 @@ def test_a_failed_job_raises_its_failure_when_its_report_cannot_be_read(users):
         assert "cannot read its error report" in out and "Permission denied" in out, out
     finally:
         service.stop()
-        subprocess.run(["rm", "-rf", str(root)], check=False)
+        subprocess.run(["rm", "-rf", str(root), str(service.run)], check=False)
 
 
 # -- malformed raw requests and names ------------------------------------------------------------

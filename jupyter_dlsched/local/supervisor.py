@@ -276,6 +276,9 @@ def _monitor(
                 kept = True  # disk full: keep the job and try again at the next renewal
             if not kept:
                 stop("lease", "the allocation was taken back", at_once=True)
+            elif not store.path.exists():
+                # the state folder was removed: nothing will ever record or stop this job
+                stop("lease", "its state folder was removed", at_once=True)
         current = store.data_version()
         if current != version:
             version = current
