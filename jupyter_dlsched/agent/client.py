@@ -158,6 +158,7 @@ def notify(address: str | bytes, message: dict[str, Any], timeout: float = 2.0) 
 #: The agent's own messages (start-up failures, warnings), in its state folder.
 AGENT_LOG = "agent.log"
 _SPAWNED: list[subprocess.Popen[bytes]] = []
+_SPAWN_LOCK = threading.Lock()
 
 
 def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
@@ -172,9 +173,10 @@ def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
             log_path.unlink()  # a fresh log now and then
     except FileNotFoundError:
         pass
+    with _SPAWN_LOCK:  # a kernel's threads (its loop, a watcher) may start one at once
+        # agents that have exited: collected, no zombie left
+        _SPAWNED[:] = [p for p in _SPAWNED if p.poll() is None]
     log = private.open_append(log_path)
-    for earlier in [p for p in _SPAWNED if p.poll() is not None]:
-        _SPAWNED.remove(earlier)  # an agent that has exited: collected, no zombie left
     try:
         process = subprocess.Popen(
             [
@@ -195,7 +197,8 @@ def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
         )
     finally:
         os.close(log)
-    _SPAWNED.append(process)
+    with _SPAWN_LOCK:
+        _SPAWNED.append(process)
     return process
 
 
