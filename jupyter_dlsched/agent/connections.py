@@ -307,7 +307,7 @@ class Connections:
 
     def _read(self, peer: Peer) -> None:
         if not self._may_read(peer):
-            self._pause(peer)
+            self._update(peer)  # waits, unread, until its budget has room
             return
         try:
             data = peer.sock.recv(1 << 20)
@@ -450,9 +450,6 @@ class Connections:
             else:
                 self.selector.unregister(peer.sock)
             peer.interest = events
-
-    def _pause(self, peer: Peer) -> None:
-        self._update(peer)
 
     def serve_ready(self) -> None:
         """Handle what paused connections sent while they waited for their budget."""
