@@ -168,6 +168,7 @@ def test_a_user_over_the_payload_limit_is_refused_with_the_figures(users):
         assert other.returncode == 0, other.stderr
         # once A's job has ended, its payload no longer counts
         AgentClient(str(service.socket)).call("cancel", id=first.stdout.strip())
+        wait_for(lambda: service.job(first.stdout.strip())["state"] == "cancelled")
         again = service.as_user(a, HOLD, "700000", "0", "0")
         assert again.returncode == 0, again.stderr
 
