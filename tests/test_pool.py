@@ -14,6 +14,7 @@ from jupyter_dlsched.tick import idle_capacity_minus
 
 # the module, not ``dls.pool()``, which shadows it as an attribute of the package
 pool = importlib.import_module("jupyter_dlsched.pool")
+nvml_gateway = importlib.import_module("jupyter_dlsched.nvml")
 GiB = 2**30
 
 
@@ -49,7 +50,7 @@ def fake_nvml(gpus, topology=None, nvlink=()):
 def nvml(monkeypatch):
     def install(module):
         monkeypatch.setitem(sys.modules, "pynvml", module)
-        monkeypatch.setattr(pool, "_nvml_state", {})
+        monkeypatch.setattr(nvml_gateway, "_state", {})
         monkeypatch.setattr(pool, "_cache", {})
         monkeypatch.delenv("DLSCHED_SIMULATE_GPUS", raising=False)
 
@@ -123,3 +124,16 @@ def test_memory_used_outside_the_scheduler_counts_as_taken(nvml, tmp_path):
 
         assert place(Request(gpus=0.25, gpu_mem=4 * GiB), capacity) is not None
         assert place(Request(gpus=0.5, gpu_mem=8 * GiB), capacity) is None
+
+
+def test_the_pool_and_a_jobs_watch_read_nvmls_not_available_the_same_way(nvml):
+    """NVML lists a process whose memory the caller may not read with an unsigned -1: the
+    pool's outside use and a job's own GPU memory both count it as nothing known."""
+    from jupyter_dlsched import gpu_watch
+
+    not_available = 2**64 - 1
+    nvml(fake_nvml([("NVIDIA H200", 141 * GiB, 0, 0, [(4242, not_available), (4243, None)])]))
+    [gpu] = pool.probe().gpus
+    assert [(p.pid, p.used_mem) for p in gpu.processes] == [(4242, 0), (4243, 0)]
+    assert gpu.external_mem == 0
+    assert gpu_watch.job_gpu_memory({4242, 4243}) == {}
