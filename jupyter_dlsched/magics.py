@@ -39,10 +39,11 @@ from .cells import (
     undefined,
     user_traceback,
 )
+from .default import default_scheduler
 from .errors import DlschedError, JobNotFound
 from .handle import JobHandle
 from .options import add_resource_flags, flag_resources, flags_usage
-from .store import JobInfo
+from .schema import JobInfo
 
 SCHEDULE_USAGE = f"%%schedule {flags_usage()} [--out a,b] [--wait] [--inline]"
 DLSCHED_USAGE = (
@@ -241,8 +242,6 @@ class SchedulerMagics(Magics):
         self.cell_views: dict[str, Any] = {}
 
     def _scheduler(self) -> Any:
-        from . import default_scheduler
-
         return default_scheduler()
 
     @cell_magic
@@ -384,7 +383,7 @@ class SchedulerMagics(Magics):
         return parser.parse_args(rest)
 
     def _queue(self, rest: list[str]) -> None:
-        from .store import ACTIVE
+        from .schema import ACTIVE
         from .widgets.tables import QueueSnapshot
 
         args = self._parse("queue", rest, ("--all", {"action": "store_true"}))
@@ -393,7 +392,7 @@ class SchedulerMagics(Magics):
         display(QueueSnapshot(jobs))
 
     def _pool(self, rest: list[str]) -> None:
-        from .store import ACTIVE
+        from .schema import ACTIVE
         from .widgets.tables import PoolSnapshot
 
         self._parse("pool", rest)

@@ -23,6 +23,7 @@ from typing import Any
 
 from . import private
 from .errors import IllegalTransition, JobNotFound, LedgerUnavailable
+from .private import default_home
 from .resources import Placement
 from .schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
     _ID,
@@ -44,17 +45,6 @@ from .schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
 )
 from .spec import JobSpec
 from .units import format_duration, parse_duration
-
-
-def default_home() -> Path:
-    """``$DLSCHED_HOME``, else ``<jupyter data dir>/dlsched``."""
-    env = os.environ.get("DLSCHED_HOME")
-    if env:
-        return Path(env).expanduser()
-    from jupyter_core.paths import jupyter_data_dir
-
-    return Path(jupyter_data_dir()) / "dlsched"
-
 
 #: What a tick reads of each active job: the policy's inputs, and the columns it compares
 #: before rewriting a job's place in the queue.
