@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -238,6 +238,12 @@ MIGRATIONS: list[str] = [
     # version 6: a job run again (`dlsched requeue`) names the job it re-runs
     """
     ALTER TABLE jobs ADD COLUMN requeue_of TEXT;
+    """,
+    # version 7: whose a data-cache entry is (a shared pool's per-user cache quota); an
+    # entry from before belongs to nobody and counts against no user's quota
+    """
+    ALTER TABLE cache_entries ADD COLUMN uid INTEGER;
+    CREATE INDEX cache_entries_uid ON cache_entries(uid, last_used);
     """,
 ]
 

@@ -1308,11 +1308,13 @@ class Store:
         since: float,
         entry: dict[str, Any] | None,
         reason: Callable[[str], str],
+        owner: int | None = None,
     ) -> list[str] | None:
         """Bind the inputs of waiting jobs submitted before ``since`` to cache entry ``key``.
 
         ``entry`` is a fresh copy to record (a miss); ``None`` means ``key`` was found in
-        the cache (a hit). Returns the jobs bound, or ``None`` when this process lost its
+        the cache (a hit); ``owner``: the user a fresh copy belongs to (a shared pool's
+        entries are each their owner's). Returns the jobs bound, or ``None`` when this process lost its
         claim or the entry it found was evicted meanwhile (stage again).
         """
         now = time.time()
@@ -1322,7 +1324,7 @@ class Store:
             if entry is not None:
                 db.execute(
                     "INSERT OR REPLACE INTO cache_entries(key, source, path, bytes, files, "
-                    "checksum, created, last_used, hits) VALUES(?,?,?,?,?,?,?,?,0)",
+                    "checksum, created, last_used, hits, uid) VALUES(?,?,?,?,?,?,?,?,0,?)",
                     (
                         key,
                         entry["source"],
@@ -1332,6 +1334,7 @@ class Store:
                         entry["checksum"],
                         now,
                         now,
+                        owner,
                     ),
                 )
             elif db.execute("SELECT 1 FROM cache_entries WHERE key=?", (key,)).fetchone() is None:

@@ -694,13 +694,23 @@ class Agent:
             self._leave_agent(b"dlsched-stage")
             from ..staging.stager import stage
 
-            code = stage(self.home, source_id, as_owner=self.shared)
+            code = stage(self.home, source_id, as_owner=self.shared, quota_for=self._cache_quota)
         except BaseException:
             import traceback
 
             traceback.print_exc()
         finally:
             os._exit(code)
+
+    def _cache_quota(self, uid: int) -> int | None:
+        """The bytes of the data cache a user's entries may hold (``max_cache_bytes``)."""
+        if self.config is None:
+            return None
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return self.config.limits.max_cache_bytes
+        return self.config.limits_for(user).max_cache_bytes
 
     def _leave_agent(self, name: bytes) -> None:
         """In a forked child: its own session and name, none of the agent's sockets."""
@@ -1107,9 +1117,14 @@ class Agent:
         from ..staging import cache_info
 
         info = cache_info(self._store)
-        if self.shared and not peer.admin:
-            info["items"] = [item for item in info["items"] if _owner(item["path"]) == peer.uid]
-            info["staging"] = [s for s in info["staging"] if s.get("uid") == peer.uid]
+        if self.shared:
+            mine = [item for item in info["items"] if _owner(item["path"]) == peer.uid]
+            # this user's share: what their entries hold, and their max_cache_bytes
+            info["user_bytes"] = sum(item["bytes"] for item in mine)
+            info["user_max_bytes"] = self._cache_quota(peer.uid)
+            if not peer.admin:
+                info["items"] = mine
+                info["staging"] = [s for s in info["staging"] if s.get("uid") == peer.uid]
         return info
 
     def _events(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
