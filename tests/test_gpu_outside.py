@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from test_pool import fake_nvml
+from nvml_fake import fake_nvml
 
 from jupyter_dlsched.metrics import parse
 from jupyter_dlsched.scheduler import Scheduler

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import types
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,35 +13,10 @@ from jupyter_dlsched.tick import idle_capacity_minus
 # the module, not ``dls.pool()``, which shadows it as an attribute of the package
 pool = importlib.import_module("jupyter_dlsched.pool")
 nvml_gateway = importlib.import_module("jupyter_dlsched.nvml")
+
+from nvml_fake import FakeNVMLError, fake_nvml  # noqa: E402
+
 GiB = 2**30
-
-
-class FakeNVMLError(Exception):
-    pass
-
-
-def fake_nvml(gpus, topology=None, nvlink=()):
-    """A stand-in ``pynvml`` with ``gpus`` = [(name, total, used, util, [(pid, used)])]."""
-    nv = types.ModuleType("pynvml")
-    nv.NVMLError = FakeNVMLError
-    nv.NVML_TOPOLOGY_MULTIPLE = 20
-    nv.NVML_P2P_CAPS_INDEX_NVLINK = 3
-    nv.NVML_P2P_STATUS_OK = 0
-    nv.nvmlInit = lambda: None
-    nv.nvmlDeviceGetCount = lambda: len(gpus)
-    nv.nvmlDeviceGetHandleByIndex = lambda i: i
-    nv.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
-    nv.nvmlDeviceGetName = lambda h: gpus[h][0]
-    nv.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(total=gpus[h][1], used=gpus[h][2])
-    nv.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=gpus[h][3], memory=99)
-    nv.nvmlDeviceGetComputeRunningProcesses = lambda h: [
-        SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpus[h][4]
-    ]
-    nv.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []
-    levels = topology or {}
-    nv.nvmlDeviceGetTopologyCommonAncestor = lambda a, b: levels.get((min(a, b), max(a, b)), 50)
-    nv.nvmlDeviceGetP2PStatus = lambda a, b, cap: 0 if (min(a, b), max(a, b)) in nvlink else 1
-    return nv
 
 
 @pytest.fixture

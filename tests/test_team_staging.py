@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from team_pool import shared_pool
+from team_pool import STAGE_EACH, shared_pool
 
 OWNER = r"""
 import hashlib, json, os, tempfile
@@ -93,28 +93,6 @@ def test_a_users_input_is_staged_with_their_rights_and_no_one_else_reaches_it(te
             import subprocess
 
             subprocess.run(["rm", "-rf", os.path.dirname(source)], check=False)
-
-
-STAGE_EACH = r"""
-import json, os, sys, tempfile
-import jupyter_dlsched as dls
-folder = tempfile.mkdtemp(prefix="dlsched-quota-")
-out = []
-for label, size in zip(sys.argv[1::2], sys.argv[2::2]):
-    path = os.path.join(folder, label + ".bin")
-    with open(path, "wb") as f:
-        f.write(os.urandom(int(size)))
-
-    def use():
-        import os
-        import jupyter_dlsched as dls
-        return os.path.getsize(dls.data("train"))
-
-    h = dls.Scheduler(loop=False).submit(use, stage_in={"train": path}, name=label)
-    h.wait(timeout=120)
-    out.append({"label": label, "path": path, "state": h.state, "reason": h.info().reason})
-print(json.dumps({"folder": folder, "runs": out}))
-"""
 
 
 def test_a_users_cache_quota_evicts_their_own_entries_and_never_anothers(team_users):

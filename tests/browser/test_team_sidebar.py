@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from team_pool import Service, shared_pool, wait_for
-from test_team_staging import STAGE_EACH
+from team_pool import STAGE_EACH, Service, shared_pool, wait_for
 
 from .conftest import ARTIFACTS, Lab, start_lab, stop_lab
 from .test_sidebar import open_lab, open_sidebar, row
