@@ -274,14 +274,23 @@ class Scheduler(Deciding, Watching):
         return self._insert("command", files, default_name=Path(argv[0]).name, **resources)
 
     def submit_payload(
-        self, kind: str, payload: dict[str, Any], *, default_name: str = "job", **resources: Any
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        default_name: str = "job",
+        origin_text: str | None = None,
+        **resources: Any,
     ) -> JobHandle:
         """Queue a pickled payload: ``{"fn", "args", "kwargs"}`` or ``{"runner", ...}``.
 
         ``runner(payload)`` is called in the job process when present (cells use this).
+        ``origin_text`` says whom the job serves when not this process (a kernel's notebook).
         """
         files = {"payload.pkl": pickle_payload(payload)}
-        return self._insert(kind, files, default_name=default_name, **resources)
+        return self._insert(
+            kind, files, default_name=default_name, origin_text=origin_text, **resources
+        )
 
     def submit_inline(
         self,
@@ -310,6 +319,7 @@ class Scheduler(Deciding, Watching):
         *,
         default_name: str,
         inline_fn: Callable[[JobInfo], Any] | None = None,
+        origin_text: str | None = None,
         **resources: Any,
     ) -> JobHandle:
         unknown = set(resources) - set(RESOURCE_ARGS)
@@ -321,7 +331,7 @@ class Scheduler(Deciding, Watching):
                 kind,
                 [files],
                 default_name=default_name,
-                origin=origin(),
+                origin=origin_text or origin(),
                 options=resources,
                 inline=inline_fn is not None,
                 backend=self.backend.name,
@@ -336,7 +346,7 @@ class Scheduler(Deciding, Watching):
             capacity=idle_capacity(self.inventory),
             kind=kind,
             default_name=default_name,
-            origin=origin(),
+            origin=origin_text or origin(),
             **resources,
         )
         self.backend.check(spec)

@@ -1,0 +1,51 @@
+"""Inside a GPU kernel: tell its lease when cells run, and say so when a reclaim was near.
+
+Loaded by the provisioner (``--ext=jupyter_dlsched.kernels.activity``) in every kernel it
+starts; without a lease (``DLSCHED_KERNEL_LEASE`` unset) it does nothing. Activity comes
+from IPython's own cell events, so it works with any front end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from . import control
+
+
+class CellActivity:
+    """Writes ``activity.json`` when a cell starts and ends."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def _write(self, busy: bool) -> None:
+        try:
+            control.write(self.folder, "activity.json", {"busy": busy, "last": time.time()})
+        except OSError:
+            pass  # the lease is gone (its folder removed): nothing to tell
+
+    def pre_run_cell(self, *args: Any) -> None:
+        warning = control.read(self.folder, "warning.json")
+        self._write(True)
+        if warning is not None:
+            idle = time.time() - float(warning.get("since") or time.time())
+            print(
+                f"dlsched: this kernel was idle {idle / 60:.0f} min while "
+                f"{warning.get('waiting', 'other')} job(s) waited for GPUs, and its GPUs were "
+                "about to be reclaimed; running this cell keeps them."
+            )
+
+    def post_run_cell(self, *args: Any) -> None:
+        self._write(False)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    folder = os.environ.get(control.LEASE_ENV)
+    if not folder:
+        return
+    activity = CellActivity(Path(folder))
+    ipython.events.register("pre_run_cell", activity.pre_run_cell)
+    ipython.events.register("post_run_cell", activity.post_run_cell)
