@@ -121,7 +121,7 @@ def install(
             json.dumps(kernel_json(request, display), indent=1) + "\n"
         )
         destination = KernelSpecManager().install_kernel_spec(
-            str(folder), name, user=user, prefix=prefix, replace=True
+            str(folder), name, user=user, prefix=prefix
         )
     return Path(destination)
 

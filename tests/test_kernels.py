@@ -1,0 +1,248 @@
+"""GPU kernels through ``jupyter_client.KernelManager``: real kernels, one simulated GPU.
+
+Each kernel's lease is a real job of kind ``kernel`` in the test's pool; the waiting work is
+a real command job asking for the same GPU. This test process plays the Jupyter server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+from jupyter_client import KernelManager
+
+from jupyter_dlsched.kernels import control
+from jupyter_dlsched.kernels.kernelspecs import GpuKernelRequest, install
+from jupyter_dlsched.kernels.provisioner import KernelLeaseError
+from jupyter_dlsched.scheduler import Scheduler
+
+HOLD_GPU = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+@pytest.fixture
+def pool(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scheduler]:
+    """One simulated GPU, kernelspecs and kernels' files in this test's folders."""
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    install(GpuKernelRequest(gpus=1, idle="never"), user=True, name="gpu")
+    install(GpuKernelRequest(gpus=1, idle="never", wait_limit="3s"), user=True, name="gpu-3s")
+    install(GpuKernelRequest(gpus=1, idle="2s", idle_grace="3s"), user=True, name="gpu-idle")
+    with Scheduler(home, loop=False) as s:
+        yield s
+        for job in s.jobs(state=("queued", "running")):
+            s.cancel(job.id)
+
+
+class Kernel:
+    """A started kernel and its client; ``run`` returns what a cell printed."""
+
+    def __init__(self, name: str) -> None:
+        self.manager = KernelManager(kernel_name=name)
+        self.client: Any = None
+
+    def start(self) -> Kernel:
+        self.manager.start_kernel()
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+        return self
+
+    def run(self, code: str, timeout: float = 60) -> str:
+        out: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+
+        reply = self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(out)
+
+    def devices(self) -> str:
+        return self.run("import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))").strip()
+
+    @property
+    def lease(self) -> str:
+        return str(self.manager.provisioner.job_id)  # type: ignore[union-attr]
+
+    def shutdown(self) -> None:
+        if self.client is not None:
+            self.client.stop_channels()
+        if self.manager.has_kernel:
+            self.manager.shutdown_kernel(now=False)
+
+
+@pytest.fixture
+def kernels() -> Iterator[list[Kernel]]:
+    started: list[Kernel] = []
+    yield started
+    for kernel in started:
+        try:
+            kernel.shutdown()
+        except Exception:
+            pass
+
+
+def start_in_thread(kernel: Kernel) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            kernel.start()
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def state(s: Scheduler, job_id: str) -> str:
+    return s.info(job_id).state
+
+
+def kernel_jobs(s: Scheduler, *states: str) -> list[Any]:
+    return [j for j in s.jobs(state=states or None) if j.kind == "kernel"]
+
+
+def test_first_kernel_gets_the_gpu_and_a_second_waits_until_it_shuts_down(
+    pool: Scheduler, kernels: list[Kernel]
+) -> None:
+    first = Kernel("gpu").start()
+    kernels.append(first)
+    assert first.devices() == "0"
+    [lease] = kernel_jobs(pool, "running")
+    assert lease.id == first.lease and lease.placement is not None
+    assert lease.placement.gpus == (0,)
+    assert lease.name.startswith("kernel")
+
+    second = Kernel("gpu")
+    kernels.append(second)
+    thread, errors = start_in_thread(second)
+    waiting = wait_for(lambda: kernel_jobs(pool, "queued"), timeout=30)
+    assert waiting[0].waiting, waiting[0]  # says why it waits
+    time.sleep(1.0)
+    assert thread.is_alive(), "the second kernel started while the GPU was leased"
+
+    first.shutdown()
+    wait_for(lambda: state(pool, lease.id) == "succeeded", timeout=30)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not errors, errors
+    assert second.devices() == "0"
+
+
+def test_a_restart_keeps_the_gpu_while_a_job_waits_and_shutdown_gives_it_to_the_job(
+    pool: Scheduler, kernels: list[Kernel]
+) -> None:
+    kernel = Kernel("gpu").start()
+    kernels.append(kernel)
+    lease = kernel.lease
+    job = pool.submit_command(HOLD_GPU, gpus=1, name="waits-for-gpu")
+    wait_for(lambda: pool.info(job.id).waiting, timeout=30)
+    old_pid = kernel.manager.provisioner.pid  # type: ignore[union-attr]
+
+    kernel.manager.restart_kernel()
+    kernel.client.wait_for_ready(timeout=60)
+    assert kernel.manager.provisioner.pid != old_pid  # type: ignore[union-attr]
+    assert kernel.lease == lease
+    assert kernel.devices() == "0"
+    time.sleep(1.0)
+    assert state(pool, lease) == "running" and state(pool, job.id) == "queued"
+
+    kernel.shutdown()
+    wait_for(lambda: state(pool, job.id) == "running", timeout=30)
+    assert state(pool, lease) == "succeeded"
+    assert pool.info(job.id).placement.gpus == (0,)  # type: ignore[union-attr]
+
+
+def test_kill_9_of_a_kernel_frees_its_gpu(pool: Scheduler, kernels: list[Kernel]) -> None:
+    kernel = Kernel("gpu").start()
+    kernels.append(kernel)
+    lease = kernel.lease
+    job = pool.submit_command(HOLD_GPU, gpus=1, name="waits-for-gpu")
+    wait_for(lambda: pool.info(job.id).waiting, timeout=30)
+
+    os.kill(kernel.manager.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr,arg-type]
+    # no restarter here: the lease waits its restart window (10 s), then lets go
+    wait_for(lambda: state(pool, job.id) == "running", timeout=60)
+    assert state(pool, lease) == "succeeded"
+    assert pool.get(lease).result()["ended"] == "kernel exited"
+
+
+def test_a_kernel_start_fails_with_the_reason_after_its_wait_limit(
+    pool: Scheduler, kernels: list[Kernel]
+) -> None:
+    pool.submit_command(HOLD_GPU, gpus=1, name="holds-the-gpu")
+    wait_for(lambda: [j for j in pool.jobs(state="running") if j.name == "holds-the-gpu"])
+    kernel = Kernel("gpu-3s")
+    kernels.append(kernel)
+    with pytest.raises(KernelLeaseError, match=r"no GPU for this kernel within 3s \(.+\)"):
+        kernel.start()
+    [lease] = kernel_jobs(pool)
+    wait_for(lambda: state(pool, lease.id) == "cancelled", timeout=30)
+
+
+def test_cancelling_a_waiting_lease_cancels_the_kernel_start(
+    pool: Scheduler, kernels: list[Kernel]
+) -> None:
+    pool.submit_command(HOLD_GPU, gpus=1, name="holds-the-gpu")
+    wait_for(lambda: [j for j in pool.jobs(state="running") if j.name == "holds-the-gpu"])
+    kernel = Kernel("gpu")
+    kernels.append(kernel)
+    thread, errors = start_in_thread(kernel)
+    [lease] = wait_for(lambda: kernel_jobs(pool, "queued"), timeout=30)
+    pool.cancel(lease.id)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], KernelLeaseError), errors
+    assert f"GPU lease {lease.id} was cancelled while it waited" in str(errors[0])
+
+
+def test_an_idle_kernel_is_reclaimed_only_while_work_waits_and_a_cell_keeps_it(
+    pool: Scheduler, kernels: list[Kernel]
+) -> None:
+    kernel = Kernel("gpu-idle").start()
+    kernels.append(kernel)
+    folder = Path(kernel.manager.provisioner.folder)  # type: ignore[union-attr,arg-type]
+    lease = kernel.lease
+    time.sleep(4.0)  # idle past --idle, but nothing waits: no warning, nothing reclaimed
+    assert control.read(folder, "warning.json") is None
+    assert state(pool, lease) == "running"
+
+    job = pool.submit_command(HOLD_GPU, gpus=1, name="waits-for-gpu")
+    warning = wait_for(lambda: control.read(folder, "warning.json"), timeout=30)
+    assert warning["waiting"] == 1
+    printed = kernel.run("x = 1")  # a cell within the grace keeps the GPU, and says why
+    assert "about to be reclaimed" in printed, printed
+    wait_for(lambda: control.read(folder, "warning.json") is None, timeout=10)
+    assert state(pool, lease) == "running" and state(pool, job.id) == "queued"
+
+    # idle again: warned, then reclaimed after the grace
+    wait_for(lambda: state(pool, job.id) == "running", timeout=60)
+    assert state(pool, lease) == "succeeded"
+    assert pool.get(lease).result()["ended"] == "reclaimed"
+    wait_for(lambda: not kernel.manager.is_alive(), timeout=30)
+    ended = control.read(folder, "ended.json")
+    assert ended is not None and "idle" in ended["message"]
+
+
+def test_a_busy_kernel_is_never_reclaimed(pool: Scheduler, kernels: list[Kernel]) -> None:
+    kernel = Kernel("gpu-idle").start()
+    kernels.append(kernel)
+    lease = kernel.lease
+    msg_id = kernel.client.execute("import time; time.sleep(12)")
+    job = pool.submit_command(HOLD_GPU, gpus=1, name="waits-for-gpu")
+    time.sleep(9.0)  # longer than idle + grace (5 s), the cell still running
+    assert state(pool, lease) == "running" and state(pool, job.id) == "queued"
+    reply = kernel.client.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert kernel.manager.is_alive()
