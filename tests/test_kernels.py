@@ -6,8 +6,10 @@ a real command job asking for the same GPU. This test process plays the Jupyter 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -243,6 +245,70 @@ def test_a_busy_kernel_is_never_reclaimed(pool: Scheduler, kernels: list[Kernel]
     job = pool.submit_command(HOLD_GPU, gpus=1, name="waits-for-gpu")
     time.sleep(9.0)  # longer than idle + grace (5 s), the cell still running
     assert state(pool, lease) == "running" and state(pool, job.id) == "queued"
-    reply = kernel.client.get_shell_msg(timeout=30)
-    assert reply["parent_header"]["msg_id"] == msg_id
-    assert kernel.manager.is_alive()
+    # the cell's own reply (a kernel_info reply of the start may come first)
+    wait_for(lambda: kernel.client.get_shell_msg(timeout=30)["parent_header"]["msg_id"] == msg_id)
+    assert kernel.manager.is_alive() and state(pool, lease) == "running"
+
+
+SERVER = """
+import sys, time
+from jupyter_client import KernelManager
+km = KernelManager(kernel_name="gpu")
+km.start_kernel()
+print(km.provisioner.pid, km.provisioner.job_id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_gpu_goes_back_when_the_kernels_server_dies(pool: Scheduler) -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    try:
+        assert server.stdout is not None
+        kernel_pid, lease = server.stdout.readline().split()
+        assert state(pool, lease) == "running"
+        server.kill()
+        server.wait()
+        wait_for(lambda: state(pool, lease) == "succeeded", timeout=60)
+        assert pool.get(lease).result()["ended"] in ("server gone", "kernel exited")
+        assert not Path(f"/proc/{kernel_pid}").exists() or _zombie(int(kernel_pid))
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_history_counts_a_kernels_gpu_hours_and_the_idle_part(
+    pool: Scheduler, kernels: list[Kernel]
+) -> None:
+    kernel = Kernel("gpu").start()
+    kernels.append(kernel)
+    kernel.run("import time; time.sleep(1.0)")
+    time.sleep(2.0)
+    lease = kernel.lease
+    kernel.shutdown()
+    wait_for(lambda: state(pool, lease) == "succeeded", timeout=30)
+    result = pool.get(lease).result()
+    assert result["idle_seconds"] >= 1.5, result
+    info = pool.info(lease)
+    assert info.progress is not None and info.progress["done"] == 1  # one cell ran
+    assert info.progress["metrics"]["idle_gpu_h"] > 0
+
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("dlsched")), "history", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
+    assert out.returncode == 0, out.stderr
+    [total] = json.loads(out.stdout)["totals"]
+    assert total["kernels"] == 1
+    assert 0 < total["idle_gpu_hours"] < total["kernel_gpu_hours"] <= total["gpu_hours"]

@@ -20,15 +20,21 @@ class CellActivity:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self.cells = 0
 
     def _write(self, busy: bool) -> None:
         try:
-            control.write(self.folder, "activity.json", {"busy": busy, "last": time.time()})
+            control.write(
+                self.folder,
+                "activity.json",
+                {"busy": busy, "last": time.time(), "cells": self.cells},
+            )
         except OSError:
             pass  # the lease is gone (its folder removed): nothing to tell
 
     def pre_run_cell(self, *args: Any) -> None:
         warning = control.read(self.folder, "warning.json")
+        self.cells += 1
         self._write(True)
         if warning is not None:
             idle = time.time() - float(warning.get("since") or time.time())

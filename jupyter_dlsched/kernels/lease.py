@@ -31,6 +31,8 @@ from typing import Any
 from . import control
 
 POLL = 0.2
+#: how often the idle time is written to the job's progress (the queue, REST, history)
+REPORT_EVERY = 10.0
 #: how often the queue is read while the kernel is idle past its limit
 WAITERS_EVERY = 2.0
 STOP_GRACE = 5.0
@@ -100,12 +102,16 @@ def hold(
     home: str | None,
     idle: float | None,
     grace: float,
+    gpus: float = 0.0,
     restart_window: float = 10.0,
     launch_wait: float = 900.0,
 ) -> dict[str, Any]:
     """Hold this job's grant for the kernel whose control folder is ``folder_text``.
 
-    Returns (as the job's result) why the lease ended: ``{"ended": "shut down", ...}``.
+    Returns (as the job's result) why the lease ended and how long the kernel held its GPUs
+    idle: ``{"ended": "shut down", "idle_seconds": 812.0, ...}``. While it holds, the job's
+    progress says how many cells ran (``done``), the GPU-hours held idle (``idle_gpu_h``:
+    time without a running cell times the GPUs) and the current idle stretch (``idle_min``).
     """
     folder = Path(folder_text)
     stopping: list[int] = []
@@ -114,7 +120,7 @@ def hold(
     job_id = os.environ.get("DLSCHED_JOB_ID", "")
     control.write(folder, "grant.json", {"job_id": job_id, "env": grant, "pid": os.getpid()})
     say(f"granted {grant.get('CUDA_VISIBLE_DEVICES') or 'no GPU'}; waiting for the kernel")
-    watch = _Watch(folder, home=home, idle=idle, grace=grace, job_id=job_id)
+    watch = _Watch(folder, home=home, idle=idle, grace=grace, job_id=job_id, gpus=gpus)
     granted = time.time()
     try:
         while True:
@@ -139,6 +145,7 @@ def hold(
                         continue
                     return watch.end("kernel exited", "the kernel's process ended")
                 continue
+            watch.account()
             ended = watch.check_idle()
             if ended is not None:
                 return ended
@@ -151,7 +158,14 @@ class _Watch:
     """What ``hold`` follows: the kernel, its server, its activity, the queue."""
 
     def __init__(
-        self, folder: Path, *, home: str | None, idle: float | None, grace: float, job_id: str
+        self,
+        folder: Path,
+        *,
+        home: str | None,
+        idle: float | None,
+        grace: float,
+        job_id: str,
+        gpus: float = 0.0,
     ) -> None:
         self.folder, self.home, self.idle, self.grace, self.job_id = (
             folder,
@@ -167,6 +181,10 @@ class _Watch:
         self._waiters_at = 0.0
         self._waiters = 0
         self._scheduler: Any = None
+        self.gpus = gpus
+        self.idle_seconds = 0.0
+        self._accounted_at = time.time()
+        self._reported_at = 0.0
 
     def follow_kernel_file(self) -> None:
         data = control.read(self.folder, "kernel.json")
@@ -273,6 +291,34 @@ class _Watch:
         self._waiters = sum(1 for j in queued if j.id != self.job_id and (j.gpus > 0 or j.gpu_mem))
         return self._waiters
 
+    # -- accounting ------------------------------------------------------------------------
+
+    def account(self) -> None:
+        """Add the time since the last call to the idle time when no cell ran in it."""
+        now = time.time()
+        elapsed, self._accounted_at = now - self._accounted_at, now
+        activity = control.read(self.folder, "activity.json") or {}
+        if self.kernel is not None and not activity.get("busy"):
+            self.idle_seconds += elapsed
+        if now - self._reported_at >= REPORT_EVERY:
+            self.report(activity, now)
+
+    def report(self, activity: dict[str, Any], now: float) -> None:
+        from .. import runtime
+
+        self._reported_at = now
+        last = max(float(activity.get("last") or 0), self.kernel_started)
+        stretch = 0.0 if activity.get("busy") else max(0.0, now - last)
+        try:
+            runtime.progress(
+                int(activity.get("cells") or 0),
+                None,
+                idle_gpu_h=round(self.gpus * self.idle_seconds / 3600, 4),
+                idle_min=round(stretch / 60, 1),
+            )
+        except Exception as error:  # accounting must never end the lease
+            say(f"could not report the idle time: {error}")
+
     # -- ending ----------------------------------------------------------------------------
 
     def end(self, why: str, message: str) -> dict[str, Any]:
@@ -280,8 +326,16 @@ class _Watch:
             self.kernel.stop()
         control.write(self.folder, "ended.json", {"ended": why, "message": message})
         control.unmark(self.folder, "warning.json")
-        say(f"lease ended ({why}): {message}")
-        return {"ended": why, "message": message}
+        self._accounted_at = time.time()
+        activity = control.read(self.folder, "activity.json") or {}
+        self.report(activity, time.time())
+        say(f"lease ended ({why}): {message}; idle {_words(self.idle_seconds)} in all")
+        return {
+            "ended": why,
+            "message": message,
+            "idle_seconds": round(self.idle_seconds, 1),
+            "idle_gpu_hours": self.gpus * self.idle_seconds / 3600,
+        }
 
     def close(self) -> None:
         for watched in (self.kernel, self.server):

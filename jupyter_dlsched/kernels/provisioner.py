@@ -50,6 +50,13 @@ _LEASE_FILES = (
 _FINAL_ENDINGS = ("reclaimed", "cancelled")
 
 
+def _gpu_count(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0  # the lease's submit refuses it with the reason
+
+
 class KernelLeaseError(DlschedError):
     """A GPU kernel could not get (or keep) its GPUs: cancelled, reclaimed, waited too long."""
 
@@ -126,6 +133,7 @@ class GpuKernelProvisioner(LocalProvisioner):
                         "home": str(sched.home),
                         "idle": duration_or_none(self.idle, "idle"),
                         "grace": duration_or_none(self.idle_grace, "idle_grace") or 0.0,
+                        "gpus": _gpu_count(self.gpus),
                     },
                 },
                 default_name="kernel",
