@@ -185,6 +185,8 @@ class _Watch:
         self.idle_seconds = 0.0
         self._accounted_at = time.time()
         self._reported_at = 0.0
+        self.reclaimed = False
+        self._wrote_at = 0.0
 
     def follow_kernel_file(self) -> None:
         data = control.read(self.folder, "kernel.json")
@@ -236,12 +238,14 @@ class _Watch:
             if warning is not None:
                 control.unmark(self.folder, "warning.json")
                 say("the kernel ran a cell: the reclaim warning is withdrawn")
+                self._reported_at = 0.0  # the views learn it at the next report
             return None
         waiters = self.waiters()
         if not waiters:
             if warning is not None:
                 control.unmark(self.folder, "warning.json")
                 say("nothing waits for GPUs any more: the reclaim warning is withdrawn")
+                self._reported_at = 0.0
             return None
         if warning is None:
             reclaim_at = now + self.grace
@@ -260,10 +264,12 @@ class _Watch:
                 f"idle {_words(now - last)} while {waiters} job(s) wait for GPUs: "
                 f"reclaimed in {_words(self.grace)} unless a cell runs"
             )
+            self.report(activity, now)
             return None
         if now >= float(warning.get("reclaim_at") or 0):
             assert self.kernel is not None
             self.kernel.stop()
+            self.reclaimed = True
             return self.end(
                 "reclaimed",
                 f"idle {_words(now - last)} while {waiters} job(s) waited for GPUs: "
@@ -309,13 +315,19 @@ class _Watch:
         self._reported_at = now
         last = max(float(activity.get("last") or 0), self.kernel_started)
         stretch = 0.0 if activity.get("busy") else max(0.0, now - last)
+        # what the views show: the reclaim to come (JupyterLab warns), or the one done
+        metrics: dict[str, float] = {"idle_gpu_h": round(self.gpus * self.idle_seconds / 3600, 4)}
+        warning = control.read(self.folder, "warning.json")
+        if warning is not None:
+            metrics["reclaim_at"] = float(warning.get("reclaim_at") or 0)
+        if self.reclaimed:
+            metrics["reclaimed"] = 1.0
+        metrics["idle_min"] = round(stretch / 60, 1)
+        # progress writes closer together than this are dropped; a warning must land
+        time.sleep(max(0.0, runtime.PROGRESS_MIN_INTERVAL + 0.01 - (time.time() - self._wrote_at)))
+        self._wrote_at = time.time()
         try:
-            runtime.progress(
-                int(activity.get("cells") or 0),
-                None,
-                idle_gpu_h=round(self.gpus * self.idle_seconds / 3600, 4),
-                idle_min=round(stretch / 60, 1),
-            )
+            runtime.progress(int(activity.get("cells") or 0), None, **metrics)
         except Exception as error:  # accounting must never end the lease
             say(f"could not report the idle time: {error}")
 
