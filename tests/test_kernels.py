@@ -38,6 +38,7 @@ def pool(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     install(GpuKernelRequest(gpus=1, idle="never"), user=True, name="gpu")
     install(GpuKernelRequest(gpus=1, idle="never", wait_limit="3s"), user=True, name="gpu-3s")
     install(GpuKernelRequest(gpus=1, idle="2s", idle_grace="3s"), user=True, name="gpu-idle")
+    install(GpuKernelRequest(gpus=0.5, gpu_mem="4GiB", idle="never"), user=True, name="share")
     with Scheduler(home, loop=False) as s:
         yield s
         for job in s.jobs(state=("queued", "running")):
@@ -126,6 +127,15 @@ def test_first_kernel_gets_the_gpu_and_a_second_waits_until_it_shuts_down(
     assert lease.id == first.lease and lease.placement is not None
     assert lease.placement.gpus == (0,)
     assert lease.name.startswith("kernel")
+    queue = subprocess.run(
+        [str(Path(sys.executable).with_name("dlsched")), "queue", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
+    [row] = [j for j in json.loads(queue.stdout) if j["id"] == lease.id]
+    assert (row["kind"], row["state"], row["devices"]) == ("kernel", "running", [0])
 
     second = Kernel("gpu")
     kernels.append(second)
@@ -235,6 +245,20 @@ def test_an_idle_kernel_is_reclaimed_only_while_work_waits_and_a_cell_keeps_it(
     wait_for(lambda: not kernel.manager.is_alive(), timeout=30)
     ended = control.read(folder, "ended.json")
     assert ended is not None and "idle" in ended["message"]
+    # a restart does not queue for the GPU again: the reclaim was meant
+    with pytest.raises(KernelLeaseError, match="start a new kernel to wait for a GPU again"):
+        kernel.manager.restart_kernel()
+
+
+def test_two_kernels_share_one_gpu_each_with_its_memory_grant(
+    pool: Scheduler, kernels: list[Kernel]
+) -> None:
+    first, second = Kernel("share").start(), Kernel("share").start()
+    kernels += [first, second]
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['DLSCHED_GPU_MEM'])"
+    assert first.run(code).split() == second.run(code).split() == ["0", str(4 * 2**30)]
+    leases = kernel_jobs(pool, "running")
+    assert len(leases) == 2 and all(j.placement.shared for j in leases)
 
 
 def test_a_busy_kernel_is_never_reclaimed(pool: Scheduler, kernels: list[Kernel]) -> None:
