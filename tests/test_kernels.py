@@ -25,6 +25,7 @@ from jupyter_dlsched.kernels import control
 from jupyter_dlsched.kernels.kernelspecs import GpuKernelRequest, install
 from jupyter_dlsched.kernels.provisioner import KernelLeaseError
 from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.widgets.format import progress_words
 
 HOLD_GPU = [sys.executable, "-c", "import time; time.sleep(600)"]
 
@@ -324,6 +325,7 @@ def test_history_counts_a_kernels_gpu_hours_and_the_idle_part(
     info = pool.info(lease)
     assert info.progress is not None and info.progress["done"] == 1  # one cell ran
     assert info.progress["metrics"]["idle_gpu_h"] > 0
+    assert progress_words(info) == "1 cell · idle <1 min"
 
     out = subprocess.run(
         [str(Path(sys.executable).with_name("dlsched")), "history", "--json"],

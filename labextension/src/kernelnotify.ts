@@ -38,22 +38,29 @@ export class KernelNotifier {
         this._warnings.set(job.id, { id, at: reclaimAt });
       }
     }
-    for (const id of [...this._warnings.keys()]) {
-      if (!warned.has(id)) {
-        this._dismiss(id);
-      }
-    }
     for (const job of recent) {
       if (job.kind !== 'kernel' || job.owner !== user || this._reclaimed.has(job.id)) {
         continue;
       }
       if (Number(job.progress?.metrics?.reclaimed ?? 0) && this._seen.has(job.id)) {
         this._reclaimed.add(job.id);
-        Notification.warning(
+        const message =
           `${kernelLabel(job)} was shut down: it was idle while other work waited, so its GPU ` +
-            'went to the queue. Start a new kernel to wait for a GPU again.',
-          { autoClose: false }
-        );
+          'went to the queue. Start a new kernel to wait for a GPU again.';
+        // the warning's message becomes the notice, so one message tells the whole story
+        const warning = this._warnings.get(job.id);
+        this._warnings.delete(job.id);
+        const updated =
+          warning !== undefined &&
+          Notification.update({ id: warning.id, message, type: 'warning', autoClose: false });
+        if (!updated) {
+          Notification.warning(message, { autoClose: false });
+        }
+      }
+    }
+    for (const id of [...this._warnings.keys()]) {
+      if (!warned.has(id)) {
+        this._dismiss(id);
       }
     }
     // Only kernels seen running are announced as reclaimed (not old ones at page load).

@@ -96,6 +96,10 @@ def test_a_gpu_kernel_waits_in_line_visibly_and_its_reclaim_is_announced(
     # the GPUs come free: the kernel starts on one, and the notebook runs a cell
     submitter.cancel(holder)
     kernel_lease(submitter, "running")
+    running = (
+        f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{lease.id}"][data-state="running"]'
+    )
+    page.wait_for_selector(f"{running}:has-text('idle <1 min')", timeout=30_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
 
     # work waits for both GPUs while the kernel sits idle: warned, then reclaimed
@@ -103,5 +107,9 @@ def test_a_gpu_kernel_waits_in_line_visibly_and_its_reclaim_is_announced(
     page.wait_for_selector(".jp-toast-message:has-text('unless a cell runs')", timeout=60_000)
     page.screenshot(path=str(ARTIFACTS / "kernel-reclaim-warning.png"))
     page.wait_for_selector(".jp-toast-message:has-text('was shut down')", timeout=60_000)
+    # one message tells the story: the warning became the notice
+    page.wait_for_selector(
+        ".jp-toast-message:has-text('unless a cell runs')", state="detached", timeout=10_000
+    )
     page.screenshot(path=str(ARTIFACTS / "kernel-reclaimed.png"))
     assert submitter.get(lease.id).result()["ended"] == "reclaimed"
