@@ -338,3 +338,19 @@ def test_history_counts_a_kernels_gpu_hours_and_the_idle_part(
     [total] = json.loads(out.stdout)["totals"]
     assert total["kernels"] == 1
     assert 0 < total["idle_gpu_hours"] < total["kernel_gpu_hours"] <= total["gpu_hours"]
+
+
+def test_a_kernel_that_cannot_start_gives_its_gpu_back_at_once(
+    pool: Scheduler, kernels: list[Kernel], tmp_path: Path
+) -> None:
+    folder = install(GpuKernelRequest(gpus=1, idle="never"), user=True, name="broken")
+    spec = json.loads((folder / "kernel.json").read_text())
+    spec["argv"][0] = str(tmp_path / "no-such-python")
+    (folder / "kernel.json").write_text(json.dumps(spec))
+    kernel = Kernel("broken")
+    kernels.append(kernel)
+    with pytest.raises(OSError):
+        kernel.start()
+    [lease] = kernel_jobs(pool)
+    wait_for(lambda: state(pool, lease.id) == "succeeded", timeout=10)
+    assert pool.get(lease.id).result()["ended"] == "shut down"

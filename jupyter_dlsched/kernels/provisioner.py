@@ -25,6 +25,7 @@ from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
+from tornado.web import HTTPError
 from traitlets import Any as AnyTrait
 from traitlets import Unicode
 
@@ -57,8 +58,20 @@ def _gpu_count(value: object) -> float:
         return 0.0  # the lease's submit refuses it with the reason
 
 
-class KernelLeaseError(DlschedError):
-    """A GPU kernel could not get (or keep) its GPUs: cancelled, reclaimed, waited too long."""
+class KernelLeaseError(DlschedError, HTTPError):
+    """A GPU kernel could not get (or keep) its GPUs: cancelled, reclaimed, waited too long.
+
+    Also a tornado ``HTTPError`` (503), so that a Jupyter server answers the request that
+    started the kernel with this message (JupyterLab shows it) rather than "Unhandled error".
+    """
+
+    def __init__(self, message: str) -> None:
+        DlschedError.__init__(self, message)
+        HTTPError.__init__(self, 503, message, reason="GPU kernel not started")
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def duration_or_none(text: object, field: str) -> float | None:
@@ -198,7 +211,11 @@ class GpuKernelProvisioner(LocalProvisioner):
             grant = control.read(self.folder, "grant.json") or {}
         else:
             grant = await self._acquire(env)
-        kwargs = await super().pre_launch(**kwargs)
+        try:
+            kwargs = await super().pre_launch(**kwargs)
+        except BaseException:
+            self._release()  # no kernel will use the grant
+            raise
         kernel_env = kwargs["env"]
         for name in control.GRANT_ENV:
             kernel_env.pop(name, None)
@@ -213,7 +230,11 @@ class GpuKernelProvisioner(LocalProvisioner):
         return kwargs
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        info = await super().launch_kernel(cmd, **kwargs)
+        try:
+            info = await super().launch_kernel(cmd, **kwargs)
+        except BaseException:
+            self._release()  # the kernel could not be started: its GPUs go back now
+            raise
         assert self.folder is not None
         control.write(
             self.folder,
@@ -221,6 +242,10 @@ class GpuKernelProvisioner(LocalProvisioner):
             {"pid": self.pid, "server_pid": os.getpid(), "started": time.time()},
         )
         return info
+
+    def _release(self) -> None:
+        if self.folder is not None:
+            control.mark(self.folder, "released")
 
     async def shutdown_requested(self, restart: bool = False) -> None:
         if restart and self.folder is not None:

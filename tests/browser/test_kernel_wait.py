@@ -113,3 +113,26 @@ def test_a_gpu_kernel_waits_in_line_visibly_and_its_reclaim_is_announced(
     )
     page.screenshot(path=str(ARTIFACTS / "kernel-reclaimed.png"))
     assert submitter.get(lease.id).result()["ended"] == "reclaimed"
+
+
+def test_cancelling_a_waiting_kernels_lease_in_the_sidebar_fails_its_start_with_the_reason(
+    lab: Lab, submitter: Scheduler, browser_context: Any
+) -> None:
+    sleeper(submitter, "holds-both-gpus", gpus=2)
+    page = browser_context.new_page()
+    page.goto(f"{lab.url}lab/tree/train.ipynb?token={lab.token}")
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+    lease = kernel_lease(submitter, "queued")
+    page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
+    waiting = (
+        f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{lease.id}"][data-state="queued"]'
+    )
+    page.click(f'{waiting} button[data-action="cancel"]', timeout=30_000)
+    page.click(".jp-Dialog .jp-mod-accept.jp-mod-warn")
+
+    dialog = page.wait_for_selector(
+        f".jp-Dialog:has-text('GPU lease {lease.id} was cancelled while it waited')",
+        timeout=60_000,
+    )
+    page.screenshot(path=str(ARTIFACTS / "kernel-start-cancelled.png"))
+    assert "the kernel was not started" in dialog.inner_text()
