@@ -354,3 +354,27 @@ def test_a_kernel_that_cannot_start_gives_its_gpu_back_at_once(
     [lease] = kernel_jobs(pool)
     wait_for(lambda: state(pool, lease.id) == "succeeded", timeout=10)
     assert pool.get(lease.id).result()["ended"] == "shut down"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "gpu_mem", "waiting", "helped"),
+    [
+        (1, None, "waiting for 1 GPU", True),
+        (0.5, 2**30, "waiting for GPU memory (1 GiB)", True),
+        (1, None, "behind abc (higher in line)", True),
+        (1, None, None, True),
+        (0, None, "waiting for 2 CPUs", False),
+        (1, None, "waiting for job abc to finish", False),
+        (1, None, "anna holds 1 GPU, the limit per user is 1", False),
+        (1, None, "staging data 43 %, 1.2 GB/s", False),
+    ],
+)
+def test_only_work_a_free_gpu_could_start_counts_as_waiting_for_gpus(
+    gpus: float, gpu_mem: int | None, waiting: str | None, helped: bool
+) -> None:
+    from types import SimpleNamespace
+
+    from jupyter_dlsched.kernels.lease import waits_for_gpus
+
+    job = SimpleNamespace(gpus=gpus, gpu_mem=gpu_mem, waiting=waiting)
+    assert waits_for_gpus(job) is helped

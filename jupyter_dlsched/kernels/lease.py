@@ -294,7 +294,7 @@ class _Watch:
             say(f"cannot read the queue ({error}); nothing is reclaimed")
             self._waiters = 0
             return 0
-        self._waiters = sum(1 for j in queued if j.id != self.job_id and (j.gpus > 0 or j.gpu_mem))
+        self._waiters = sum(1 for j in queued if j.id != self.job_id and waits_for_gpus(j))
         return self._waiters
 
     # -- accounting ------------------------------------------------------------------------
@@ -359,6 +359,19 @@ class _Watch:
             except Exception:
                 pass
         sys.stdout.flush()
+
+
+#: why a queued job waits, when freeing a GPU would not start it (the policy's own words)
+_NOT_HELPED_BY_A_GPU = ("waiting for job ", "the limit per user", "stag")
+
+
+def waits_for_gpus(job: Any) -> bool:
+    """Whether a queued job asks for GPUs and a GPU coming free could start it: not one that
+    waits for another job to finish, for its data, or under its owner's limit."""
+    if not (job.gpus > 0 or job.gpu_mem):
+        return False
+    words = (job.waiting or "").lower()
+    return not any(reason in words for reason in _NOT_HELPED_BY_A_GPU)
 
 
 def _words(seconds: float) -> str:
