@@ -246,9 +246,14 @@ def test_an_idle_kernel_is_reclaimed_only_while_work_waits_and_a_cell_keeps_it(
     wait_for(lambda: not kernel.manager.is_alive(), timeout=30)
     ended = control.read(folder, "ended.json")
     assert ended is not None and "idle" in ended["message"]
-    # a restart does not queue for the GPU again: the reclaim was meant
-    with pytest.raises(KernelLeaseError, match="start a new kernel to wait for a GPU again"):
-        kernel.manager.restart_kernel()
+    # Jupyter's restarter (a restart with now=True) does not take the GPU straight back
+    with pytest.raises(KernelLeaseError, match="restart the kernel or start a new one"):
+        kernel.manager.restart_kernel(now=True)
+    # a restart someone asks for waits in line again: the job holds the GPU now
+    pool.cancel(job.id)
+    kernel.manager.restart_kernel()
+    kernel.client.wait_for_ready(timeout=60)
+    assert kernel.devices() == "0" and kernel.lease != lease
 
 
 def test_two_kernels_share_one_gpu_each_with_its_memory_grant(

@@ -101,6 +101,7 @@ class GpuKernelProvisioner(LocalProvisioner):
     job_id: str | None = None
     folder: Path | None = None
     _scheduler: Any = None
+    _restart_asked = False
 
     # -- the lease -------------------------------------------------------------------------
 
@@ -117,10 +118,13 @@ class GpuKernelProvisioner(LocalProvisioner):
             return False
         ended = control.read(self.folder, "ended.json")
         if ended is not None:
-            if ended.get("ended") in _FINAL_ENDINGS:
+            # Jupyter's restarter restarts a dead kernel at once (shutdown with now=True,
+            # which skips shutdown_requested): after a reclaim that must not take the GPU
+            # straight back. A restart someone asked for waits in line again.
+            if ended.get("ended") in _FINAL_ENDINGS and not self._restart_asked:
                 raise KernelLeaseError(
                     f"this kernel's GPU lease {self.job_id} ended: {ended.get('message')}; "
-                    "start a new kernel to wait for a GPU again"
+                    "restart the kernel or start a new one to wait for a GPU again"
                 )
             return False
         info = await asyncio.to_thread(self._client().info, self.job_id)
@@ -206,7 +210,11 @@ class GpuKernelProvisioner(LocalProvisioner):
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         env = dict(kwargs.get("env") or os.environ)
-        if await self._lease_alive():
+        try:
+            alive = await self._lease_alive()
+        finally:
+            self._restart_asked = False
+        if alive:
             assert self.folder is not None
             grant = control.read(self.folder, "grant.json") or {}
         else:
@@ -248,6 +256,7 @@ class GpuKernelProvisioner(LocalProvisioner):
             control.mark(self.folder, "released")
 
     async def shutdown_requested(self, restart: bool = False) -> None:
+        self._restart_asked = restart
         if restart and self.folder is not None:
             control.mark(self.folder, "restarting")
         await super().shutdown_requested(restart=restart)
