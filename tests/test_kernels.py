@@ -383,3 +383,29 @@ def test_only_work_a_free_gpu_could_start_counts_as_waiting_for_gpus(
 
     job = SimpleNamespace(gpus=gpus, gpu_mem=gpu_mem, waiting=waiting)
     assert waits_for_gpus(job) is helped
+
+
+def test_a_lease_whose_server_died_before_its_kernel_started_lets_go(pool: Scheduler) -> None:
+    from jupyter_dlsched.kernels.lease import hold
+
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    folder = control.runtime_folder("no-kernel-yet")
+    lease = pool.submit_payload(
+        "kernel",
+        {
+            "fn": hold,
+            "args": (str(folder),),
+            "kwargs": {
+                "home": str(pool.home),
+                "idle": None,
+                "grace": 0.0,
+                "server_pid": server.pid,
+            },
+        },
+        gpus=1,
+    )
+    wait_for(lambda: control.read(folder, "grant.json"), timeout=30)
+    server.kill()
+    server.wait()
+    wait_for(lambda: state(pool, lease.id) == "succeeded", timeout=30)
+    assert lease.result()["ended"] == "server gone"

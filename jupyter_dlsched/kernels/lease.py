@@ -103,8 +103,9 @@ def hold(
     idle: float | None,
     grace: float,
     gpus: float = 0.0,
+    server_pid: int = 0,
     restart_window: float = 10.0,
-    launch_wait: float = 900.0,
+    launch_wait: float = 120.0,
 ) -> dict[str, Any]:
     """Hold this job's grant for the kernel whose control folder is ``folder_text``.
 
@@ -121,6 +122,8 @@ def hold(
     control.write(folder, "grant.json", {"job_id": job_id, "env": grant, "pid": os.getpid()})
     say(f"granted {grant.get('CUDA_VISIBLE_DEVICES') or 'no GPU'}; waiting for the kernel")
     watch = _Watch(folder, home=home, idle=idle, grace=grace, job_id=job_id, gpus=gpus)
+    if server_pid > 0:  # watched from the start: a server gone before its kernel came
+        watch.server = _Watched(server_pid)
     granted = time.time()
     try:
         while True:

@@ -151,6 +151,7 @@ class GpuKernelProvisioner(LocalProvisioner):
                         "idle": duration_or_none(self.idle, "idle"),
                         "grace": duration_or_none(self.idle_grace, "idle_grace") or 0.0,
                         "gpus": _gpu_count(self.gpus),
+                        "server_pid": os.getpid(),
                     },
                 },
                 default_name="kernel",
