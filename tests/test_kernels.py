@@ -409,3 +409,14 @@ def test_a_lease_whose_server_died_before_its_kernel_started_lets_go(pool: Sched
     server.wait()
     wait_for(lambda: state(pool, lease.id) == "succeeded", timeout=30)
     assert lease.result()["ended"] == "server gone"
+
+
+def test_a_request_the_pool_can_never_satisfy_fails_the_start_with_the_reason(
+    pool: Scheduler, kernels: list[Kernel]
+) -> None:
+    install(GpuKernelRequest(gpus=3, idle="never"), user=True, name="too-big")
+    kernel = Kernel("too-big")
+    kernels.append(kernel)
+    with pytest.raises(KernelLeaseError, match="could not be queued: gpus=3 is invalid"):
+        kernel.start()
+    assert kernel_jobs(pool) == []

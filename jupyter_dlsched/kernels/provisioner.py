@@ -132,38 +132,20 @@ class GpuKernelProvisioner(LocalProvisioner):
 
     async def _acquire(self, env: dict[str, str]) -> dict[str, Any]:
         """Submit the lease and wait in line until its job process holds the grant."""
-        from .lease import hold
-
         self.folder = control.runtime_folder(self.kernel_id)
         for name in _LEASE_FILES:
             control.unmark(self.folder, name)
         notebook = env.get("JPY_SESSION_NAME") or ""
         label = Path(notebook).name if notebook else self.kernel_spec.display_name
-        sched = await asyncio.to_thread(self._client)
-        handle = await asyncio.to_thread(
-            lambda: sched.submit_payload(
-                "kernel",
-                {
-                    "fn": hold,
-                    "args": (str(self.folder),),
-                    "kwargs": {
-                        "home": str(sched.home),
-                        "idle": duration_or_none(self.idle, "idle"),
-                        "grace": duration_or_none(self.idle_grace, "idle_grace") or 0.0,
-                        "gpus": _gpu_count(self.gpus),
-                        "server_pid": os.getpid(),
-                    },
-                },
-                default_name="kernel",
-                origin_text=notebook or f"kernel {self.kernel_id}",
-                name=f"kernel · {label}",
-                gpus=self.gpus,
-                gpu_mem=self.gpu_mem,
-                cpus=self.cpus,
-                mem=self.mem,
-                priority=self.priority,
-            )
-        )
+        try:
+            sched = await asyncio.to_thread(self._client)
+            handle = await asyncio.to_thread(self._submit, sched, notebook, label)
+        except DlschedError as error:
+            if isinstance(error, KernelLeaseError):
+                raise
+            raise KernelLeaseError(
+                f"this kernel's GPU lease could not be queued: {error}"
+            ) from error
         self.job_id = handle.id
         limit = duration_or_none(self.wait_limit, "wait_limit")
         deadline = None if limit is None else time.time() + limit
@@ -196,6 +178,34 @@ class GpuKernelProvisioner(LocalProvisioner):
         except (asyncio.CancelledError, KeyboardInterrupt):
             await asyncio.to_thread(self._cancel_quietly)
             raise
+
+    def _submit(self, sched: Any, notebook: str, label: str) -> Any:
+        """Queue the lease: a job of kind ``kernel`` whose job process runs ``lease.hold``."""
+        from .lease import hold
+
+        assert self.folder is not None
+        return sched.submit_payload(
+            "kernel",
+            {
+                "fn": hold,
+                "args": (str(self.folder),),
+                "kwargs": {
+                    "home": str(sched.home),
+                    "idle": duration_or_none(self.idle, "idle"),
+                    "grace": duration_or_none(self.idle_grace, "idle_grace") or 0.0,
+                    "gpus": _gpu_count(self.gpus),
+                    "server_pid": os.getpid(),
+                },
+            },
+            default_name="kernel",
+            origin_text=notebook or f"kernel {self.kernel_id}",
+            name=f"kernel · {label}",
+            gpus=self.gpus,
+            gpu_mem=self.gpu_mem,
+            cpus=self.cpus,
+            mem=self.mem,
+            priority=self.priority,
+        )
 
     def _cancel_quietly(self) -> None:
         if self.job_id is None:
