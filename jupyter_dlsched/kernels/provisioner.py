@@ -150,6 +150,7 @@ class GpuKernelProvisioner(LocalProvisioner):
         limit = duration_or_none(self.wait_limit, "wait_limit")
         deadline = None if limit is None else time.time() + limit
         said = None
+        pause = 0.01
         try:
             while True:
                 grant = control.read(self.folder, "grant.json")
@@ -174,7 +175,9 @@ class GpuKernelProvisioner(LocalProvisioner):
                         "cancelled. Try again later or install the kernelspec with a longer "
                         "--wait-limit"
                     )
-                await asyncio.sleep(0.2)
+                # a grant usually comes within 0.1 s; a long wait is read twice a second
+                pause = min(0.5, pause * 1.5)
+                await asyncio.sleep(pause)
         except (asyncio.CancelledError, KeyboardInterrupt):
             await asyncio.to_thread(self._cancel_quietly)
             raise
