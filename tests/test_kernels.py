@@ -420,3 +420,33 @@ def test_a_request_the_pool_can_never_satisfy_fails_the_start_with_the_reason(
     with pytest.raises(KernelLeaseError, match="could not be queued: gpus=3 is invalid"):
         kernel.start()
     assert kernel_jobs(pool) == []
+
+
+def test_cancelling_a_running_lease_stops_its_kernel_and_frees_the_gpu(
+    pool: Scheduler, kernels: list[Kernel]
+) -> None:
+    kernel = Kernel("gpu").start()
+    kernels.append(kernel)
+    lease = kernel.lease
+    job = pool.submit_command(HOLD_GPU, gpus=1, name="waits-for-gpu")
+    wait_for(lambda: pool.info(job.id).waiting, timeout=30)
+
+    pool.cancel(lease)
+    wait_for(lambda: not kernel.manager.is_alive(), timeout=30)
+    wait_for(lambda: state(pool, job.id) == "running", timeout=30)
+    assert state(pool, lease) == "cancelled"
+    # Jupyter's restarter does not bring it back onto a GPU it gave up
+    with pytest.raises(KernelLeaseError, match="the lease was cancelled"):
+        kernel.manager.restart_kernel(now=True)
+
+
+def test_a_kernel_whose_lease_process_is_killed_stops_rather_than_use_freed_gpus(
+    pool: Scheduler, kernels: list[Kernel]
+) -> None:
+    kernel = Kernel("gpu").start()
+    kernels.append(kernel)
+    info = pool.info(kernel.lease)
+    assert info.job_pid is not None
+    os.kill(info.job_pid, signal.SIGKILL)
+    wait_for(lambda: not kernel.manager.is_alive(), timeout=30)
+    wait_for(lambda: state(pool, info.id) == "failed", timeout=30)
