@@ -323,8 +323,10 @@ def test_history_counts_a_kernels_gpu_hours_and_the_idle_part(
     kernel.run("import time; time.sleep(1.0)")
     time.sleep(2.0)
     lease = kernel.lease
+    folder = Path(kernel.manager.provisioner.folder)  # type: ignore[union-attr,arg-type]
     kernel.shutdown()
     wait_for(lambda: state(pool, lease) == "succeeded", timeout=30)
+    assert not folder.exists()  # a kernel shut down leaves nothing in the runtime folder
     result = pool.get(lease).result()
     assert result["idle_seconds"] >= 1.5, result
     info = pool.info(lease)

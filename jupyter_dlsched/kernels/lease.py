@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import sys
 import time
@@ -339,11 +340,17 @@ class _Watch:
     def end(self, why: str, message: str) -> dict[str, Any]:
         if why in ("cancelled", "server gone") and self.kernel is not None:
             self.kernel.stop()
-        control.write(self.folder, "ended.json", {"ended": why, "message": message})
-        control.unmark(self.folder, "warning.json")
-        self._accounted_at = time.time()
         activity = control.read(self.folder, "activity.json") or {}
+        try:
+            control.write(self.folder, "ended.json", {"ended": why, "message": message})
+            control.unmark(self.folder, "warning.json")
+        except OSError as error:  # the folder went with its kernel: the result still says it
+            say(f"cannot write to the kernel's folder ({error})")
+        self._accounted_at = time.time()
         self.report(activity, time.time())
+        if why == "shut down":
+            # the provisioner let go of the kernel for good: nobody reads the folder again
+            shutil.rmtree(self.folder, ignore_errors=True)
         say(f"lease ended ({why}): {message}; idle {_words(self.idle_seconds)} in all")
         return {
             "ended": why,

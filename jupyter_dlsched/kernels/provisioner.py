@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -280,7 +281,11 @@ class GpuKernelProvisioner(LocalProvisioner):
             if restart:
                 control.mark(self.folder, "restarting")
             else:
-                control.mark(self.folder, "released")
+                if control.read(self.folder, "ended.json") is not None:
+                    # the lease ended before the kernel was shut down: nobody uses the folder
+                    shutil.rmtree(self.folder, ignore_errors=True)
+                else:
+                    control.mark(self.folder, "released")  # the lease removes the folder
                 await asyncio.to_thread(self._end_lease)
         await super().cleanup(restart=restart)
 
