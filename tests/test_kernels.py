@@ -332,7 +332,7 @@ def test_history_counts_a_kernels_gpu_hours_and_the_idle_part(
     info = pool.info(lease)
     assert info.progress is not None and info.progress["done"] == 1  # one cell ran
     assert info.progress["metrics"]["idle_gpu_h"] > 0
-    assert progress_words(info) == "1 cell · idle <1 min"
+    assert progress_words(info) == "1 cell · idle <1 min"  # too little idle GPU time to say
 
     out = subprocess.run(
         [str(Path(sys.executable).with_name("dlsched")), "history", "--json"],
@@ -452,3 +452,13 @@ def test_a_kernel_whose_lease_process_is_killed_stops_rather_than_use_freed_gpus
     os.kill(info.job_pid, signal.SIGKILL)
     wait_for(lambda: not kernel.manager.is_alive(), timeout=30)
     wait_for(lambda: state(pool, info.id) == "failed", timeout=30)
+
+
+def test_a_kernels_row_says_cells_idle_time_and_idle_gpu_hours() -> None:
+    from types import SimpleNamespace
+
+    job = SimpleNamespace(
+        kind="kernel",
+        progress={"done": 3, "total": None, "metrics": {"idle_gpu_h": 0.4, "idle_min": 12.2}},
+    )
+    assert progress_words(job) == "3 cells · idle 12 min · 0.40 GPU-h idle"  # type: ignore[arg-type]

@@ -108,7 +108,9 @@ def progress_words(job: JobInfo) -> str:
         return ""
     if job.kind == "kernel":
         cells = int(p.get("done", 0))
-        return f"{cells} cell{'' if cells == 1 else 's'} · {last_metric(job)}"
+        idle_hours = (p.get("metrics") or {}).get("idle_gpu_h") or 0
+        held = f" · {idle_hours:.2f} GPU-h idle" if idle_hours >= 0.01 else ""
+        return f"{cells} cell{'' if cells == 1 else 's'} · {last_metric(job)}{held}"
     share = fraction(job)
     head = f"{share * 100:.0f}%" if share is not None else f"step {p.get('done', 0):g}"
     metric = last_metric(job)

@@ -271,7 +271,9 @@ export function progressWords(job: IJob): string {
   }
   if (job.kind === 'kernel') {
     const cells = job.progress.done;
-    return `${cells} cell${cells === 1 ? '' : 's'} · ${lastMetric(job)}`;
+    const idleHours = Number(job.progress.metrics?.idle_gpu_h ?? 0);
+    const held = idleHours >= 0.01 ? ` · ${idleHours.toFixed(2)} GPU-h idle` : '';
+    return `${cells} cell${cells === 1 ? '' : 's'} · ${lastMetric(job)}${held}`;
   }
   const fraction = progressFraction(job);
   const head =
