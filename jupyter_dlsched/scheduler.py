@@ -39,7 +39,15 @@ from .store import WAITING, JobInfo, Store
 from .sweep import member_name, member_suffixes
 
 # variables that describe the submitting kernel, not the job
-_ENV_DROP = ("DLSCHED_JOB_ID", "DLSCHED_DEVICES", "DLSCHED_GPU_MEM", "CUDA_VISIBLE_DEVICES")
+_ENV_DROP = (
+    "DLSCHED_JOB_ID",
+    "DLSCHED_DEVICES",
+    "DLSCHED_GPU_MEM",
+    "CUDA_VISIBLE_DEVICES",
+    # a GPU kernel's own lease (docs/kernels.md): a job it submits is not that kernel
+    "DLSCHED_KERNEL_LEASE",
+    "DLSCHED_KERNEL_JOB",
+)
 
 
 def origin() -> str:

@@ -138,6 +138,15 @@ def test_first_kernel_gets_the_gpu_and_a_second_waits_until_it_shuts_down(
     [row] = [j for j in json.loads(queue.stdout) if j["id"] == lease.id]
     assert (row["kind"], row["state"], row["devices"]) == ("kernel", "running", [0])
 
+    # a job submitted from the GPU kernel gets neither its GPU nor its lease's variables
+    env = first.run(
+        "import jupyter_dlsched as dls, os\n"
+        "h = dls.submit(lambda: {k: v for k, v in os.environ.items() if 'DLSCHED_K' in k "
+        "or k == 'CUDA_VISIBLE_DEVICES'}, cpus=0.5)\n"
+        "print(h.result(timeout=60))"
+    )
+    assert env.strip() == "{'CUDA_VISIBLE_DEVICES': ''}", env
+
     second = Kernel("gpu")
     kernels.append(second)
     thread, errors = start_in_thread(second)
