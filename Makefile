@@ -53,7 +53,9 @@ test: install lint
 
 # JupyterLab on the quickstart notebook, the sidebar on the left, simulated GPUs when there are none.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+# ... with a GPU kernelspec ("Python 3 · 1 GPU", docs/kernels.md) in the lab's environment
 lab: lab-install
+	$(VENV)/bin/dlsched kernels install --gpus 1 --sys-prefix --name python3-1gpu >/dev/null
 	DLSCHED_SIMULATE_GPUS=$${DLSCHED_SIMULATE_GPUS:-$(LAB_GPUS)} $(VENV)/bin/jupyter lab $(LAB_ROOT) notebooks/quickstart.ipynb
 
 demo: lab

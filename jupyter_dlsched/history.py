@@ -65,6 +65,13 @@ def usage_words(job: JobInfo) -> str:
     return " · ".join(words)
 
 
+def idle_gpu_hours(job: JobInfo) -> float:
+    """GPU-hours a GPU kernel's lease held while no cell ran (its last progress report)."""
+    metrics = (job.progress or {}).get("metrics") or {}
+    value = metrics.get("idle_gpu_h")
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
 def _ran(job: JobInfo) -> float | None:
     if job.started is None or job.finished is None:
         return None
@@ -104,13 +111,24 @@ class OwnerTotal:
     succeeded: int = 0
     gpu_hours: float = 0.0
     cpu_time: float = 0.0
+    #: GPU kernels' leases (kind ``kernel``): their GPU-hours (in ``gpu_hours`` too), and
+    #: the part of them held while no cell ran
+    kernel_gpu_hours: float = 0.0
+    idle_gpu_hours: float = 0.0
+    kernels: int = 0
 
     def words(self) -> str:
-        return (
+        text = (
             f"{self.owner}: {self.jobs} job{'s' if self.jobs != 1 else ''} "
             f"({self.succeeded} done), {self.gpu_hours:.2f} GPU-hours, "
             f"{cpu_words(self.cpu_time)} CPU"
         )
+        if self.kernels:
+            text += (
+                f"; {self.kernels} GPU kernel{'s' if self.kernels != 1 else ''}: "
+                f"{self.kernel_gpu_hours:.2f} GPU-hours, {self.idle_gpu_hours:.2f} of them idle"
+            )
+        return text
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,6 +137,9 @@ class OwnerTotal:
             "succeeded": self.succeeded,
             "gpu_hours": self.gpu_hours,
             "cpu_time": self.cpu_time,
+            "kernels": self.kernels,
+            "kernel_gpu_hours": self.kernel_gpu_hours,
+            "idle_gpu_hours": self.idle_gpu_hours,
         }
 
 
@@ -131,4 +152,8 @@ def totals_by_owner(jobs: Iterable[JobInfo]) -> list[OwnerTotal]:
         total.succeeded += job.state == "succeeded"
         total.gpu_hours += job.gpu_hours
         total.cpu_time += job.cpu_time or 0.0
+        if job.kind == "kernel":
+            total.kernels += 1
+            total.kernel_gpu_hours += job.gpu_hours
+            total.idle_gpu_hours += idle_gpu_hours(job)
     return sorted(totals.values(), key=lambda t: (-t.gpu_hours, t.owner))

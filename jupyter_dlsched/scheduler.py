@@ -39,7 +39,15 @@ from .store import WAITING, JobInfo, Store
 from .sweep import member_name, member_suffixes
 
 # variables that describe the submitting kernel, not the job
-_ENV_DROP = ("DLSCHED_JOB_ID", "DLSCHED_DEVICES", "DLSCHED_GPU_MEM", "CUDA_VISIBLE_DEVICES")
+_ENV_DROP = (
+    "DLSCHED_JOB_ID",
+    "DLSCHED_DEVICES",
+    "DLSCHED_GPU_MEM",
+    "CUDA_VISIBLE_DEVICES",
+    # a GPU kernel's own lease (docs/kernels.md): a job it submits is not that kernel
+    "DLSCHED_KERNEL_LEASE",
+    "DLSCHED_KERNEL_JOB",
+)
 
 
 def origin() -> str:
@@ -279,14 +287,23 @@ class Scheduler(Deciding, Watching):
         return self._insert("command", files, default_name=Path(argv[0]).name, **resources)
 
     def submit_payload(
-        self, kind: str, payload: dict[str, Any], *, default_name: str = "job", **resources: Any
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        default_name: str = "job",
+        origin_text: str | None = None,
+        **resources: Any,
     ) -> JobHandle:
         """Queue a pickled payload: ``{"fn", "args", "kwargs"}`` or ``{"runner", ...}``.
 
         ``runner(payload)`` is called in the job process when present (cells use this).
+        ``origin_text`` says whom the job serves when not this process (a kernel's notebook).
         """
         files = {"payload.pkl": pickle_payload(payload)}
-        return self._insert(kind, files, default_name=default_name, **resources)
+        return self._insert(
+            kind, files, default_name=default_name, origin_text=origin_text, **resources
+        )
 
     def submit_inline(
         self,
@@ -315,6 +332,7 @@ class Scheduler(Deciding, Watching):
         *,
         default_name: str,
         inline_fn: Callable[[JobInfo], Any] | None = None,
+        origin_text: str | None = None,
         **resources: Any,
     ) -> JobHandle:
         unknown = set(resources) - set(RESOURCE_ARGS)
@@ -326,7 +344,7 @@ class Scheduler(Deciding, Watching):
                 kind,
                 [files],
                 default_name=default_name,
-                origin=origin(),
+                origin=origin_text or origin(),
                 options=resources,
                 inline=inline_fn is not None,
                 backend=self.backend.name,
@@ -341,7 +359,7 @@ class Scheduler(Deciding, Watching):
             capacity=idle_capacity(self.inventory),
             kind=kind,
             default_name=default_name,
-            origin=origin(),
+            origin=origin_text or origin(),
             **resources,
         )
         self.backend.check(spec)

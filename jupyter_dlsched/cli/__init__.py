@@ -9,6 +9,7 @@
     dlsched priority JOB_ID high
     dlsched requeue JOB_ID [JOB_ID ...]
     dlsched sim TRACE --gpus 8 --policy fifo,priority
+    dlsched kernels install --gpus 1 [--idle 30m] | kernels list | kernels remove NAME
 
 Every command takes ``--json`` for machine-readable output. A failure is one
 line on stderr, ``dlsched <command>: what was wrong and what to do``, with the

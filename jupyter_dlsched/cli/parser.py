@@ -163,6 +163,9 @@ def build_parser() -> _Parser:
     from .service import add_parser as add_service
 
     add_service(sub)
+    from .kernels import add_parser as add_kernels
+
+    add_kernels(sub)
     try:
         from ..sim.cli import add_parser as add_sim
     except ImportError:

@@ -88,10 +88,17 @@ def last_metric(job: JobInfo) -> str:
     metrics = (job.progress or {}).get("metrics") or {}
     if not metrics:
         return ""
+    if job.kind == "kernel" and isinstance(metrics.get("idle_min"), int | float):
+        return kernel_idle_words(float(metrics["idle_min"]))
     key, value = list(metrics.items())[-1]
     if isinstance(value, float):
         value = f"{value:.4g}"
     return f"{key} {value}"
+
+
+def kernel_idle_words(minutes: float) -> str:
+    """A GPU kernel's idle stretch: ``"idle 12 min"``, ``"idle <1 min"``."""
+    return "idle <1 min" if minutes < 1 else f"idle {minutes:.0f} min"
 
 
 def progress_words(job: JobInfo) -> str:
@@ -99,6 +106,11 @@ def progress_words(job: JobInfo) -> str:
     p = job.progress
     if not p:
         return ""
+    if job.kind == "kernel":
+        cells = int(p.get("done", 0))
+        idle_hours = (p.get("metrics") or {}).get("idle_gpu_h") or 0
+        held = f" · {idle_hours:.2f} GPU-h idle" if idle_hours >= 0.01 else ""
+        return f"{cells} cell{'' if cells == 1 else 's'} · {last_metric(job)}{held}"
     share = fraction(job)
     head = f"{share * 100:.0f}%" if share is not None else f"step {p.get('done', 0):g}"
     metric = last_metric(job)

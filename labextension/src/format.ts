@@ -151,6 +151,9 @@ export function lastMetric(job: IJob): string {
   if (!metrics) {
     return '';
   }
+  if (job.kind === 'kernel' && typeof metrics.idle_min === 'number') {
+    return kernelIdleWords(metrics.idle_min);
+  }
   const names = Object.keys(metrics);
   if (!names.length) {
     return '';
@@ -266,10 +269,21 @@ export function progressWords(job: IJob): string {
   if (!job.progress) {
     return '';
   }
+  if (job.kind === 'kernel') {
+    const cells = job.progress.done;
+    const idleHours = Number(job.progress.metrics?.idle_gpu_h ?? 0);
+    const held = idleHours >= 0.01 ? ` · ${idleHours.toFixed(2)} GPU-h idle` : '';
+    return `${cells} cell${cells === 1 ? '' : 's'} · ${lastMetric(job)}${held}`;
+  }
   const fraction = progressFraction(job);
   const head =
     fraction === null ? `step ${job.progress.done}` : `${Math.round(fraction * 100)}%`;
   return `${head} ${lastMetric(job)}`.trim();
+}
+
+/** A GPU kernel's idle stretch, "idle 12 min" ("idle <1 min"), as docs/kernels.md says. */
+function kernelIdleWords(minutes: number): string {
+  return minutes < 1 ? 'idle <1 min' : `idle ${Math.round(minutes)} min`;
 }
 
 /** CPU time with a decimal under a minute ("0.4s"), else as a duration ("39m", "2h 03m"). */

@@ -17,6 +17,7 @@ import { dashboardFactory } from './dashboardview';
 import { IRendermime, jobLineFactory } from './jobline';
 import { createLogWidget, JobLogView } from './logview';
 import { SchedulerModel } from './model';
+import { KernelNotifier } from './kernelnotify';
 import { FinishNotifier } from './notify';
 import { SchedulerSidebar } from './sidebar';
 import { SchedulerStatus } from './statusbar';
@@ -139,7 +140,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         sidebar.showRecent();
       }
     });
-    model.jobsFinished.connect((_, jobs: IJob[]) => notifier.add(jobs));
+    // a GPU kernel's lease ending is not news; a reclaim is, and KernelNotifier says it
+    model.jobsFinished.connect((_, jobs: IJob[]) =>
+      notifier.add(jobs.filter(job => job.kind !== 'kernel'))
+    );
+    const kernels = new KernelNotifier();
+    model.changed.connect(() => kernels.look(model.status?.user, model.active, model.recent));
     if (settingRegistry) {
       const apply = (settings: ISettingRegistry.ISettings) => {
         notifier.enabled = settings.get('notifyFinished').composite as boolean;
