@@ -38,6 +38,8 @@ class QueuedJob:
     # An elastic job asks for ``request.gpus`` (its minimum) up to ``max_gpus`` whole GPUs;
     # ``None``: a rigid job (see ``jupyter_dlsched.policy.elastic``)
     max_gpus: int | None = None
+    # An elastic job stopped for a resize: start it again at once on these GPUs if free
+    resume_on: Placement | None = None
 
     @property
     def gpu_count(self) -> float:

@@ -41,7 +41,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..resources import Capacity, Placement
-from .base import Decisions, Policy, PolicyGate, QueuedJob, Resize, RunningJob, Start
+from .base import (
+    Decisions,
+    Policy,
+    PolicyGate,
+    QueuedJob,
+    Resize,
+    RunningJob,
+    Start,
+    narrowed,
+)
 from .speedup import Speedup, parse_speedup
 
 RESIZE_EVERY = 300.0
@@ -98,6 +107,18 @@ class ElasticPolicy(PolicyGate):
             self._policy.restart_cost = seconds
 
     def __call__(
+        self,
+        queued: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        capacity: Capacity,
+        now: float,
+    ) -> Decisions:
+        resumed, queued, capacity = _resume(queued, capacity)
+        decisions = self._decide(queued, running, capacity, now)
+        decisions.starts[:0] = resumed
+        return decisions
+
+    def _decide(
         self,
         queued: Sequence[QueuedJob],
         running: Sequence[RunningJob],
@@ -314,6 +335,29 @@ def _off_borrowed(placement: Placement, room: Capacity, lent: dict[int, RunningJ
                     mems[i] = card.mem_free
                 break
     return replace(placement, gpus=tuple(gpus), gpu_mem=tuple(mems))
+
+
+def _resume(
+    queued: Sequence[QueuedJob], capacity: Capacity
+) -> tuple[list[Start], Sequence[QueuedJob], Capacity]:
+    """Start again at once the elastic jobs that stopped for a resize, where their new GPUs
+    are free; the rest of the queue and what is left for it."""
+    resuming = [q for q in queued if q.resume_on is not None]
+    if not resuming:
+        return [], queued, capacity
+    cards = {g.index: g for g in capacity.gpus}
+    starts: list[Start] = []
+    for job in resuming:
+        placement = job.resume_on
+        assert placement is not None
+        if all(g in cards and cards[g].jobs == 0 for g in placement.gpus):
+            starts.append(Start(job.id, placement))
+            capacity = capacity.take(placement)
+            cards = {g.index: g for g in capacity.gpus}
+    if not starts:
+        return [], queued, capacity
+    ids = {s.job_id for s in starts}
+    return starts, narrowed(queued, [q for q in queued if q.id not in ids]), capacity
 
 
 def _starting(queued: Sequence[QueuedJob], starts: list[Start]) -> dict[str, QueuedJob]:
