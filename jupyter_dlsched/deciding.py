@@ -113,12 +113,13 @@ class Deciding:
         positions: list[tuple[int | None, str | None, str]] = []
         if (waiting or expired) and due:
             settings = self.settings
-            # elastic jobs (gpus="1:4") grow and shrink under whatever policy decides
-            policy: Policy = with_elastic(
-                self.policy(),
-                resize_every=settings.resize_every,
-                restart_cost=settings.resize_cost,
-            )
+            policy = self.policy()
+            if backend == "local":
+                # elastic jobs (gpus="1:4") grow and shrink under whatever policy decides;
+                # elsewhere they run at their minimum
+                policy = with_elastic(
+                    policy, resize_every=settings.resize_every, restart_cost=settings.resize_cost
+                )
             if backend == "local":
                 # jobs whose inputs are not staged yet wait; the next ones get stagers
                 policy = gate = StagingGate(self.store, policy, uid=self.stager_uid)

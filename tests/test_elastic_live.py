@@ -165,3 +165,16 @@ def test_the_queue_widget_shows_the_size_and_the_range(home):
 
         assert "1 GPU (1–2)" in QueueSnapshot([info])._repr_html_()
         handle.cancel()
+
+
+def test_the_schedule_magic_takes_a_range(ip):
+    import jupyter_dlsched as dls
+
+    ip.run_cell_magic(
+        "schedule", "--gpus 1:2 --preemptible --cpus 0.25 --name el --out x --wait", "x = 41 + 1"
+    )
+    job = [j for j in dls.jobs() if j.name == "el"][0]
+    assert (job.state, job.gpus, job.max_gpus) == ("succeeded", 1.0, 2)
+    assert ip.user_ns["x"] == 42
+    with pytest.raises(Exception, match="preemptible=True"):
+        ip.run_cell_magic("schedule", "--gpus 1:2 --name el2", "y = 1")
