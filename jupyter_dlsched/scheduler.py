@@ -90,7 +90,10 @@ class Scheduler(Deciding, Watching):
 
     ``policy`` and ``lease_ttl``/``grace`` given here are written to the ledger
     and used by every participant; left out, the ledger's (or
-    ``DLSCHED_POLICY``) apply.
+    ``DLSCHED_POLICY``) apply. So are ``resize_every`` (seconds between two
+    resizes of one elastic job, 300 by default, ``DLSCHED_RESIZE_EVERY`` for a
+    new ledger) and ``resize_cost`` (seconds a resize is taken to cost, 30);
+    see ``docs/elastic.md``.
     """
 
     def __init__(

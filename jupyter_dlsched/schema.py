@@ -342,6 +342,11 @@ class JobInfo:
         return Request(self.gpus, self.gpu_mem, self.cpus, self.mem)
 
     @property
+    def gpus_held(self) -> float:
+        """The GPUs it holds in this run: an elastic job's size now, else what it asked for."""
+        return held_gpus(self)
+
+    @property
     def request_text(self) -> str:
         """``"2 GPU · 8 CPU"``; an elastic job's GPUs as now and its range: ``"2 GPUs (1–4)"``."""
         text = self.request.describe()

@@ -178,3 +178,14 @@ def test_the_schedule_magic_takes_a_range(ip):
     assert ip.user_ns["x"] == 42
     with pytest.raises(Exception, match="preemptible=True"):
         ip.run_cell_magic("schedule", "--gpus 1:2 --name el2", "y = 1")
+
+
+def test_resize_settings_are_written_to_the_ledger_and_checked(home, monkeypatch):
+    monkeypatch.setenv("DLSCHED_RESIZE_EVERY", "45")
+    with Scheduler(home, loop=False) as s:
+        assert s.settings.resize_every == 45.0  # a new ledger's default
+        assert s.settings.resize_cost == 30.0
+    with Scheduler(home, loop=False, resize_every="10m", resize_cost=5) as s:
+        assert (s.settings.resize_every, s.settings.resize_cost) == (600.0, 5.0)
+    with pytest.raises(SpecError, match="resize_every=-1 is invalid"):
+        Scheduler(home, loop=False, resize_every=-1)
