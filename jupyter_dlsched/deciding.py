@@ -29,6 +29,7 @@ from . import tick as tick_steps
 from .errors import LedgerUnavailable
 from .local import launcher
 from .policy import Decisions, Policy
+from .policy.elastic import with_elastic
 from .staging import StagingGate
 from .store import JobInfo
 
@@ -113,6 +114,12 @@ class Deciding:
         if (waiting or expired) and due:
             settings = self.settings
             policy = self.policy()
+            if backend == "local":
+                # elastic jobs (gpus="1:4") grow and shrink under whatever policy decides;
+                # elsewhere they run at their minimum
+                policy = with_elastic(
+                    policy, resize_every=settings.resize_every, restart_cost=settings.resize_cost
+                )
             if backend == "local":
                 # jobs whose inputs are not staged yet wait; the next ones get stagers
                 policy = gate = StagingGate(self.store, policy, uid=self.stager_uid)

@@ -92,7 +92,7 @@ def history_table(jobs: Iterable[JobInfo], now: float | None = None) -> list[tup
                 job.state,
                 ended,
                 format_duration(_ran(job)),
-                f"{job.gpus:g}",
+                f"{job.gpus:g}" if job.max_gpus is None else f"{job.gpus:g}–{job.max_gpus}",
                 f"{job.gpu_hours:.2f}",
                 cpu_words(job.cpu_time),
                 format_size(job.peak_rss),

@@ -29,6 +29,13 @@ def _number(text: str) -> float | int:
     return int(value) if value.is_integer() else value
 
 
+def _gpus(text: str) -> float | int | str:
+    """A GPU count, or an elastic range ``MIN:MAX`` kept as text for the spec to check."""
+    if ":" in text:
+        return text
+    return _number(text)
+
+
 def _whole_number(text: str) -> int:
     try:
         return int(text)
@@ -81,7 +88,12 @@ class ResourceOption:
 
 
 RESOURCE_OPTIONS: tuple[ResourceOption, ...] = (
-    ResourceOption("gpus", "whole GPUs, or a share of one (0.5)", "N|0.5", _number),
+    ResourceOption(
+        "gpus",
+        "whole GPUs, a share of one (0.5), or an elastic range (1:4)",
+        "N|0.5|MIN:MAX",
+        _gpus,
+    ),
     ResourceOption("gpu_mem", "GPU memory the job needs, e.g. 8GiB", "SIZE"),
     ResourceOption("cpus", "CPU cores (a fraction shares one)", "N", _number),
     ResourceOption("mem", "memory, e.g. 16GiB", "SIZE"),

@@ -33,7 +33,7 @@ from .inline import InlineRunner
 from .options import RESOURCE_ARGS
 from .policy import Policy, get_policy
 from .pool import PoolInfo, idle_capacity, probe, remembered_simulation
-from .settings import Settings
+from .settings import Settings, check_resize_every
 from .spec import MAX_NAME, build_spec, parse_priority, pickle_payload
 from .store import WAITING, JobInfo, Store
 from .sweep import member_name, member_suffixes
@@ -98,7 +98,10 @@ class Scheduler(Deciding, Watching):
 
     ``policy`` and ``lease_ttl``/``grace`` given here are written to the ledger
     and used by every participant; left out, the ledger's (or
-    ``DLSCHED_POLICY``) apply.
+    ``DLSCHED_POLICY``) apply. So are ``resize_every`` (seconds between two
+    resizes of one elastic job, 300 by default, ``DLSCHED_RESIZE_EVERY`` for a
+    new ledger) and ``resize_cost`` (seconds a resize is taken to cost, 30);
+    see ``docs/elastic.md``.
     """
 
     def __init__(
@@ -111,6 +114,8 @@ class Scheduler(Deciding, Watching):
         lease_ttl: float | None = None,
         grace: float | None = None,
         policy_params: dict[str, Any] | None = None,
+        resize_every: float | None = None,
+        resize_cost: float | None = None,
         probe_pool: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_max: int | str | None = None,
@@ -141,12 +146,24 @@ class Scheduler(Deciding, Watching):
             self.store = self.link.ledger()
             self.home = self.store.home
             self.link.settings(
-                policy=policy, lease_ttl=lease_ttl, grace=grace, policy_params=policy_params
+                policy=policy,
+                lease_ttl=lease_ttl,
+                grace=grace,
+                policy_params=policy_params,
+                resize_every=check_resize_every(resize_every),
+                resize_cost=check_resize_every(resize_cost, "resize_cost"),
             )
         else:
             self.store = Store(home)
             self.home = self.store.home
-            self._write_settings(policy, lease_ttl, grace, policy_params)
+            self._write_settings(
+                policy,
+                lease_ttl,
+                grace,
+                policy_params,
+                resize_every=resize_every,
+                resize_cost=resize_cost,
+            )
         if cache_dir is not None or cache_max is not None:
             self.configure_cache(folder=cache_dir, max_size=cache_max)
         self.backend = make_backend(backend_name or "local", self, **backend_options)
@@ -176,6 +193,8 @@ class Scheduler(Deciding, Watching):
         lease_ttl: float | None,
         grace: float | None,
         policy_params: dict[str, Any] | None,
+        resize_every: float | None = None,
+        resize_cost: float | None = None,
     ) -> None:
         if policy is not None and not isinstance(policy, str):
             self._policy_object = policy
@@ -188,11 +207,16 @@ class Scheduler(Deciding, Watching):
             settings.update(
                 {"policy": os.environ.get("DLSCHED_POLICY", "priority"), "policy_params": {}}
             )
+            env_resize = os.environ.get("DLSCHED_RESIZE_EVERY")
+            if env_resize is not None:  # a new ledger's default, as DLSCHED_POLICY
+                settings["resize_every"] = check_resize_every(env_resize, "DLSCHED_RESIZE_EVERY")
         updates = {
             "policy": policy,
             "policy_params": policy_params if policy is not None else None,
             "lease_ttl": lease_ttl,
             "grace": grace,
+            "resize_every": check_resize_every(resize_every),
+            "resize_cost": check_resize_every(resize_cost, "resize_cost"),
         }
         changed = stored is None
         for key, value in updates.items():

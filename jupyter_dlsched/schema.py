@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -50,6 +50,13 @@ class RunEnd:
     retry: bool = True
 
 
+def held_gpus(job: JobInfo) -> float:
+    """The GPUs ``job`` holds in its current run: an elastic job's size, else its request."""
+    if job.max_gpus is not None and job.placement is not None:
+        return float(len(job.placement.gpus))
+    return job.gpus
+
+
 def end_of_run(job: JobInfo, end: RunEnd, now: float) -> tuple[str, str, dict[str, Any]]:
     """The one rule every runner follows: the state a run's end moves its job to, the
     reason shown, and the columns to write. A failed or lost run is retried (queued
@@ -64,10 +71,15 @@ def end_of_run(job: JobInfo, end: RunEnd, now: float) -> tuple[str, str, dict[st
         "lease_expires": None,
         "cpu_now": None,
         "rss_now": None,
-        "attained": job.attained + max(0.0, now - (job.started or now)) * job.gpus,
+        "attained": job.attained + max(0.0, now - (job.started or now)) * held_gpus(job),
     }
     if to == "cancelled":
         why = why or "cancelled by user"
+    elif to == "preempted" and job.resize_to:
+        # an elastic job stopped for a resize: the next decision starts it on its new GPUs
+        size = len(Placement.from_json(json.loads(job.resize_to)).gpus)
+        why = f"resizing to {size} GPU{'s' if size != 1 else ''}"
+        columns.update(placement=None, supervisor_pid=None, job_pid=None, preempt_requested=0)
     elif to == "preempted":
         why = "requeued after preemption"
         columns.update(
@@ -245,6 +257,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE cache_entries ADD COLUMN uid INTEGER;
     CREATE INDEX cache_entries_uid ON cache_entries(uid, last_used);
     """,
+    # version 8: elastic jobs: the most GPUs one may grow to (``gpus`` is its minimum), and
+    # the placement a resize restarts it on once it has stopped
+    """
+    ALTER TABLE jobs ADD COLUMN max_gpus INTEGER;
+    ALTER TABLE jobs ADD COLUMN resize_to TEXT;
+    """,
 ]
 
 
@@ -315,6 +333,10 @@ class JobInfo:
     stage_in: dict[str, str] = field(default_factory=dict)
     # the finished job this one runs again (`dlsched requeue`, `dls.requeue`), else None
     requeue_of: str | None = None
+    # an elastic job's most GPUs (``gpus`` is its minimum); None for a rigid job
+    max_gpus: int | None = None
+    # the placement (JSON) an elastic job being resized starts again on, until it has
+    resize_to: str | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -324,6 +346,22 @@ class JobInfo:
     @property
     def request(self) -> Request:
         return Request(self.gpus, self.gpu_mem, self.cpus, self.mem)
+
+    @property
+    def gpus_held(self) -> float:
+        """The GPUs it holds in this run: an elastic job's size now, else what it asked for."""
+        return held_gpus(self)
+
+    @property
+    def request_text(self) -> str:
+        """``"2 GPU · 8 CPU"``; an elastic job's GPUs as now and its range: ``"2 GPUs (1–4)"``."""
+        text = self.request.describe()
+        if self.max_gpus is None:
+            return text
+        low = int(self.gpus)
+        size = len(self.placement.gpus) if self.placement else low
+        words = f"{size} GPU{'s' if size != 1 else ''} ({low}–{self.max_gpus})"
+        return text.replace(f"{low} GPU", words, 1)
 
     @property
     def devices(self) -> list[int]:
@@ -349,7 +387,8 @@ class JobInfo:
                 "gpu_mem": self.gpu_mem,
                 "cpus": self.cpus,
                 "mem": self.mem,
-                "text": self.request.describe(),
+                "text": self.request_text,
+                "max_gpus": self.max_gpus,
             },
             "devices": self.devices,
             "gpu_mem_granted": list(self.placement.gpu_mem) if self.placement else [],

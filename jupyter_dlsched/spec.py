@@ -10,7 +10,7 @@ import os
 import re
 import time
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -128,6 +128,8 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     #: inputs staged into the node-local cache before the job starts: name -> source
     stage_in: dict[str, str] = field(default_factory=dict)
+    #: an elastic job's most GPUs (``request.gpus`` is its minimum); None for a rigid job
+    max_gpus: int | None = None
 
 
 def build_spec(
@@ -155,6 +157,18 @@ def build_spec(
     """Validate a request against the shape of this pool (``capacity`` of an idle machine)."""
     if kind not in KINDS:
         raise SpecError("kind", kind, "one of " + ", ".join(KINDS))
+    span = elastic_range(gpus)
+    if span is not None and preemptible is not True:
+        raise SpecError(
+            "gpus",
+            gpus,
+            "an elastic range only for a job that resumes from a checkpoint: it is resized "
+            "by stopping and starting it again, so declare preemptible=True (--preemptible) "
+            "and save and restore with dlt.Checkpoint (see docs/elastic.md), or ask for a "
+            "fixed number of GPUs",
+        )
+    if span is not None:
+        gpus = span[0]
     request = _request(gpus, gpu_mem, cpus, mem, capacity)
     never = fits_ever(request, capacity)
     if never:
@@ -185,7 +199,42 @@ def build_spec(
         origin=_printable(origin),
         env=_env(env),
         stage_in=parse_stage_in(stage_in),
+        max_gpus=None if span is None else span[1],
     )
+
+
+ELASTIC_WORDS = "a range of whole GPUs MIN:MAX with 1 <= MIN <= MAX, such as '1:4' or (1, 4)"
+
+
+def elastic_range(gpus: object) -> tuple[int, int] | None:
+    """``(min, max)`` of an elastic request (``"1:4"``, ``(1, 4)``), ``None`` for a count.
+
+    >>> elastic_range("1:4"), elastic_range((2, 8)), elastic_range(2)
+    ((1, 4), (2, 8), None)
+    """
+    if isinstance(gpus, str) and ":" in gpus:
+        parts: Sequence[object] = gpus.split(":")
+    elif isinstance(gpus, tuple | list):
+        parts = gpus
+    else:
+        return None
+    if len(parts) != 2:
+        raise SpecError("gpus", gpus, ELASTIC_WORDS)
+    bounds = []
+    for part in parts:
+        if isinstance(part, bool):
+            raise SpecError("gpus", gpus, ELASTIC_WORDS)
+        try:
+            number = float(part.strip() if isinstance(part, str) else part)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise SpecError("gpus", gpus, ELASTIC_WORDS) from None
+        if not math.isfinite(number) or not number.is_integer():
+            raise SpecError("gpus", gpus, ELASTIC_WORDS)
+        bounds.append(int(number))
+    low, high = bounds
+    if not 1 <= low <= high <= MAX_GPUS:
+        raise SpecError("gpus", gpus, ELASTIC_WORDS + f", MAX at most {MAX_GPUS}")
+    return low, high
 
 
 def _request(gpus: object, gpu_mem: object, cpus: object, mem: object, cap: Capacity) -> Request:

@@ -9,6 +9,7 @@ results live in ``spool/<job-id>/``. The folder is private to the user: see
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -51,7 +52,7 @@ from .units import format_duration, parse_duration
 _SNAPSHOT_COLUMNS = (
     "id, seq, name, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
     "attained, preemptions, gpus, gpu_mem, cpus, mem, after, attempts, position, waiting, "
-    "placement, job_pid, preempt_requested, cancel_requested"
+    "placement, job_pid, preempt_requested, cancel_requested, max_gpus, resize_to"
 )
 
 RESERVE_NAME = "disk-reserve"
@@ -395,8 +396,9 @@ class Store:
             db.executemany(
                 """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
                    gpus, gpu_mem, cpus, mem, deadline, time_limit, retries, preemptible,
-                   distributed, after, backend, submitted, env, inline, files, stage_in)
-                   VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                   distributed, after, backend, submitted, env, inline, files, stage_in,
+                   max_gpus)
+                   VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 [
                     (
                         job_id,
@@ -422,6 +424,7 @@ class Store:
                         int(inline),
                         refs,
                         json.dumps(spec.stage_in),
+                        spec.max_gpus,
                     )
                     for (job_id, spec, _), refs in zip(jobs, names, strict=True)
                 ],
@@ -819,11 +822,14 @@ class Store:
         """``(any waiting, any lease expired, newest event, settings)`` on ``backend``: what a
         tick reads, in one query, to know whether deciding again is worth the write lock."""
         waiting, expired, last_event, settings_json = self.db.execute(
-            "SELECT EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state IN ('queued','preempted')),"
+            # a running elastic job counts as waiting: idle GPUs may be its to grow into
+            "SELECT EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state IN ('queued','preempted'))"
+            " OR EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running'"
+            " AND max_gpus IS NOT NULL),"
             " EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running' AND lease_expires < ?),"
             " (SELECT COALESCE(MAX(seq), 0) FROM events),"
             " (SELECT value FROM meta WHERE key='settings')",
-            (backend, backend, now),
+            (backend, backend, backend, now),
         ).fetchall()[0]
         return waiting, expired, last_event, settings_json
 
@@ -906,6 +912,27 @@ class Store:
             (job_id,),
         )
 
+    def request_resize(
+        self, db: sqlite3.Connection, job_id: str, placement: Placement, reason: str, now: float
+    ) -> None:
+        """Ask a running elastic job to stop (checkpoint) so it starts again on ``placement``;
+        the resize is an event in the job's history."""
+        changed = db.execute(
+            "UPDATE jobs SET preempt_requested=1, resize_to=? WHERE id=? AND state='running' "
+            "AND max_gpus IS NOT NULL AND preempt_requested=0 AND cancel_requested=0",
+            (json.dumps(placement.to_json()), job_id),
+        ).rowcount
+        if changed:
+            self._event(
+                db,
+                job_id,
+                "running",
+                "running",
+                reason,
+                now=now,
+                data={"resize": placement.to_json()},
+            )
+
     def unlaunched(self, uid: int | None, backend: str) -> list[sqlite3.Row]:
         """``(id, started, inline)`` of this user's (``None``: every user's) allocated jobs on
         ``backend`` that no supervisor has claimed and nobody cancelled: the ones waiting to
@@ -984,6 +1011,9 @@ class Store:
         an open transaction; ``columns`` adds what the runner measured. Returns the state
         the job moved to (``IllegalTransition`` if it is no longer running)."""
         now = time.time() if now is None else now
+        if job.max_gpus is not None:  # a resize asked for while it ran: read it now
+            asked = db.execute("SELECT resize_to FROM jobs WHERE id=?", (job.id,)).fetchone()
+            job = dataclasses.replace(job, resize_to=asked[0] if asked else None)
         to, why, ruled = end_of_run(job, end, now)
         self.transition_in(db, job.id, to, why, expect=["running"], now=now, **{**ruled, **columns})
         return to

@@ -12,7 +12,7 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .policy import Decisions, FinishedJob, Policy, PresortedQueue, QueuedJob, RunningJob
@@ -195,6 +195,7 @@ def _commit(
             host=None,
             cancel_requested=0,
             preempt_requested=0,
+            resize_to=None,
             exit_code=None,
             term_signal=None,
             position=None,
@@ -202,6 +203,8 @@ def _commit(
         )
     for preempt in decisions.preempts:
         store.request_preemption(db, preempt.job_id)
+    for resize in decisions.resizes:
+        store.request_resize(db, resize.job_id, resize.placement, resize.reason, now)
 
 
 class _Lane:
@@ -486,23 +489,31 @@ def _queued(row: sqlite3.Row) -> QueuedJob:
         attained=row["attained"],
         preemptions=row["preemptions"],
         name=row["name"],
+        max_gpus=row["max_gpus"],
+        resume_on=Placement.from_json(json.loads(row["resize_to"])) if row["resize_to"] else None,
     )
 
 
 def _running(row: sqlite3.Row, now: float) -> RunningJob:
+    placement = Placement.from_json(json.loads(row["placement"]))
+    request = _request(row)
+    if row["max_gpus"] is not None:  # an elastic job holds what it was last sized to
+        request = replace(request, gpus=float(len(placement.gpus)))
     return RunningJob(
         id=row["id"],
         seq=row["seq"],
         submitted=row["submitted"],
         started=row["started"] or now,
-        request=_request(row),
-        placement=Placement.from_json(json.loads(row["placement"])),
+        request=request,
+        placement=placement,
         priority=row["priority"],
         owner=row["owner"],
         time_limit=row["time_limit"],
         preemptible=bool(row["preemptible"]),
         attained=row["attained"],
         name=row["name"],
+        min_gpus=None if row["max_gpus"] is None else int(row["gpus"]),
+        max_gpus=row["max_gpus"],
         # already asked to stop: its devices are about to be free, pick no new victim for it
         stopping=bool(row["preempt_requested"] or row["cancel_requested"]),
     )

@@ -81,6 +81,44 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def gpu_count() -> int:
+    """How many GPUs this run of the job was given (an elastic job's change between runs).
+
+    Read from ``CUDA_VISIBLE_DEVICES``, so it never touches CUDA; 0 for a CPU job.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return 0
+    return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+
+
+def accumulation_steps(global_batch: int, per_gpu_batch: int, replicas: int | None = None) -> int:
+    """Micro-batches to accumulate per optimizer step so the global batch stays the same
+    whatever the job's size (an elastic job resized from 4 GPUs to 2 accumulates twice as many).
+
+    ``replicas``: the data-parallel copies; by default the world size of a distributed job,
+    else this run's GPUs (at least 1).
+
+    >>> accumulation_steps(256, 32, replicas=4), accumulation_steps(256, 32, replicas=2)
+    (2, 4)
+    """
+    if replicas is None:
+        replicas = world_size() if "WORLD_SIZE" in os.environ else max(1, gpu_count())
+    if global_batch <= 0 or per_gpu_batch <= 0 or replicas <= 0:
+        raise DlschedError(
+            f"accumulation_steps({global_batch}, {per_gpu_batch}, replicas={replicas}): "
+            "batch sizes and replicas must be positive"
+        )
+    per_step = per_gpu_batch * replicas
+    if global_batch % per_step:
+        raise DlschedError(
+            f"a global batch of {global_batch} is not a whole number of micro-batches of "
+            f"{per_gpu_batch} on {replicas} replica{'s' if replicas != 1 else ''}; choose a "
+            "global batch divisible by per_gpu_batch × the most GPUs the job may have"
+        )
+    return global_batch // per_step
+
+
 def is_main() -> bool:
     """True in rank 0, the process whose return value is the job's result."""
     return rank() == 0
@@ -520,6 +558,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 __all__ = [
     "Checkpoint",
+    "accumulation_steps",
     "DistributedInfo",
     "GpuGrantTooSmall",
     "Stopped",
@@ -527,6 +566,7 @@ __all__ = [
     "ddp",
     "destroy_process_group",
     "device",
+    "gpu_count",
     "init_process_group",
     "is_main",
     "local_rank",

@@ -1033,7 +1033,12 @@ class Agent:
         if self.shared and not peer.admin:
             raise PermissionDenied("only a pool admin may change the pool's policy or leases")
         self.sched._write_settings(
-            msg.get("policy"), msg.get("lease_ttl"), msg.get("grace"), msg.get("policy_params")
+            msg.get("policy"),
+            msg.get("lease_ttl"),
+            msg.get("grace"),
+            msg.get("policy_params"),
+            resize_every=msg.get("resize_every"),
+            resize_cost=msg.get("resize_cost"),
         )
         self._dirty = True
         return {"settings": self._store.get_meta("settings")}

@@ -82,7 +82,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 j.name[:24],
                 owner_words(j),
                 priority_words(j.priority),
-                j.request.describe(),
+                j.request_text,
                 devices,
                 " · ".join(part for part in (state_words(j), use_words(j)) if part),
             )

@@ -35,6 +35,11 @@ class QueuedJob:
     # oracle ``srtf`` policy reads it); the live scheduler leaves it ``None``.
     remaining: float | None = None
     name: str = ""  # the job's name: learning policies group finished jobs by owner and name
+    # An elastic job asks for ``request.gpus`` (its minimum) up to ``max_gpus`` whole GPUs;
+    # ``None``: a rigid job (see ``jupyter_dlsched.policy.elastic``)
+    max_gpus: int | None = None
+    # An elastic job stopped for a resize: start it again at once on these GPUs if free
+    resume_on: Placement | None = None
 
     @property
     def gpu_count(self) -> float:
@@ -62,6 +67,10 @@ class RunningJob:
     # again, and its resources count as about to be free.
     stopping: bool = False
     name: str = ""
+    # An elastic job's range of whole GPUs (``request.gpus`` is what it holds now);
+    # ``None``: a rigid job
+    min_gpus: int | None = None
+    max_gpus: int | None = None
 
     @property
     def expected_end(self) -> float | None:
@@ -123,6 +132,19 @@ class Preempt:
     reason: str
 
 
+@dataclass(frozen=True)
+class Resize:
+    """Restart the elastic job ``job_id`` at once on ``placement`` (more or fewer GPUs).
+
+    A resize is a checkpoint and restart: the job stops, keeps its progress, and
+    starts again on the new GPUs, paying its restart cost.
+    """
+
+    job_id: str
+    placement: Placement
+    reason: str = ""
+
+
 @dataclass
 class Decisions:
     """What a policy decided in one tick.
@@ -142,6 +164,8 @@ class Decisions:
     # The policy stopped looking because nothing left in the queue could start
     # (see ``PresortedQueue.shapes``): jobs it did not look at change nothing.
     settled: bool = False
+    # Elastic jobs to restart on other GPUs (``jupyter_dlsched.policy.elastic``)
+    resizes: list[Resize] = field(default_factory=list)
 
 
 class Policy(Protocol):

@@ -21,6 +21,8 @@ from typing import Any
 from ..errors import DlschedError
 from ..policy import POLICIES, GittinsPolicy, get_policy
 from ..policy.base import Policy
+from ..policy.speedup import parse_speedup
+from .elastic import make_elastic, parse_elastic
 from .engine import MAX_GPUS
 from .report import compare
 from .trace import PHILLY_ATTRIBUTION, Trace, TraceJob, load_trace
@@ -87,6 +89,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument(
+        "--elastic",
+        metavar="SHARE[:MAXFACTOR]",
+        help=(
+            "treat this share of jobs (0-1, spread evenly) as elastic between 1 GPU and "
+            "their request x MAXFACTOR (default 2), resized by checkpoint and restart"
+        ),
+    )
+    p.add_argument(
+        "--speedup",
+        default="linear",
+        help=(
+            "how elastic jobs speed up with GPUs: linear (default), amdahl:SERIAL_FRACTION, "
+            "or table:1=1,2=1.8,4=3.1"
+        ),
+    )
+    p.add_argument(
+        "--resize-every",
+        default="300",
+        help="seconds between two resizes of one elastic job (default 300)",
+    )
+    p.add_argument(
         "--gittins-prior",
         action="store_true",
         help="gittins keeps its built-in size prior and learns nothing from finished jobs",
@@ -126,6 +149,9 @@ def _run(args: argparse.Namespace) -> int:
     sample = None if args.sample is None else _sample(args.sample)
     seed = _whole(args.seed, "--seed", minimum=None)
     names = _policy_names(args.policy)
+    elastic = None if args.elastic is None else parse_elastic(args.elastic)
+    speedup = parse_speedup(args.speedup)
+    resize_every = _seconds(args.resize_every, "--resize-every")
     if args.plot:
         _check_plot_path(args.plot)
 
@@ -142,19 +168,22 @@ def _run(args: argparse.Namespace) -> int:
     dropped = jobs.dropped_lines()
     if not jobs:
         raise SimOptionError(_nothing_left(args, jobs))
+    replayed: list[TraceJob] = jobs if elastic is None else make_elastic(jobs, *elastic)
     policies = [_policy(name, jobs, args.gittins_prior) for name in names]
     for policy in policies:
         if hasattr(policy, "restart_cost"):  # weigh preemptions by the replay's restart cost
             policy.restart_cost = restart_overhead
     began = time.perf_counter()
     table = compare(
-        jobs,
+        replayed,
         policies,
         gpus,
         nodes=nodes,
         restart_overhead=restart_overhead,
         grace=grace,
         time_limits=time_limits,
+        resize_every=resize_every,
+        speedup=speedup,
     )
     seconds = time.perf_counter() - began
     philly = jobs.format == "philly"
@@ -164,6 +193,9 @@ def _run(args: argparse.Namespace) -> int:
             "jobs": len(jobs),
             "gpus": gpus,
             "dropped": [{"jobs": n, "reason": why} for why, n in jobs.dropped.items()],
+            "elastic": None
+            if elastic is None
+            else {"share": elastic[0], "max_factor": elastic[1], "speedup": speedup.name},
             "rows": table.rows,
         }
         if philly:
@@ -171,6 +203,13 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(f"{_count(len(jobs), 'job')} on {_count(gpus, 'GPU')}, replayed in {seconds:.1f} s")
+        if elastic is not None:
+            n = sum(1 for j in replayed if j.elastic)
+            print(
+                f"{_count(n, 'job')} elastic (1 GPU to {elastic[1]:g} x request), speedup "
+                f"{speedup.name}, resized at most every {resize_every:g} s, "
+                f"each resize costing {restart_overhead:g} s"
+            )
         for line in dropped:
             print(line)
         print(table)

@@ -18,6 +18,13 @@ GPU held whole.
 
 A policy that learns (has ``learn``) is told about each job when it finishes,
 before the next decision; it never sees the size of a job still running.
+
+Elastic jobs (``TraceJob(elastic=(1, 4))``): the policy is wrapped in
+``ElasticPolicy`` (``resize_every``), a job runs at the rate the ``speedup``
+model gives its size relative to the size its duration was measured at, and a
+resize restarts it at once on its new GPUs, keeping its progress and paying
+``restart_overhead`` (no grace period: a resize is a checkpoint the job was
+asked for, not a preemption).
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ from typing import Any
 
 from ..errors import DlschedError
 from ..policy import FinishedJob, PresortedQueue, QueuedJob, RunningJob, get_policy, submit_order
-from ..policy.base import Policy, RunningSet
+from ..policy.base import Policy, Resize, RunningSet
+from ..policy.elastic import RESIZE_EVERY, with_elastic
+from ..policy.speedup import Speedup, parse_speedup
 from ..resources import Capacity, GpuFree, Placement, Request
 from .trace import TraceJob
 
@@ -84,6 +93,7 @@ class JobOutcome:
     finish: float
     preemptions: int
     held: float = math.nan
+    resizes: int = 0
 
     @property
     def jct(self) -> float:
@@ -119,6 +129,8 @@ class SimResult:
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (time, busy GPUs)
     policy_calls: int = 0
     work_gpu_seconds: float = math.nan
+    # every resize of an elastic job: (time, job id, GPUs before, GPUs after)
+    resize_log: list[tuple[float, str, int, int]] = field(default_factory=list)
 
 
 def simulate(
@@ -131,6 +143,8 @@ def simulate(
     grace: float = 0.0,
     time_limits: str | float | None = None,
     preemptible: bool = True,
+    resize_every: float = RESIZE_EVERY,
+    speedup: str | Speedup = "linear",
     **policy_params: Any,
 ) -> SimResult:
     """Replay ``jobs`` on ``gpus`` GPUs (split evenly over ``nodes``) under ``policy``.
@@ -140,7 +154,9 @@ def simulate(
     policies then learn sizes from finished jobs), ``"exact"`` (their true
     duration: an oracle, and the row says so) or a factor (``2.0``: twice it). ``preemptible`` is what every job
     declares. A policy given by name that weighs preemptions against their
-    cost (``restart_cost``) is told ``restart_overhead``. Same inputs, same result.
+    cost (``restart_cost``) is told ``restart_overhead``. With elastic jobs in
+    ``jobs`` the policy is wrapped for them (``resize_every``, ``speedup``: see
+    ``jupyter_dlsched.policy.elastic``). Same inputs, same result.
 
     >>> from jupyter_dlsched.sim.trace import TraceJob
     >>> trace = [TraceJob("a", 0, 1, 10.0), TraceJob("b", 0, 1, 5.0)]
@@ -155,9 +171,17 @@ def simulate(
     if hasattr(chosen, "learn"):
         # learning policies keep what they learnt: each replay starts from a fresh copy
         chosen = copy.deepcopy(chosen)
-    return _Replay(
-        jobs, chosen, gpus, nodes, restart_overhead, grace, time_limits, preemptible
-    ).run()
+    model = parse_speedup(speedup)
+    if any(j.elastic for j in jobs):
+        chosen = with_elastic(
+            chosen, resize_every=resize_every, restart_cost=restart_overhead, speedup=model
+        )
+    replay = _Replay(jobs, chosen, gpus, nodes, restart_overhead, grace, time_limits, preemptible)
+    replay.speedup = model
+    result = replay.run()
+    if getattr(chosen, "elastic", False):
+        result.policy += " (elastic)"
+    return result
 
 
 class _Replay:
@@ -240,6 +264,11 @@ class _Replay:
         self.run_start = [0.0] * n
         self.run_overhead = [0.0] * n
         self.run_length = [0.0] * n
+        self.run_rate = [1.0] * n  # work seconds (at the trace's size) per second of this run
+        self.resizes = [0] * n
+        self.resize_log: list[tuple[float, str, int, int]] = []
+        self.speedup: Speedup = parse_speedup("linear")
+        self.ranges = [_range(j, gpus) for j in self.trace]
         self.queued: dict[str, QueuedJob] = {}
         self.running: dict[str, RunningJob] = {}
         self.heap: list[tuple[float, int, int, int]] = []
@@ -291,6 +320,7 @@ class _Replay:
                 self.finish[i],
                 self.preemptions[i],
                 self.held[i],
+                self.resizes[i],
             )
             for i, j in enumerate(trace)
         ]
@@ -302,6 +332,7 @@ class _Replay:
             self.timeline,
             self.calls,
             sum(j.gpus * j.duration for j in trace),
+            self.resize_log,
         )
 
     def _teach(self) -> None:
@@ -327,9 +358,16 @@ class _Replay:
                 self._running_list = RunningSet(self.running.values(), self.ranks)
             decisions = self.policy(self.queue, self._running_list, self._capacity, t)
             self.calls += 1
+            resizes = decisions.resizes
+            for resize in resizes:  # shrinks first: they free what the starts may need
+                if len(resize.placement.gpus) < self._size(resize.job_id):
+                    self._resize(resize, t)
             for start in decisions.starts:
                 self._start(start.job_id, start.placement, t)
-            released = False
+            for resize in resizes:
+                if len(resize.placement.gpus) > self._size(resize.job_id):
+                    self._resize(resize, t)
+            released = bool(resizes)
             for preempt in decisions.preempts:
                 released |= self._preempt(preempt.job_id, t)
             wake = decisions.wake_at
@@ -350,12 +388,16 @@ class _Replay:
 
     def _enqueue(self, seq: int, preempted: bool) -> None:
         job = self.trace[seq]
-        remaining = self.remaining[seq] + (self.overhead if preempted else 0.0)
+        span = self.ranges[seq]
+        work = self.remaining[seq]
+        if span is not None:  # an oracle's run time at the size it starts with, its minimum
+            work /= self.speedup.ratio(job.gpus, span[0])
+        remaining = work + (self.overhead if preempted else 0.0)
         queued = QueuedJob(
             id=job.id,
             seq=seq,
             submitted=job.submit,
-            request=self._request(job.gpus),
+            request=self._request(job.gpus if span is None else span[0]),
             priority=job.priority,
             owner=job.owner,
             time_limit=self.limits[seq],
@@ -364,6 +406,7 @@ class _Replay:
             preemptions=self.preemptions[seq],
             remaining=remaining,
             name=job.name,
+            max_gpus=None if span is None else span[1],
         )
         self.queued[job.id] = queued
         whole = queued.request.whole_gpus
@@ -382,10 +425,37 @@ class _Replay:
         del queue[pos]
         seq = queued.seq
         self.sizes[queued.request.whole_gpus] -= 1
-        self._occupy(job_id, queued.request, placement)
-        self._capacity = self._running_list = None
+        request = queued.request
+        span = self.ranges[seq]
+        if span is not None:
+            n = len(placement.gpus)
+            if not span[0] <= n <= span[1]:
+                raise SimulationError(
+                    f"{self.policy.name} started elastic job {job_id} on {n} GPUs, "
+                    f"outside its range {span[0]}:{span[1]}"
+                )
+            request = self._request(float(n))
         restart = self.overhead if self.preemptions[seq] else 0.0
-        length = self.remaining[seq] + restart
+        self._run(queued, request, placement, t, restart)
+
+    def _run(
+        self,
+        queued: QueuedJob | RunningJob,
+        request: Request,
+        placement: Placement,
+        t: float,
+        restart: float,
+    ) -> None:
+        """Start a run of ``queued`` on ``placement`` at ``t``, ``restart`` seconds lost first."""
+        job_id, seq = queued.id, queued.seq
+        self._occupy(job_id, request, placement)
+        self._capacity = self._running_list = None
+        span = self.ranges[seq]
+        rate = 1.0
+        if span is not None:
+            rate = self.speedup.ratio(self.trace[seq].gpus, request.gpus)
+        self.run_rate[seq] = rate
+        length = self.remaining[seq] / rate + restart
         self.token[seq] += 1
         self.run_start[seq] = t
         self.run_overhead[seq] = restart
@@ -397,7 +467,7 @@ class _Replay:
             seq=seq,
             submitted=queued.submitted,
             started=t,
-            request=queued.request,
+            request=request,
             placement=placement,
             priority=queued.priority,
             owner=queued.owner,
@@ -406,10 +476,52 @@ class _Replay:
             attained=self.attained[seq],
             remaining=length,
             name=queued.name,
+            min_gpus=None if span is None else span[0],
+            max_gpus=None if span is None else span[1],
         )
         if self.ranks is not None:
             self.ranks.add(job)
         heapq.heappush(self.heap, (t + length, _FINISH, seq, self.token[seq]))
+
+    def _size(self, job_id: str) -> int:
+        job = self.running.get(job_id)
+        if job is None:
+            raise SimulationError(f"{self.policy.name} resized {job_id!r}, which is not running")
+        return len(job.placement.gpus)
+
+    def _resize(self, resize: Resize, t: float) -> None:
+        """Checkpoint ``resize.job_id`` and restart it at once on ``resize.placement``."""
+        job = self.running[resize.job_id]
+        seq, n = job.seq, len(resize.placement.gpus)
+        span = self.ranges[seq]
+        if span is None or job.stopping or not span[0] <= n <= span[1]:
+            why = "rigid" if span is None else f"elastic in {span[0]}:{span[1]}"
+            raise SimulationError(
+                f"{self.policy.name} resized {job.id} ({why}) to {n} GPUs, which it may not"
+            )
+        if t - job.started < getattr(self.policy, "resize_every", 0.0) - 1e-9:
+            raise SimulationError(
+                f"{self.policy.name} resized {job.id} {t - job.started:g} s after its last "
+                "start or resize, inside resize_every"
+            )
+        self.running.pop(job.id)
+        if self.ranks is not None:
+            self.ranks.remove(job)
+        self._account(seq, t, self._release(job.request, job.placement))
+        self.resizes[seq] += 1
+        self.resize_log.append((t, job.id, len(job.placement.gpus), n))
+        self._run(job, self._request(float(n)), resize.placement, t, self.overhead)
+
+    def _account(self, seq: int, t: float, held: float) -> float:
+        """Book the run of ``seq`` that ends at ``t`` on ``held`` GPUs; its seconds."""
+        elapsed = t - self.run_start[seq]
+        self.busy_seconds += held * elapsed
+        self.attained[seq] += held * elapsed
+        self.held[seq] += elapsed
+        self.token[seq] += 1
+        progress = max(0.0, elapsed - self.run_overhead[seq]) * self.run_rate[seq]
+        self.remaining[seq] = max(0.0, self.remaining[seq] - progress)
+        return elapsed
 
     def _preempt(self, job_id: str, t: float) -> bool:
         """Ask ``job_id`` to stop; True when it let go of its GPUs at once."""
@@ -439,11 +551,7 @@ class _Replay:
             self.ranks.remove(job)
         held = self._release(job.request, job.placement)
         self._capacity = self._running_list = None
-        elapsed = t - self.run_start[seq]
-        self.busy_seconds += held * elapsed
-        self.attained[seq] += held * elapsed
-        self.held[seq] += elapsed
-        self.token[seq] += 1
+        self._account(seq, t, held)
         if finished:
             self.remaining[seq] = 0.0
             self.finish[seq] = t
@@ -455,8 +563,6 @@ class _Replay:
                     )
                 )
             return
-        progress = max(0.0, elapsed - self.run_overhead[seq])
-        self.remaining[seq] = max(0.0, self.remaining[seq] - progress)
         self.preemptions[seq] += 1
         self._enqueue(seq, preempted=True)
 
@@ -509,6 +615,19 @@ class _Replay:
         self.occupied -= n
         self.busy -= n
         return float(n)
+
+
+def _range(job: TraceJob, pool: int) -> tuple[int, int] | None:
+    """An elastic job's GPU range, its maximum capped at the pool; ``None`` for a rigid job."""
+    if job.elastic is None:
+        return None
+    low, high = job.elastic
+    if not (1 <= low <= high) or low > pool:
+        raise SimulationError(
+            f"job {job.id!r}: elastic range {low}:{high} is invalid: expected "
+            f"1 <= min <= max, min at most the pool's {pool} GPUs"
+        )
+    return low, min(high, pool)
 
 
 def _label(policy: Policy, time_limits: str | float | None) -> str:

@@ -64,6 +64,9 @@ class TraceJob:
     owner: str = ""
     priority: int = 50
     name: str = ""
+    # an elastic job's range of whole GPUs (min, max); ``duration`` is its run time on
+    # ``gpus`` GPUs, and a speedup model says how fast it runs on others (``sim.elastic``)
+    elastic: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         # a nan or inf here would stall the replay's clock, so no job may carry one

@@ -122,7 +122,7 @@ def gpu_card_html(gpu: GpuInfo, jobs: dict[str, JobInfo], recent_util: list[floa
             entries.append(fmt.esc(job_id))
             continue
         granted = _granted_mem(job, gpu.index)
-        grant = f"{job.gpus:g} GPU" + (f" · {fmt.size(granted)}" if granted else "")
+        grant = f"{job.gpus_held:g} GPU" + (f" · {fmt.size(granted)}" if granted else "")
         entries.append(
             f"{fmt.coloured(job.state, fmt.esc(job.name))} "
             f'<span style="{MUTED}">({fmt.owner_html(job)})</span> '

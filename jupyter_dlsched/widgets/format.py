@@ -165,7 +165,7 @@ def owner_html(job: JobInfo) -> str:
 
 
 def request_words(job: JobInfo) -> str:
-    return job.request.describe()
+    return job.request_text
 
 
 def size(value: Any) -> str:

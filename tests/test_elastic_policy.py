@@ -1,0 +1,288 @@
+"""Elastic jobs in the policy and the simulator: grow into idle GPUs, shrink first, hysteresis.
+
+The policy tests call ``ElasticPolicy`` on plain snapshots (the clock is the one
+fake: a number); the replay tests run the simulator, which drives the very same
+policy objects, and check it against hand-computed times.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jupyter_dlsched.policy import get_policy
+from jupyter_dlsched.policy.base import QueuedJob, RunningJob
+from jupyter_dlsched.policy.elastic import ElasticPolicy
+from jupyter_dlsched.policy.speedup import SpeedupError, parse_speedup
+from jupyter_dlsched.resources import Capacity, Placement, Request
+from jupyter_dlsched.sim import TraceJob, simulate
+from jupyter_dlsched.sim.elastic import ElasticOptionError, make_elastic, parse_elastic
+
+UNIT = 1000  # memory of one GPU in these snapshots
+PREEMPTIVE = ["priority", "las", "gittins", "srtf"]
+ALL = ["fifo", "fifo-ff", "sjf", "fair", *PREEMPTIVE]
+
+
+def pool(n: int) -> Capacity:
+    return Capacity.empty(n_gpus=n, gpu_mem=UNIT, cpus=0, mem=0)
+
+
+def holding(capacity: Capacity, *placements: Placement) -> Capacity:
+    for p in placements:
+        capacity = capacity.take(p)
+    return capacity
+
+
+def on(*gpus: int) -> Placement:
+    return Placement(gpus=gpus, gpu_mem=(UNIT,) * len(gpus))
+
+
+def queued(job_id: str, seq: int, gpus: int = 1, top: int | None = None, **kw) -> QueuedJob:
+    return QueuedJob(job_id, seq, float(seq), Request(gpus=gpus, cpus=0), max_gpus=top, **kw)
+
+
+def elastic_running(job_id: str, gpus: tuple[int, ...], started: float, low=1, top=2, **kw):
+    return RunningJob(
+        job_id,
+        0,
+        0.0,
+        started,
+        Request(gpus=len(gpus), cpus=0),
+        on(*gpus),
+        min_gpus=low,
+        max_gpus=top,
+        **kw,
+    )
+
+
+def test_an_elastic_job_alone_starts_on_every_free_gpu_up_to_its_maximum():
+    policy = ElasticPolicy(get_policy("fifo"))
+    d = policy([queued("e", 0, top=4)], [], pool(2), 0.0)
+    assert [(s.job_id, s.placement.gpus) for s in d.starts] == [("e", (0, 1))]
+    assert d.resizes == []
+    d = policy([queued("e", 0, top=2)], [], pool(8), 0.0)
+    assert [len(s.placement.gpus) for s in d.starts] == [2]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_waiting_work_shrinks_an_elastic_job_and_starts_once_it_let_go(name):
+    policy = ElasticPolicy(get_policy(name), resize_every=300)
+    e = elastic_running("e", (0, 1), started=0.0)
+    rigid = queued("r", 1)
+    d = policy([rigid], [e], holding(pool(2), e.placement), 400.0)
+    assert d.starts == [] and d.preempts == []
+    assert [(r.job_id, len(r.placement.gpus)) for r in d.resizes] == [("e", 1)]
+    assert d.waiting["r"] == "waiting for elastic job e to shrink"
+    # the shrink done (a restart at 400 on the GPU it kept), the rigid job starts on the other
+    shrunk = elastic_running("e", d.resizes[0].placement.gpus, started=400.0)
+    d = policy([rigid], [shrunk], holding(pool(2), shrunk.placement), 400.0)
+    assert [s.job_id for s in d.starts] == ["r"]
+    assert set(d.starts[0].placement.gpus).isdisjoint(shrunk.placement.gpus)
+    assert d.resizes == []
+
+
+def test_a_start_uses_truly_free_gpus_before_borrowed_ones():
+    policy = ElasticPolicy(get_policy("fifo"))
+    e = elastic_running("e", (0, 1), started=0.0)
+    d = policy([queued("r", 1)], [e], holding(pool(3), e.placement), 1000.0)
+    assert [(s.job_id, s.placement.gpus) for s in d.starts] == [("r", (2,))]
+    assert d.resizes == []
+
+
+def test_elastic_jobs_shrink_before_anything_is_preempted():
+    # low-priority rigid job on GPU 0, elastic job on 1-2: the urgent job takes a borrowed GPU
+    policy = ElasticPolicy(get_policy("priority", preempt=True))
+    low = RunningJob(
+        "low", 0, 0.0, 0.0, Request(gpus=1, cpus=0), on(0), priority=0, preemptible=True
+    )
+    e = elastic_running("e", (1, 2), started=0.0, priority=0, preemptible=True)
+    urgent = queued("u", 2, priority=1000)
+    d = policy([urgent], [low, e], holding(pool(3), low.placement, e.placement), 1000.0)
+    assert d.preempts == []
+    assert [(r.job_id, len(r.placement.gpus)) for r in d.resizes] == [("e", 1)]
+
+
+def test_no_resize_within_resize_every_and_a_wake_up_when_it_ends():
+    policy = ElasticPolicy(get_policy("fifo"), resize_every=300)
+    e = elastic_running("e", (0, 1), started=100.0)  # started (or resized) 100 s ago
+    d = policy([queued("r", 1)], [e], holding(pool(2), e.placement), 200.0)
+    assert d.starts == [] and d.resizes == []
+    assert d.wake_at == 400.0
+    # idle GPUs do not grow a job resized less than resize_every ago either
+    small = elastic_running("s", (0,), started=100.0, top=4)
+    d = policy([], [small], holding(pool(4), small.placement), 200.0)
+    assert d.resizes == [] and d.wake_at == 400.0
+    d = policy([], [small], holding(pool(4), small.placement), 400.0)
+    assert [(r.job_id, r.placement.gpus) for r in d.resizes] == [("s", (0, 1, 2, 3))]
+
+
+def test_idle_gpus_are_shared_fairly_among_elastic_jobs():
+    policy = ElasticPolicy(get_policy("fifo"))
+    jobs = [queued("a", 0, top=8), queued("b", 1, top=8), queued("c", 2, top=2)]
+    d = policy(jobs, [], pool(8), 0.0)
+    assert {s.job_id: len(s.placement.gpus) for s in d.starts} == {"a": 3, "b": 3, "c": 2}
+    assert len({g for s in d.starts for g in s.placement.gpus}) == 8
+
+
+def test_a_running_job_grows_only_when_it_saves_more_than_the_restart_costs():
+    # nearly all serial: two GPUs would save far less than 2 x 60 s of restart
+    slow = ElasticPolicy(get_policy("fifo"), restart_cost=60, speedup="amdahl:0.99")
+    e = elastic_running("e", (0,), started=0.0)
+    assert slow([], [e], holding(pool(2), e.placement), 400.0).resizes == []
+    fast = ElasticPolicy(get_policy("fifo"), restart_cost=60, speedup="linear")
+    assert [
+        r.placement.gpus for r in fast([], [e], holding(pool(2), e.placement), 400.0).resizes
+    ] == [(0, 1)]
+    # a job starting now grows for free, whatever the model
+    d = slow([queued("n", 0, top=2)], [], pool(2), 0.0)
+    assert [len(s.placement.gpus) for s in d.starts] == [2]
+
+
+def test_fair_share_counts_gpus_beyond_the_minimum_as_borrowed():
+    # ana's elastic job holds all 4 GPUs, 3 of them borrowed; bob's rigid 3-GPU job gets them
+    policy = ElasticPolicy(get_policy("fair"))
+    e = elastic_running("e", (0, 1, 2, 3), started=0.0, top=4, owner="ana")
+    d = policy([queued("b", 1, gpus=3, owner="bob")], [e], holding(pool(4), e.placement), 1000.0)
+    assert d.preempts == []
+    assert [(r.job_id, r.placement.gpus) for r in d.resizes] == [("e", (0,))]
+
+
+# --- the simulator drives the same objects ---------------------------------------------
+
+
+def test_the_replay_of_a_small_trace_matches_the_policy_by_hand():
+    # e (1:2) alone from 0 on 2 GPUs at twice its speed; r (rigid) at 1000 makes it shrink;
+    # r ends at 1600 and e grows back. Each resize costs 30 s.
+    trace = [TraceJob("e", 0, 1, 3600.0, elastic=(1, 2)), TraceJob("r", 1000, 1, 600.0)]
+    for name in ALL:
+        result = simulate(trace, name, gpus=2, restart_overhead=30)
+        e, r = result.jobs
+        assert result.resize_log == [(1000, "e", 2, 1), (1600, "e", 1, 2)], name
+        assert (r.first_start, r.finish) == (1000, 1600), name
+        # work done: 2000 s by 1000; 570 s on 1 GPU by 1600; 1030 s left at 2x after 30 s
+        assert e.finish == pytest.approx(2145.0), name
+        assert (e.resizes, e.preemptions) == (2, 0)
+        assert result.policy.endswith(" (elastic)") and result.policy.startswith(name)
+
+
+def test_the_rigid_replay_is_unchanged_when_no_job_is_elastic():
+    trace = [TraceJob("a", 0, 1, 100.0), TraceJob("b", 10, 2, 50.0)]
+    assert [j.finish for j in simulate(trace, "fifo", gpus=2).jobs] == [100.0, 150.0]
+    assert simulate(trace, "fifo", gpus=2).policy == "fifo"
+
+
+def test_an_elastic_job_runs_at_its_speedup_models_rate():
+    # measured at 2 GPUs for 100 s; 4 GPUs under Amdahl with a serial fraction of 0.2
+    trace = [TraceJob("e", 0, 2, 100.0, elastic=(1, 4))]
+    model = parse_speedup("amdahl:0.2")
+    finish = simulate(trace, "fifo", gpus=4, speedup=model).jobs[0].finish
+    assert finish == pytest.approx(100.0 / model.ratio(2, 4))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_hysteresis_holds_on_random_traces(name):
+    rng = random.Random(7)
+    for _ in range(5):
+        trace = [
+            TraceJob(
+                f"j{i}",
+                rng.uniform(0, 20000),
+                rng.choice([1, 1, 2, 4]),
+                rng.uniform(60, 8000),
+                owner=rng.choice("ab"),
+                priority=rng.choice([0, 50, 100]),
+            )
+            for i in range(40)
+        ]
+        trace = make_elastic(trace, 0.5, 2)
+        result = simulate(trace, name, gpus=8, resize_every=300, restart_overhead=30)
+        assert all(j.finish >= j.submit for j in result.jobs)
+        outcomes = {j.id: j for j in result.jobs}
+        # a start counts as the last resize (the engine also refuses any resize inside it)
+        last = {j.id: j.first_start for j in result.jobs if j.preemptions == 0}
+        for t, job_id, before, after in result.resize_log:
+            assert before != after
+            assert t - last.get(job_id, -1e18) >= 300 - 1e-6
+            last[job_id] = t
+        # useful work is conserved: nothing finishes before its work could be done
+        for job in trace:
+            if job.elastic is None:
+                assert outcomes[job.id].held >= job.duration - 1e-6
+
+
+def test_make_elastic_spreads_the_share_evenly_and_leaves_gpu_shares_rigid():
+    jobs = [TraceJob(str(i), float(i), 1, 60.0) for i in range(10)] + [
+        TraceJob("s", 11.0, 0.5, 60.0)
+    ]
+    chosen = make_elastic(jobs, 0.3, 4)
+    assert [j.id for j in chosen if j.elastic] == ["3", "6", "9"]
+    assert chosen[-1].elastic is None and {j.elastic for j in chosen if j.elastic} == {(1, 4)}
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [("1.5", "SHARE[:MAXFACTOR]"), ("0.5:0.5", "a factor >= 1"), ("half", "SHARE")],
+)
+def test_bad_elastic_options_say_what_is_allowed(text, words):
+    with pytest.raises(ElasticOptionError, match="expected SHARE"):
+        parse_elastic(text)
+
+
+@pytest.mark.parametrize("text", ["amdahl:1", "amdahl", "table:2", "table:0=1", "cubic"])
+def test_bad_speedup_models_say_what_is_allowed(text):
+    with pytest.raises(SpeedupError, match="speedup"):
+        parse_speedup(text)
+
+
+def test_a_speedup_table_interpolates_and_stays_flat_past_its_end():
+    model = parse_speedup("table:1=1,2=1.8,4=3")
+    assert (model(1), model(3), model(8)) == (1.0, 2.4, 3.0)
+
+
+def dlsched_sim(*args: str) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).with_name("dlsched")
+    command = str(script) if script.exists() else shutil.which("dlsched")
+    assert command, "the dlsched console script is not installed"
+    return subprocess.run(
+        [command, "sim", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_cli_replays_a_share_of_jobs_as_elastic(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,1,600\n1000,1,600\n")
+    done = dlsched_sim(
+        str(trace), "--gpus", "2", "--policy", "fifo", "--elastic", "0.5:2", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["elastic"] == {"share": 0.5, "max_factor": 2.0, "speedup": "linear"}
+    assert out["rows"][0]["policy"] == "fifo (elastic)"
+    # the second job is the elastic one (0.5 spread evenly): alone at 1000 s it runs on 2 GPUs
+    rigid = dlsched_sim(str(trace), "--gpus", "2", "--policy", "fifo", "--json")
+    assert out["rows"][0]["avg_jct"] < json.loads(rigid.stdout)["rows"][0]["avg_jct"]
+    text = dlsched_sim(str(trace), "--gpus", "2", "--policy", "fifo", "--elastic", "1")
+    assert "2 jobs elastic (1 GPU to 2 x request), speedup linear" in text.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--elastic", "2"], "dlsched sim: --elastic '2' is invalid"),
+        (["--elastic", "1", "--speedup", "cubic"], "dlsched sim: speedup 'cubic' is not a model"),
+        (["--elastic", "1", "--resize-every", "-1"], "dlsched sim: --resize-every -1 is invalid"),
+    ],
+)
+def test_cli_bad_elastic_options_are_one_line_errors(tmp_path, args, message):
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,1,10\n")
+    done = dlsched_sim(str(trace), "--gpus", "1", *args)
+    assert done.returncode == 2
+    assert done.stderr.startswith(message), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
