@@ -158,13 +158,17 @@ def test_the_cli_takes_a_range_shows_it_in_the_queue_and_refuses_a_job_that_cann
 
 def test_the_queue_widget_shows_the_size_and_the_range(home):
     with Scheduler(home, loop=False) as s:
+        # both GPUs held by a rigid job: the elastic one waits (else it may start at once on 2)
+        blocker = s.submit(hold, 60, gpus=2, cpus=0.25)
         handle = s.submit(hold, 0.1, gpus="1:2", cpus=0.25, preemptible=True)
         info = handle.info()
+        assert info.state == "queued"
         assert info.request_text.startswith("1 GPU (1–2)")  # queued: its minimum
         from jupyter_dlsched.widgets.tables import QueueSnapshot
 
         assert "1 GPU (1–2)" in QueueSnapshot([info])._repr_html_()
         handle.cancel()
+        blocker.cancel()
 
 
 def test_the_schedule_magic_takes_a_range(ip):
