@@ -278,6 +278,26 @@ class Scheduler(Deciding, Watching):
         files = {"command.json": json.dumps({"argv": list(argv)}).encode()}
         return self._insert("command", files, default_name=Path(argv[0]).name, **resources)
 
+    @raised_here
+    def submit_notebook(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        parameters: dict[str, Any] | None = None,
+        output: str | os.PathLike[str] | None = None,
+        kernel: str | None = None,
+        **resources: Any,
+    ) -> JobHandle:
+        """Queue a whole notebook; the result is the executed copy's path (``nbjobs/``).
+
+        >>> s.submit_notebook("train.ipynb", parameters={"lr": 3e-4}, gpus=1)  # doctest: +SKIP
+        """
+        from .nbjobs.submit import submit_notebook
+
+        return submit_notebook(
+            self, path, parameters=parameters, output=output, kernel=kernel, **resources
+        )
+
     def submit_payload(
         self, kind: str, payload: dict[str, Any], *, default_name: str = "job", **resources: Any
     ) -> JobHandle:

@@ -47,7 +47,7 @@ BIDI_CONTROLS = frozenset(
     + [chr(c) for c in range(0x2066, 0x206A)]
     + ["\u200e", "\u200f", "\u061c"]
 )
-KINDS = ("function", "cell", "command")
+KINDS = ("function", "cell", "command", "notebook")
 #: What a job id looks like (the ledger's ids are 8 letters and digits; 32 leaves room).
 _JOB_ID = re.compile(r"^[A-Za-z0-9]{1,32}$")
 #: An input's name becomes ``DLSCHED_DATA_<NAME>`` in the job's environment.

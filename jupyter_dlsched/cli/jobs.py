@@ -23,6 +23,7 @@ from .common import (
     _scheduler,
     _selection,
 )
+from .notebook import notebook_request
 
 
 def _follow(s: Scheduler, job_id: str, write: Callable[[bytes], None], follow: bool) -> JobInfo:
@@ -70,11 +71,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     argv = list(args.command)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    if not argv:
+    notebook = notebook_request(args, argv)
+    if not argv and notebook is None:
         raise CommandError("give the command after --, e.g. dlsched submit -- python x.py")
     resources = flag_resources(args)
     with _scheduler(args) as s:
-        job_id = s.submit_command(argv, **resources).id
+        if notebook is not None:
+            job_id = s.submit_notebook(**notebook, **resources).id
+        else:
+            job_id = s.submit_command(argv, **resources).id
         if not args.wait:
             info = s.info(job_id)
             if args.json:

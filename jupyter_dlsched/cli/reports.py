@@ -84,11 +84,27 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 priority_words(j.priority),
                 j.request.describe(),
                 devices,
-                " · ".join(part for part in (state_words(j), use_words(j)) if part),
+                " · ".join(
+                    part for part in (state_words(j), progress_words(j), use_words(j)) if part
+                ),
             )
         )
     _print_table(rows)
     return EXIT_OK
+
+
+def progress_words(job: JobInfo) -> str:
+    """A running job's last ``dls.progress``: ``"67% cell 2/3"``, ``"step 12 loss 0.31"``."""
+    p = job.progress
+    if job.state != "running" or not p:
+        return ""
+    done, total = float(p.get("done") or 0), p.get("total")
+    head = f"{done / float(total):.0%}" if total else f"step {done:g}"
+    metrics = p.get("metrics") or {}
+    if not metrics:
+        return head
+    name, value = list(metrics.items())[-1]
+    return f"{head} {name} {value:.4g}" if isinstance(value, float) else f"{head} {name} {value}"
 
 
 def use_words(job: JobInfo) -> str:
