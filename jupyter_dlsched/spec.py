@@ -20,7 +20,9 @@ import cloudpickle
 from .errors import SpecError
 from .placement import fits_ever
 from .resources import Capacity, Request
+from .schedules.every import parse_every
 from .units import parse_duration, parse_size
+from .when import parse_begin
 
 PRIORITY_NAMES = {"low": 0, "normal": 50, "high": 100, "urgent": 1000}
 #: Priorities, retries, shares and times are bounded so that every accepted request means
@@ -127,6 +129,10 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     #: inputs staged into the node-local cache before the job starts: name -> source
     stage_in: dict[str, str] = field(default_factory=dict)
+    #: epoch seconds before which the job does not start (``--begin``), else None
+    begin: float | None = None
+    #: a schedule that submits this job again on each of its ticks (``--every``), else None
+    every: str | None = None
 
 
 def build_spec(
@@ -149,6 +155,8 @@ def build_spec(
     origin: str = "",
     env: dict[str, str] | None = None,
     stage_in: object = None,
+    begin: object = None,
+    every: object = None,
     now: float | None = None,
 ) -> JobSpec:
     """Validate a request against the shape of this pool (``capacity`` of an idle machine)."""
@@ -184,7 +192,19 @@ def build_spec(
         origin=_printable(origin),
         env=_env(env),
         stage_in=parse_stage_in(stage_in),
+        begin=_first_begin(begin, every, now),
+        every=None if every is None else parse_every(every).text,
     )
+
+
+def _first_begin(begin: object, every: object, now: float | None) -> float | None:
+    """The first run of a cron schedule waits for its first tick; of an interval, not."""
+    first = parse_begin(begin, now)
+    if every is not None and first is None:
+        schedule = parse_every(every)
+        if schedule.is_cron:
+            first = schedule.next_after(time.time() if now is None else now)
+    return first
 
 
 def _request(gpus: object, gpu_mem: object, cpus: object, mem: object, cap: Capacity) -> Request:

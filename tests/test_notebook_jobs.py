@@ -170,3 +170,25 @@ def test_the_console_script_says_a_notebook_flag_needs_a_notebook(tmp_path):
     out = cli(env, "submit", "--notebook", str(tmp_path / "x.ipynb"), "--preemptible")
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "cannot go on from where it was stopped" in out.stderr
+
+
+def test_a_time_limit_stops_the_notebook_and_its_kernel_and_keeps_what_ran(home, tmp_path):
+    pid_file = tmp_path / "kernel.pid"
+    source = write_notebook(
+        tmp_path / "slow.ipynb",
+        'print("started")',
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)",
+        parameters=None,
+    )
+    with Scheduler(home, grace=2.0) as s:
+        h = s.submit_notebook(source, cpus=0.5, time_limit="8s")
+        h.wait(timeout=240)
+        info = h.info()
+        assert info.state == "timeout", info
+        nb = nbformat.read(tmp_path / f"slow.{h.id}.ipynb", as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert outputs_text(code[0]).strip() == "started"
+        # the kernel that ran the sleeping cell is gone with the job
+        kernel_pid = int(pid_file.read_text())
+        assert kernel_pid != info.job_pid
+        assert not Path(f"/proc/{kernel_pid}").exists()

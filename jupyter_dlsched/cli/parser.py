@@ -166,7 +166,10 @@ def build_parser() -> _Parser:
     lg.add_argument("job_id", metavar="ID")
     lg.set_defaults(run=cmd_logs)
 
+    from .schedules import add_parser as add_schedules
     from .service import add_parser as add_service
+
+    add_schedules(sub)
 
     add_service(sub)
     try:
