@@ -192,3 +192,25 @@ def test_a_time_limit_stops_the_notebook_and_its_kernel_and_keeps_what_ran(home,
         kernel_pid = int(pid_file.read_text())
         assert kernel_pid != info.job_pid
         assert not Path(f"/proc/{kernel_pid}").exists()
+
+
+def test_the_example_notebook_runs_another_notebook_as_a_job(home, tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    examples = Path(__file__).resolve().parent.parent / "notebooks"
+    for name in ("notebook_jobs.ipynb", "report.ipynb"):
+        (tmp_path / name).write_bytes((examples / name).read_bytes())
+    nb = nbformat.read(tmp_path / "notebook_jobs.ipynb", as_version=4)
+    NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    by_tag = {t: c for c in nb.cells for t in c.metadata.get("tags", [])}
+    submitted = outputs_text(by_tag["submit"])
+    assert " succeeded " in submitted and "report." in submitted
+    executed = outputs_text(by_tag["executed"])
+    assert "['injected-parameters'] # Parameters" in executed
+    assert "demo: running on GPU 0" in executed or "demo: running on GPU 1" in executed
+    assert "sum of squares: 285" in executed
+    assert "every 0 2 * * *" in outputs_text(by_tag["schedule"])
+    assert "schedules left: 0" in outputs_text(by_tag["cleanup"])
