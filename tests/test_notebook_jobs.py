@@ -106,6 +106,11 @@ def test_a_notebook_runs_on_its_granted_gpu_with_its_parameters(tmp_path, python
         assert nb.metadata["dlsched"]["job"] == job["id"]
         # the input is left as it was
         assert len(nbformat.read(source, as_version=4).cells) == 3
+        history = cli(env, "history", python=python)
+        assert history.returncode == 0, history.stderr
+        assert f"{job['id']}  {executed}" in history.stdout.split("executed notebooks:")[1]
+        [listed] = json.loads(cli(env, "history", "--json").stdout)["jobs"]
+        assert listed["notebook"]["output"] == str(executed)
     finally:
         stop_agent(home)
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..history import history_table, period_words, totals_by_owner
+from ..nbjobs.record import read_record
 from ..schema import ACTIVE, JobInfo
 from ..units import format_size
 from ..words import owner_words, priority_words, state_words
@@ -129,13 +130,21 @@ def cmd_history(args: argparse.Namespace) -> int:
             for j in s.store.finished_jobs(since=since, owner=owner)
             if _name_matches(args.name, j.name)
         ]
-    totals = totals_by_owner(jobs)
-    shown = jobs[: args.limit]
+        totals = totals_by_owner(jobs)
+        shown = jobs[: args.limit]
+        notebooks = {
+            j.id: record
+            for j in shown
+            if j.kind == "notebook" and (record := read_record(s.log_path(j.id).parent)) is not None
+        }
     if args.json:
         _print_json(
             {
                 "since": since,
-                "jobs": [j.to_json() for j in shown],
+                "jobs": [
+                    {**j.to_json(), **({"notebook": notebooks[j.id]} if j.id in notebooks else {})}
+                    for j in shown
+                ],
                 "totals": [t.to_json() for t in totals],
             }
         )
@@ -147,6 +156,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     _print_table(history_table(shown))
     if len(shown) < len(jobs):
         print(f"... {len(jobs) - len(shown)} more (-n/--limit shows more)")
+    if notebooks:
+        print("\nexecuted notebooks:")
+        for job_id, record in notebooks.items():
+            print(f"  {job_id}  {record['output']}")
     print(f"\nin the last {period}:")
     for total in totals:
         print("  " + total.words())

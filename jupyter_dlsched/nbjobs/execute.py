@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..runtime import PROGRESS_MIN_INTERVAL, progress
+from ..runtime import PROGRESS_MIN_INTERVAL, current_job, progress
 from .params import inject
+from .record import write_record
 
 #: nbclient's own log says only what went wrong (not "Executing notebook with kernel")
 _QUIET = logging.getLogger("jupyter_dlsched.notebook")
@@ -121,6 +122,7 @@ def run_notebook(payload: dict[str, Any]) -> str:
         print(f"[dlsched] cell {done}/{total} done", flush=True)
         report(done, total)
 
+    _record(source, output, payload, kernel)
     print(f"[dlsched] running {source} with kernel {kernel}; executed copy: {output}", flush=True)
     save()
     report(0, total)
@@ -154,6 +156,22 @@ def run_notebook(payload: dict[str, Any]) -> str:
     save()
     print(f"[dlsched] executed notebook: {output}", flush=True)
     return str(output)
+
+
+def _record(source: Path, output: Path, payload: dict[str, Any], kernel: str) -> None:
+    """Say where the executed copy goes, in the job's spool folder (``record.py``)."""
+    job = current_job()
+    if job is None:
+        return
+    folder = Path(job[1]) / "spool" / job[0]
+    if folder.is_dir():
+        record = {
+            "input": str(source),
+            "output": str(output),
+            "parameters": payload.get("parameters") or {},
+            "kernel": kernel,
+        }
+        write_record(folder, record)
 
 
 def _failed_cell(nb: Any) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import getpass
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -18,10 +19,11 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..nbjobs.record import read_record
 from ..pool import PoolInfo
 from ..sampling import Sampler
 from ..scheduler import Scheduler
-from ..schema import ACTIVE, STATES, TERMINAL
+from ..schema import ACTIVE, STATES, TERMINAL, JobInfo
 
 #: Seconds a status answer may be reused while no job changed (the pool's shape can).
 STATUS_MAX_AGE = 2.0
@@ -156,7 +158,14 @@ class ServerState:
         return self.read_pool().to_json()
 
     def job_json(self, job_id: str) -> dict[str, Any]:
-        return self.scheduler.info(job_id).to_json()
+        return self._with_notebook(self.scheduler.info(job_id))
+
+    def _with_notebook(self, job: JobInfo) -> dict[str, Any]:
+        """A job's JSON; a notebook job's with where its executed copy is (``nbjobs/``)."""
+        data = job.to_json()
+        if job.kind == "notebook" and job.uid == os.getuid():
+            data["notebook"] = read_record(self.scheduler.log_path(job.id).parent)
+        return data
 
     def jobs_json(
         self, states: list[str] | None, owner: str | None, limit: int, offset: int, order: str
@@ -181,7 +190,7 @@ class ServerState:
                 rows += self.store.jobs(
                     states=finished, owner=owner, limit=offset + limit, newest_first=True
                 )
-            return [j.to_json() for j in rows[offset : offset + limit]]
+            return [self._with_notebook(j) for j in rows[offset : offset + limit]]
         rows = self.store.jobs(
             states=states,
             owner=owner,
@@ -189,7 +198,7 @@ class ServerState:
             offset=offset,
             newest_first=order == "newest",
         )
-        return [j.to_json() for j in rows]
+        return [self._with_notebook(j) for j in rows]
 
     def cache_json(self) -> dict[str, Any]:
         """The stage-in cache (``Scheduler.cache_info()``), shared by every open tab."""
