@@ -58,6 +58,51 @@ async def test_a_finished_notebook_job_names_its_executed_copy(
         "output": path,
         "parameters": {"n": 5},
         "kernel": "python3",
+        "path": None,  # outside the server's folder: JupyterLab cannot open it by a path
     }
     listed = json.loads((await jp_fetch("dlsched", "api", "v1", "jobs")).body)["jobs"]
     assert [j["notebook"]["output"] for j in listed if j["id"] == h.id] == [path]
+
+
+async def test_the_dialog_reads_the_options_table_and_submits_a_notebook_of_the_folder(
+    jp_fetch: Any, jp_root_dir: Path, dls_home: Path
+) -> None:
+    from tornado.httpclient import HTTPClientError
+
+    from jupyter_dlsched.options import FLAG_OPTIONS
+
+    options = json.loads((await jp_fetch("dlsched", "api", "v1", "options")).body)["options"]
+    names = [o["name"] for o in options]
+    assert names == [o.name for o in FLAG_OPTIONS if not o.pairs]
+    assert {"gpus", "priority", "begin", "every", "time_limit"} <= set(names)
+
+    (jp_root_dir / "runs").mkdir()
+    nb = new_notebook(
+        cells=[new_code_cell("n = 1", metadata={"tags": ["parameters"]}), new_code_cell("n * 2")]
+    )
+    nbformat.write(nb, jp_root_dir / "runs" / "train.ipynb")
+    body = {"path": "runs/train.ipynb", "parameters": "n=21\n", "gpus": 1, "priority": "high"}
+    response = await jp_fetch(
+        "dlsched", "api", "v1", "notebooks", method="POST", body=json.dumps(body)
+    )
+    assert response.code == 201
+    job = json.loads(response.body)["job"]
+    assert job["kind"] == "notebook" and job["priority"] == 100 and job["request"]["gpus"] == 1
+    with Scheduler(home=dls_home) as s:
+        path = await asyncio.get_running_loop().run_in_executor(None, s.get(job["id"]).result, 240)
+    assert Path(path).parent == (jp_root_dir / "runs").resolve()
+    done = json.loads((await jp_fetch("dlsched", "api", "v1", "jobs", job["id"])).body)
+    assert done["notebook"]["path"] == f"runs/train.{job['id']}.ipynb"
+    executed = nbformat.read(path, as_version=4)
+    assert executed.cells[-1].outputs[0]["data"]["text/plain"] == "42"
+
+    for bad, words in (
+        ({"path": "../outside.ipynb"}, "outside the server's folder"),
+        ({"path": "runs/train.ipynb", "preemptible": True}, "cannot go on"),
+        ({"path": "runs/train.ipynb", "colour": "red"}, "unknown field"),
+        ({"path": "runs/train.ipynb", "parameters": "21"}, "NAME=VALUE"),
+    ):
+        with pytest.raises(HTTPClientError) as error:
+            await jp_fetch("dlsched", "api", "v1", "notebooks", method="POST", body=json.dumps(bad))
+        assert error.value.code == 400
+        assert words in error.value.response.body.decode()

@@ -84,6 +84,8 @@ class ServerState:
     ) -> None:
         self.scheduler = scheduler
         self.store = scheduler.store
+        #: the server's folder: a notebook job's executed copy is opened by its path in it
+        self.root_dir: str | None = None
         self.sample_interval = sample_interval
         self.history_retention = history_retention
         self.user = getpass.getuser()
@@ -164,7 +166,10 @@ class ServerState:
         """A job's JSON; a notebook job's with where its executed copy is (``nbjobs/``)."""
         data = job.to_json()
         if job.kind == "notebook" and job.uid == os.getuid():
-            data["notebook"] = read_record(self.scheduler.log_path(job.id).parent)
+            record = read_record(self.scheduler.log_path(job.id).parent)
+            if record is not None:
+                record["path"] = _in_root(self.root_dir, record["output"])
+            data["notebook"] = record
         return data
 
     def jobs_json(
@@ -260,3 +265,14 @@ class ServerState:
         # A cancel of a running job only sets a flag (no event yet); show it from now on.
         self._status_cache.clear()
         self._jobs_cache.clear()
+
+
+def _in_root(root: str | None, path: str) -> str | None:
+    """``path`` as JupyterLab names it (relative to the server's folder), or None outside it."""
+    if root is None:
+        return None
+    base = Path(root).resolve()
+    full = Path(path).resolve()
+    if base not in full.parents:
+        return None
+    return full.relative_to(base).as_posix()
