@@ -81,13 +81,21 @@ async def test_the_dialog_reads_the_options_table_and_submits_a_notebook_of_the_
         cells=[new_code_cell("n = 1", metadata={"tags": ["parameters"]}), new_code_cell("n * 2")]
     )
     nbformat.write(nb, jp_root_dir / "runs" / "train.ipynb")
-    body = {"path": "runs/train.ipynb", "parameters": "n=21\n", "gpus": 1, "priority": "high"}
+    # values as the dialog sends them: the flags' text
+    body = {
+        "path": "runs/train.ipynb",
+        "parameters": "n=21\n",
+        "gpus": "1",
+        "retries": "2",
+        "priority": "high",
+    }
     response = await jp_fetch(
         "dlsched", "api", "v1", "notebooks", method="POST", body=json.dumps(body)
     )
     assert response.code == 201
     job = json.loads(response.body)["job"]
     assert job["kind"] == "notebook" and job["priority"] == 100 and job["request"]["gpus"] == 1
+    assert job["retries"] == 2
     with Scheduler(home=dls_home) as s:
         path = await asyncio.get_running_loop().run_in_executor(None, s.get(job["id"]).result, 240)
     assert Path(path).parent == (jp_root_dir / "runs").resolve()
@@ -101,6 +109,7 @@ async def test_the_dialog_reads_the_options_table_and_submits_a_notebook_of_the_
         ({"path": "runs/train.ipynb", "preemptible": True}, "cannot go on"),
         ({"path": "runs/train.ipynb", "colour": "red"}, "unknown field"),
         ({"path": "runs/train.ipynb", "parameters": "21"}, "NAME=VALUE"),
+        ({"path": "runs/train.ipynb", "retries": "two"}, "expected a whole number"),
     ):
         with pytest.raises(HTTPClientError) as error:
             await jp_fetch("dlsched", "api", "v1", "notebooks", method="POST", body=json.dumps(bad))

@@ -4,6 +4,7 @@ server's folder as a job (``POST notebooks``), as ``dls.submit_notebook`` does."
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,7 @@ class NotebookSubmitHandler(DlschedHandler):
         source = self._under_root(root, body.get("path"), "path")
         output = body.get("output")
         target = self._under_root(root, output, "output") if output else None
-        resources = {
-            k: v for k, v in body.items() if k not in _FIELDS and v not in (None, "", False)
-        }
+        resources = _resources(body)
         with scheduler_errors():
             parameters = _parameters(body.get("parameters"))
             handle = self.dlsched.scheduler.submit_notebook(
@@ -76,6 +75,24 @@ class NotebookSubmitHandler(DlschedHandler):
         if path != root and root not in path.parents:
             raise ApiError(400, f"{field}={value[:80]!r} is outside the server's folder")
         return path
+
+
+def _resources(body: dict[str, Any]) -> dict[str, Any]:
+    """The resource options of the body; a text value is read as its flag's text is by
+    ``dlsched submit`` (``"3"`` retries is 3, ``"a,b"`` after is two ids)."""
+    by_name = {o.name: o for o in FLAG_OPTIONS}
+    resources: dict[str, Any] = {}
+    for name, value in body.items():
+        if name in _FIELDS or value in (None, "", False):
+            continue
+        option = by_name[name]
+        if isinstance(value, str) and option.convert is not None:
+            try:
+                value = option.convert(value.strip())
+            except argparse.ArgumentTypeError as error:
+                raise ApiError(400, f"{name}={value[:40]!r}: {error}") from None
+        resources[name] = value
+    return resources
 
 
 def _parameters(value: object) -> dict[str, Any]:
