@@ -115,3 +115,16 @@ async def test_the_dialog_reads_the_options_table_and_submits_a_notebook_of_the_
             await jp_fetch("dlsched", "api", "v1", "notebooks", method="POST", body=json.dumps(bad))
         assert error.value.code == 400
         assert words in error.value.response.body.decode()
+
+
+async def test_the_last_run_of_a_schedule_carries_its_next_run(
+    jp_fetch: Any, dls_home: Path
+) -> None:
+    with Scheduler(home=dls_home) as s:
+        h = s.submit_command(["true"], every="1h", cpus=0.25)
+        [schedule] = s.schedules()
+        job = json.loads((await jp_fetch("dlsched", "api", "v1", "jobs", h.id)).body)
+        assert job["schedule"] == {"id": schedule.id, "every": "1h", "next_run": schedule.next_run}
+        listed = json.loads((await jp_fetch("dlsched", "api", "v1", "jobs")).body)["jobs"]
+        assert [j.get("schedule") for j in listed] == [job["schedule"]]
+        s.remove_schedule(schedule.id)

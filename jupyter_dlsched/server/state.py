@@ -160,11 +160,22 @@ class ServerState:
         return self.read_pool().to_json()
 
     def job_json(self, job_id: str) -> dict[str, Any]:
-        return self._with_notebook(self.scheduler.info(job_id))
+        return self._job_json(self.scheduler.info(job_id), self._schedules())
 
-    def _with_notebook(self, job: JobInfo) -> dict[str, Any]:
-        """A job's JSON; a notebook job's with where its executed copy is (``nbjobs/``)."""
+    def _schedules(self) -> dict[str, dict[str, Any]]:
+        """The schedule each job is the last run of, by job id (``--every``)."""
+        return {
+            s.last_job: {"id": s.id, "every": s.every, "next_run": s.next_run}
+            for s in self.scheduler.schedules()
+            if s.last_job
+        }
+
+    def _job_json(self, job: JobInfo, schedules: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """A job's JSON; a notebook job's with where its executed copy is (``nbjobs/``), the
+        last run of a schedule with the schedule and its next run."""
         data = job.to_json()
+        if job.id in schedules:
+            data["schedule"] = schedules[job.id]
         if job.kind == "notebook" and job.uid == os.getuid():
             record = read_record(self.scheduler.log_path(job.id).parent)
             if record is not None:
@@ -195,7 +206,8 @@ class ServerState:
                 rows += self.store.jobs(
                     states=finished, owner=owner, limit=offset + limit, newest_first=True
                 )
-            return [self._with_notebook(j) for j in rows[offset : offset + limit]]
+            schedules = self._schedules()
+            return [self._job_json(j, schedules) for j in rows[offset : offset + limit]]
         rows = self.store.jobs(
             states=states,
             owner=owner,
@@ -203,7 +215,8 @@ class ServerState:
             offset=offset,
             newest_first=order == "newest",
         )
-        return [self._with_notebook(j) for j in rows]
+        schedules = self._schedules()
+        return [self._job_json(j, schedules) for j in rows]
 
     def cache_json(self) -> dict[str, Any]:
         """The stage-in cache (``Scheduler.cache_info()``), shared by every open tab."""

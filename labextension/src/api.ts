@@ -78,6 +78,8 @@ export interface IJob {
   rss_now?: number | null;
   /** A notebook job of the user's: where its executed copy is (null until it starts). */
   notebook?: INotebookRecord | null;
+  /** The schedule (`--every`) this job is the last run of, with its next run. */
+  schedule?: { id: string; every: string; next_run: number } | null;
 }
 
 export interface INotebookRecord {

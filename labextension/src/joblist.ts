@@ -210,6 +210,11 @@ export class JobRow {
       ['waited', `waited ${waited}`, 'time in the queue'],
       ['ran', ran === null ? '' : `ran ${formatDuration(ran)}`, 'time running'],
       ['metric', lastMetric(job), 'the last metric reported with dls.progress'],
+      [
+        'next-run',
+        job.schedule ? nextRunWords(job.schedule.next_run, now) : '',
+        job.schedule ? `schedule ${job.schedule.id}: a new run every ${job.schedule.every}` : ''
+      ],
       ['using', liveUsageWords(job), 'what it uses now: CPU (100% is one core) and resident memory']
     ];
     this._patchMeta(items);
@@ -304,3 +309,9 @@ export function setText(node: Element, text: string): void {
   }
 }
 
+
+/** When a schedule runs next: "next run in 3m", or "next run now" once it is due. */
+export function nextRunWords(at: number, now: number): string {
+  const seconds = at - now;
+  return seconds <= 0 ? 'next run now' : `next run in ${formatDuration(seconds)}`;
+}

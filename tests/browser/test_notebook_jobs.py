@@ -4,6 +4,7 @@ toolbar button open the dialog; the job runs the notebook; the sidebar opens the
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,3 +103,28 @@ def test_run_in_the_queue_submits_a_notebook_and_the_sidebar_opens_the_result(
     page.click('.jp-Dialog button:has-text("Cancel")')
     page.wait_for_selector(".jp-Dialog", state="detached")
     assert json.dumps(lab.api("dlsched/api/v1/jobs")["jobs"]).count('"kind": "notebook"') == 1
+
+
+def test_the_last_run_of_a_schedule_shows_when_the_next_one_comes(
+    lab: Lab, browser_context: Any
+) -> None:
+    from jupyter_dlsched.scheduler import Scheduler
+
+    s = Scheduler(home=lab.home, loop=False)
+    try:
+        job_id = s.submit_command(["true"], every="1h", cpus=0.25, name="hourly").id
+        [schedule] = s.schedules()
+        page = browser_context.new_page()
+        open_lab(page, lab)
+        page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
+        page.click("#jupyter-dlsched-sidebar .jp-dlsched-recent summary")
+        words = page.wait_for_selector(
+            f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{job_id}"] '
+            ".jp-dlsched-next-run:not([hidden])",
+            timeout=60_000,
+        )
+        assert re.fullmatch(r"next run in (59|60)m( \d+s)?", words.inner_text()), words.inner_text()
+        assert schedule.id in (words.get_attribute("title") or "")
+        s.remove_schedule(schedule.id)
+    finally:
+        s.close()
