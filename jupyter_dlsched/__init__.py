@@ -31,6 +31,7 @@ from .handle import JobHandle, gather
 from .pool import GpuInfo, PoolInfo
 from .runtime import DataNotStaged, checkpoint_requested, data, progress
 from .scheduler import Scheduler
+from .schedules.ledger import ScheduleInfo
 from .store import JobInfo
 
 
@@ -61,6 +62,18 @@ def submit_notebook(
     return default_scheduler().submit_notebook(
         path, parameters=parameters, output=output, kernel=kernel, **resources
     )
+
+
+@raised_here
+def schedules() -> list[ScheduleInfo]:
+    """The schedules ``every=`` made (``dlsched schedules``): ``dls.schedules()[0].next_run``."""
+    return default_scheduler().schedules()
+
+
+@raised_here
+def remove_schedule(schedule_id: str) -> ScheduleInfo:
+    """Stop a schedule (no new runs; one going on goes on): ``dls.remove_schedule("s4k2m9qa")``."""
+    return default_scheduler().remove_schedule(schedule_id)
 
 
 @raised_here
@@ -187,6 +200,7 @@ __all__ = [
     "JobNotFound",
     "JobTimeout",
     "PoolInfo",
+    "ScheduleInfo",
     "Scheduler",
     "SpecError",
     "cache_info",
@@ -201,7 +215,9 @@ __all__ = [
     "jobs",
     "pool",
     "progress",
+    "remove_schedule",
     "requeue",
+    "schedules",
     "set_default_scheduler",
     "set_priority",
     "submit",

@@ -161,6 +161,8 @@ def test_a_notebook_job_refuses_preemptible_and_a_missing_file(home, tmp_path):
     with Scheduler(home) as s:
         with pytest.raises(SpecError, match="cannot go on from where it was stopped"):
             s.submit_notebook(source, preemptible=True)
+        with pytest.raises(SpecError, match="one kernel runs the notebook"):
+            s.submit_notebook(source, gpus=2, distributed=True)
         with pytest.raises(SpecError, match="existing .ipynb"):
             s.submit_notebook(tmp_path / "missing.ipynb")
         with pytest.raises(SpecError, match="parameters"):

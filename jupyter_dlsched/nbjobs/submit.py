@@ -48,6 +48,13 @@ def submit_notebook(
     source = Path(os.fspath(path)).expanduser().absolute()
     if resources.get("preemptible"):
         raise SpecError("preemptible", resources["preemptible"], NOT_RESUMABLE)
+    if resources.get("distributed"):
+        raise SpecError(
+            "distributed",
+            resources["distributed"],
+            "False for a notebook job: one kernel runs the notebook on every GPU granted "
+            "(start ranks from a cell, e.g. with torch.multiprocessing)",
+        )
     if source.suffix != ".ipynb" or not source.is_file():
         raise SpecError("notebook", str(path), "the path of an existing .ipynb file")
     try:
