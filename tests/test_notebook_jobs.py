@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import stop_agent
+from conftest import stop_agent, wait_for
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from jupyter_dlsched.errors import SpecError
@@ -221,3 +221,35 @@ def test_the_example_notebook_runs_another_notebook_as_a_job(home, tmp_path, mon
     assert "sum of squares: 285" in executed
     assert "every 0 2 * * *" in outputs_text(by_tag["schedule"])
     assert "schedules left: 0" in outputs_text(by_tag["cleanup"])
+
+
+def test_a_cancelled_notebook_keeps_the_cells_that_finished(home, tmp_path):
+    source = write_notebook(
+        tmp_path / "long.ipynb",
+        'print("first")',
+        "import time\ntime.sleep(600)",
+        'print("never")',
+        parameters=None,
+    )
+    with Scheduler(home, grace=2.0) as s:
+        h = s.submit_notebook(source, cpus=0.5)
+        executed = tmp_path / f"long.{h.id}.ipynb"
+
+        def first_cell_saved() -> bool:
+            if not executed.exists():
+                return False
+            nb = nbformat.read(executed, as_version=4)
+            return outputs_text(nb.cells[1]).strip() == "first"
+
+        wait_for(first_cell_saved, timeout=120)
+        assert s.info(h.id).progress["metrics"]["cell"] == "1/3"
+        s.cancel(h.id)
+        h.wait(timeout=120)
+        info = h.info()
+        assert info.state == "cancelled", info
+        # the kernel runs in a session of its own (jupyter_client starts every kernel so),
+        # so the supervisor stops it as a process the job started outside its group
+        assert (info.reason or "").startswith("cancelled by user")
+        nb = nbformat.read(executed, as_version=4)
+        assert outputs_text(nb.cells[1]).strip() == "first"
+        assert nb.cells[3].outputs == []
