@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import SpecError
 from .execute import run_notebook
@@ -18,7 +18,15 @@ from .params import check_parameters
 
 if TYPE_CHECKING:
     from ..handle import JobHandle
-    from ..scheduler import Scheduler
+
+
+class Submits(Protocol):
+    """What queueing a notebook uses of a ``Scheduler``: its one way to queue a payload."""
+
+    def submit_payload(
+        self, kind: str, payload: dict[str, Any], *, default_name: str = ..., **resources: Any
+    ) -> JobHandle: ...
+
 
 NOT_RESUMABLE = (
     "False for a notebook job: a notebook cannot go on from where it was stopped, so a "
@@ -27,7 +35,7 @@ NOT_RESUMABLE = (
 
 
 def submit_notebook(
-    scheduler: Scheduler,
+    scheduler: Submits,
     path: str | os.PathLike[str],
     *,
     parameters: dict[str, Any] | None = None,
