@@ -163,6 +163,16 @@ def test_a_notebook_job_refuses_preemptible_and_a_missing_file(home, tmp_path):
             s.submit_notebook(source, preemptible=True)
         with pytest.raises(SpecError, match="one kernel runs the notebook"):
             s.submit_notebook(source, gpus=2, distributed=True)
+        with pytest.raises(SpecError, match="an installed kernelspec: .*python3"):
+            s.submit_notebook(source, kernel="no-such-kernel")
+        nb = nbformat.read(source, as_version=4)
+        nb.metadata["kernelspec"]["name"] = "someone-elses-env"
+        nbformat.write(nb, tmp_path / "foreign.ipynb")
+        with pytest.raises(SpecError, match="the notebook's; --kernel / kernel= names another"):
+            s.submit_notebook(tmp_path / "foreign.ipynb")
+        assert s.submit_notebook(tmp_path / "foreign.ipynb", kernel="python3", cpus=0.25).result(
+            timeout=240
+        )
         with pytest.raises(SpecError, match="existing .ipynb"):
             s.submit_notebook(tmp_path / "missing.ipynb")
         with pytest.raises(SpecError, match="parameters"):

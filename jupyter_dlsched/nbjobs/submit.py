@@ -80,6 +80,7 @@ def submit_notebook(
             raise SpecError("output", str(output), "another path than the notebook itself")
     if kernel is None and not nb.metadata.get("kernelspec", {}).get("name"):
         kernel = "python3"
+    _check_kernel(kernel or nb.metadata["kernelspec"]["name"], kernel is None)
     payload = {
         "runner": run_notebook,
         "input": str(source),
@@ -88,3 +89,19 @@ def submit_notebook(
         "kernel": kernel,
     }
     return scheduler.submit_payload("notebook", payload, default_name=source.stem, **resources)
+
+
+def _check_kernel(name: str, from_notebook: bool) -> None:
+    """Refuse a kernel this machine does not have now, rather than fail in the queue later."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    installed = KernelSpecManager().find_kernel_specs()
+    if name not in installed:
+        field, where = (
+            ("notebook kernel", " (the notebook's; --kernel / kernel= names another)")
+            if from_notebook
+            else ("kernel", "")
+        )
+        raise SpecError(
+            field, name, f"an installed kernelspec{where}: {', '.join(sorted(installed)) or 'none'}"
+        )
