@@ -10,6 +10,7 @@ first use, state folder ``$DLSCHED_HOME`` or ``<jupyter data dir>/dlsched``).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,6 +31,7 @@ from .handle import JobHandle, gather
 from .pool import GpuInfo, PoolInfo
 from .runtime import DataNotStaged, checkpoint_requested, data, progress
 from .scheduler import Scheduler
+from .schedules.ledger import ScheduleInfo
 from .store import JobInfo
 
 
@@ -40,6 +42,38 @@ def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> JobHandle:
     >>> h = dls.submit(train, 1e-3, gpus=1, cpus=2, mem="8GiB", time_limit="2h")  # doctest: +SKIP
     """
     return default_scheduler().submit(fn, *args, **kwargs)
+
+
+@raised_here
+def submit_notebook(
+    path: str | os.PathLike[str],
+    *,
+    parameters: dict[str, Any] | None = None,
+    output: str | os.PathLike[str] | None = None,
+    kernel: str | None = None,
+    **resources: Any,
+) -> JobHandle:
+    """Run a whole notebook as a job; the result is the executed copy's path.
+
+    >>> h = dls.submit_notebook("train.ipynb", parameters={"lr": 3e-4}, gpus=1)  # doctest: +SKIP
+    >>> h.result()  # doctest: +SKIP
+    '/home/anna/train.k3x9m2ab.ipynb'
+    """
+    return default_scheduler().submit_notebook(
+        path, parameters=parameters, output=output, kernel=kernel, **resources
+    )
+
+
+@raised_here
+def schedules() -> list[ScheduleInfo]:
+    """The schedules ``every=`` made (``dlsched schedules``): ``dls.schedules()[0].next_run``."""
+    return default_scheduler().schedules()
+
+
+@raised_here
+def remove_schedule(schedule_id: str) -> ScheduleInfo:
+    """Stop a schedule (no new runs; one going on goes on): ``dls.remove_schedule("s4k2m9qa")``."""
+    return default_scheduler().remove_schedule(schedule_id)
 
 
 @raised_here
@@ -166,6 +200,7 @@ __all__ = [
     "JobNotFound",
     "JobTimeout",
     "PoolInfo",
+    "ScheduleInfo",
     "Scheduler",
     "SpecError",
     "cache_info",
@@ -180,10 +215,13 @@ __all__ = [
     "jobs",
     "pool",
     "progress",
+    "remove_schedule",
     "requeue",
+    "schedules",
     "set_default_scheduler",
     "set_priority",
     "submit",
+    "submit_notebook",
 ]
 
 

@@ -30,6 +30,7 @@ from .errors import LedgerUnavailable
 from .local import launcher
 from .policy import Decisions, Policy
 from .policy.elastic import with_elastic
+from .schedules.firing import fire_due
 from .staging import StagingGate
 from .store import JobInfo
 
@@ -97,6 +98,7 @@ class Deciding:
         fixed_now = now
         now = time.time() if now is None else now
         backend = self.backend.name
+        fire_due(self.store, now)  # schedules whose tick came submit their next run
         waiting, expired, last_event, settings_json = self.store.tick_inputs(backend, now)
         # Deciding again is only worth it when a job changed state (every change is an
         # event), the settings changed, the policy asked for a wake-up, or a while passed

@@ -100,6 +100,15 @@ RESOURCE_OPTIONS: tuple[ResourceOption, ...] = (
     ResourceOption("priority", "an integer or low, normal, high, urgent", "P"),
     ResourceOption("name", "the job's name in the queue", "NAME"),
     ResourceOption("deadline", "finish by: an ISO date-time or a duration from now", "WHEN"),
+    ResourceOption(
+        "begin", "start no earlier than: 90s, now+5m, 14:30 or an ISO date-time", "WHEN"
+    ),
+    ResourceOption(
+        "every",
+        "submit a new run on each tick of SCHEDULE (a duration such as 1h, or cron such as "
+        "'0 2 * * *') while the last run is not still going; `dlsched schedules` lists them",
+        "SCHEDULE",
+    ),
     ResourceOption("time_limit", "stop the job after this long, e.g. 90s, 30m, 2h", "DURATION"),
     ResourceOption("retries", "run a failed job again up to N times", "N", _whole_number),
     ResourceOption("after", "job ids that must succeed first, comma-separated", "ID,...", _job_ids),

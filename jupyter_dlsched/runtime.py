@@ -82,7 +82,7 @@ def run_payload(data: bytes) -> Any:
     return fn(*payload.get("args", ()), **payload.get("kwargs", {}))
 
 
-def progress(done: float, total: float | None = None, **metrics: float) -> None:
+def progress(done: float, total: float | None = None, **metrics: float | str) -> None:
     """Report progress from inside a job; shown in the queue, widgets and sidebar.
 
     >>> for step in range(100):  # doctest: +SKIP

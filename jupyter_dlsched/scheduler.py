@@ -33,6 +33,8 @@ from .inline import InlineRunner
 from .options import RESOURCE_ARGS
 from .policy import Policy, get_policy
 from .pool import PoolInfo, idle_capacity, probe, remembered_simulation
+from .schedules.ledger import ScheduleInfo
+from .schedules.requests import answer as schedule_request
 from .settings import Settings, check_resize_every
 from .spec import MAX_NAME, build_spec, parse_priority, pickle_payload
 from .store import WAITING, JobInfo, Store
@@ -310,6 +312,26 @@ class Scheduler(Deciding, Watching):
         files = {"command.json": json.dumps({"argv": list(argv)}).encode()}
         return self._insert("command", files, default_name=Path(argv[0]).name, **resources)
 
+    @raised_here
+    def submit_notebook(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        parameters: dict[str, Any] | None = None,
+        output: str | os.PathLike[str] | None = None,
+        kernel: str | None = None,
+        **resources: Any,
+    ) -> JobHandle:
+        """Queue a whole notebook; the result is the executed copy's path (``nbjobs/``).
+
+        >>> s.submit_notebook("train.ipynb", parameters={"lr": 3e-4}, gpus=1)  # doctest: +SKIP
+        """
+        from .nbjobs.submit import submit_notebook
+
+        return submit_notebook(
+            self, path, parameters=parameters, output=output, kernel=kernel, **resources
+        )
+
     def submit_payload(
         self,
         kind: str,
@@ -341,6 +363,12 @@ class Scheduler(Deciding, Watching):
 
         See ``jupyter_dlsched.inline`` for what cancel and time limits can do there.
         """
+        if resources.get("every") is not None:
+            raise SpecError(
+                "every",
+                resources["every"],
+                "no schedule for a job that runs in this process (--inline): it runs once",
+            )
         if resources.get("retries"):
             raise SpecError(
                 "retries",
@@ -547,6 +575,25 @@ class Scheduler(Deciding, Watching):
         info = self.store.requeue(job_id)
         self.wake()
         return info
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """The schedules made with ``every=`` (yours; an admin's: all), next to run first.
+
+        >>> s.submit(report, every="0 2 * * *")  # doctest: +SKIP
+        >>> [(x.id, x.every, x.name) for x in s.schedules()]  # doctest: +SKIP
+        [('s4k2m9qa', '0 2 * * *', 'report')]
+        """
+        reply = self._schedule_request({})
+        return [ScheduleInfo(**row) for row in reply["schedules"]]
+
+    def remove_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """Stop a schedule: no new runs (a run going on goes on); the removed schedule."""
+        return ScheduleInfo(**self._schedule_request({"remove": schedule_id})["schedule"])
+
+    def _schedule_request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if self.link is not None:
+            return dict(self.link.client.call("schedules", **msg))
+        return schedule_request(self.store, msg, uid=self.uid, admin=True)
 
     def pool(self) -> PoolInfo:
         """The machine now, with each GPU's jobs and the memory the scheduler granted."""

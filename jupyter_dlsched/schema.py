@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -263,6 +263,23 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN max_gpus INTEGER;
     ALTER TABLE jobs ADD COLUMN resize_to TEXT;
     """,
+    # version 9: a job may wait for a moment (`--begin`), and schedules submit a job again
+    # and again (`--every`): the job each submission copies, the next tick, the last run
+    """
+    ALTER TABLE jobs ADD COLUMN begin REAL;
+    CREATE TABLE schedules(
+        id TEXT PRIMARY KEY,
+        uid INTEGER NOT NULL,
+        owner TEXT NOT NULL,
+        every TEXT NOT NULL,
+        template TEXT NOT NULL,
+        created REAL NOT NULL,
+        next_run REAL NOT NULL,
+        last_job TEXT,
+        runs INTEGER NOT NULL DEFAULT 0,
+        skipped INTEGER NOT NULL DEFAULT 0
+    );
+    """,
 ]
 
 
@@ -337,6 +354,8 @@ class JobInfo:
     max_gpus: int | None = None
     # the placement (JSON) an elastic job being resized starts again on, until it has
     resize_to: str | None = None
+    # epoch seconds before which the job does not start (`--begin`), else None
+    begin: float | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -412,6 +431,7 @@ class JobInfo:
             "cpu_now": self.cpu_now,
             "rss_now": self.rss_now,
             "requeue_of": self.requeue_of,
+            "begin": self.begin,
             "usage": {
                 "gpu_hours": self.gpu_hours,
                 "cpu_time": self.cpu_time,

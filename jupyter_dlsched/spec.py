@@ -20,7 +20,9 @@ import cloudpickle
 from .errors import SpecError
 from .placement import fits_ever
 from .resources import Capacity, Request
+from .schedules.every import parse_every
 from .units import parse_duration, parse_size
+from .when import parse_begin
 
 PRIORITY_NAMES = {"low": 0, "normal": 50, "high": 100, "urgent": 1000}
 #: Priorities, retries, shares and times are bounded so that every accepted request means
@@ -47,8 +49,9 @@ BIDI_CONTROLS = frozenset(
     + [chr(c) for c in range(0x2066, 0x206A)]
     + ["\u200e", "\u200f", "\u061c"]
 )
-#: ``kernel``: the GPU lease of a notebook kernel (``jupyter_dlsched.kernels``)
-KINDS = ("function", "cell", "command", "kernel")
+#: ``kernel``: the GPU lease of a notebook kernel (``jupyter_dlsched.kernels``);
+#: ``notebook``: a whole notebook run with nbclient (``jupyter_dlsched.nbjobs``)
+KINDS = ("function", "cell", "command", "kernel", "notebook")
 #: What a job id looks like (the ledger's ids are 8 letters and digits; 32 leaves room).
 _JOB_ID = re.compile(r"^[A-Za-z0-9]{1,32}$")
 #: An input's name becomes ``DLSCHED_DATA_<NAME>`` in the job's environment.
@@ -130,6 +133,10 @@ class JobSpec:
     stage_in: dict[str, str] = field(default_factory=dict)
     #: an elastic job's most GPUs (``request.gpus`` is its minimum); None for a rigid job
     max_gpus: int | None = None
+    #: epoch seconds before which the job does not start (``--begin``), else None
+    begin: float | None = None
+    #: a schedule that submits this job again on each of its ticks (``--every``), else None
+    every: str | None = None
 
 
 def build_spec(
@@ -152,6 +159,8 @@ def build_spec(
     origin: str = "",
     env: dict[str, str] | None = None,
     stage_in: object = None,
+    begin: object = None,
+    every: object = None,
     now: float | None = None,
 ) -> JobSpec:
     """Validate a request against the shape of this pool (``capacity`` of an idle machine)."""
@@ -200,6 +209,8 @@ def build_spec(
         env=_env(env),
         stage_in=parse_stage_in(stage_in),
         max_gpus=None if span is None else span[1],
+        begin=_first_begin(begin, every, now),
+        every=None if every is None else parse_every(every).text,
     )
 
 
@@ -235,6 +246,16 @@ def elastic_range(gpus: object) -> tuple[int, int] | None:
     if not 1 <= low <= high <= MAX_GPUS:
         raise SpecError("gpus", gpus, ELASTIC_WORDS + f", MAX at most {MAX_GPUS}")
     return low, high
+
+
+def _first_begin(begin: object, every: object, now: float | None) -> float | None:
+    """The first run of a cron schedule waits for its first tick; of an interval, not."""
+    first = parse_begin(begin, now)
+    if every is not None and first is None:
+        schedule = parse_every(every)
+        if schedule.is_cron:
+            first = schedule.next_after(time.time() if now is None else now)
+    return first
 
 
 def _request(gpus: object, gpu_mem: object, cpus: object, mem: object, cap: Capacity) -> Request:

@@ -26,6 +26,8 @@ from . import private
 from .errors import IllegalTransition, JobNotFound, LedgerUnavailable
 from .private import default_home
 from .resources import Placement
+from .schedules import ledger as schedules
+from .schedules.every import parse_every
 from .schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
     _ID,
     _ID_ALPHABET,
@@ -52,7 +54,7 @@ from .units import format_duration, parse_duration
 _SNAPSHOT_COLUMNS = (
     "id, seq, name, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
     "attained, preemptions, gpus, gpu_mem, cpus, mem, after, attempts, position, waiting, "
-    "placement, job_pid, preempt_requested, cancel_requested, max_gpus, resize_to"
+    "placement, job_pid, preempt_requested, cancel_requested, max_gpus, resize_to, begin"
 )
 
 RESERVE_NAME = "disk-reserve"
@@ -397,8 +399,8 @@ class Store:
                 """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
                    gpus, gpu_mem, cpus, mem, deadline, time_limit, retries, preemptible,
                    distributed, after, backend, submitted, env, inline, files, stage_in,
-                   max_gpus)
-                   VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                   max_gpus, begin)
+                   VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 [
                     (
                         job_id,
@@ -425,10 +427,22 @@ class Store:
                         refs,
                         json.dumps(spec.stage_in),
                         spec.max_gpus,
+                        spec.begin,
                     )
                     for (job_id, spec, _), refs in zip(jobs, names, strict=True)
                 ],
             )
+            for job_id, spec, _ in jobs:
+                if spec.every is not None:
+                    schedules.add(
+                        db,
+                        job_id,
+                        spec.every,
+                        parse_every(spec.every).next_after(max(now, spec.begin or now)),
+                        owner,
+                        uid,
+                        now,
+                    )
             db.executemany(
                 "INSERT INTO job_inputs(job_id, name, source, source_id, added) VALUES(?,?,?,?,?)",
                 [
@@ -494,6 +508,7 @@ class Store:
                 "MIN(j.uid) FROM jobs j, json_each(j.files) f "
                 "WHERE j.state IN ('queued','running','preempted') GROUP BY f.value"
             )
+            schedules.pin_all(db)  # a schedule's job is run again: its payload is in use
             db.execute(
                 "INSERT OR IGNORE INTO blob_refs(hash, refs, size, uid, unused_since) "
                 "SELECT f.value, 0, 0, MIN(j.uid), MAX(j.finished) FROM jobs j, "

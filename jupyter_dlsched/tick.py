@@ -18,6 +18,7 @@ from typing import Any
 from .policy import Decisions, FinishedJob, Policy, PresortedQueue, QueuedJob, RunningJob
 from .resources import Capacity, GpuFree, Placement, Request
 from .store import TERMINAL, JobInfo, RunEnd, Store
+from .when import begin_words
 
 CLAIM_GRACE = 30.0  # seconds an allocated job may wait for its supervisor to claim it
 
@@ -85,6 +86,7 @@ def decide(
                 due = index.places_due()
                 if decisions.wake_at is None or due < decisions.wake_at:
                     decisions.wake_at = due
+                _wake_for_begin(decisions, index.pending.values(), now)
                 return decisions
         waiting = index.in_submit_order()
         queued = [index.queued(row) for row in waiting if row["id"] in index.offered]
@@ -128,7 +130,15 @@ def decide(
         deferred[:] = changed
     else:
         store.set_queue_positions(db, changed)
+    _wake_for_begin(decisions, waiting, now)
     return decisions
+
+
+def _wake_for_begin(decisions: Decisions, waiting: Iterable[sqlite3.Row], now: float) -> None:
+    """Decide again when the first ``begin`` still ahead comes (nothing else may change)."""
+    ahead = [r["begin"] for r in waiting if r["begin"] is not None and r["begin"] > now]
+    if ahead and (decisions.wake_at is None or min(ahead) < decisions.wake_at):
+        decisions.wake_at = min(ahead)
 
 
 def _ready(
@@ -151,8 +161,10 @@ def _ready(
 def _blocked(
     store: Store, db: sqlite3.Connection, row: sqlite3.Row, dep_states: dict[str, str], now: float
 ) -> str | None:
-    """Why ``row`` waits for its dependencies (``None``: they all succeeded; ``""``: one
-    failed, and so has the job now)."""
+    """Why ``row`` waits for its ``begin`` or its dependencies (``None``: it may start;
+    ``""``: a dependency failed, and so has the job now)."""
+    if row["begin"] is not None and row["begin"] > now:
+        return begin_words(row["begin"], now)
     if row["after"] == "[]":
         return None
     after = json.loads(row["after"])
@@ -320,7 +332,7 @@ class QueueIndex:
             self._in_order = self._in_order and rows[0]["seq"] > last["seq"]
         for row in rows:
             self.waiting[row["id"]] = row
-            if row["after"] == "[]":
+            if row["after"] == "[]" and row["begin"] is None:
                 self._offer(self.queued(row))
             else:
                 self.pending[row["id"]] = row

@@ -9,6 +9,7 @@ them); otherwise the module is skipped.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -322,3 +324,13 @@ def test_command_job_of_another_unix_user_runs_as_that_user(
         assert done.stdout.startswith("0 ")
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_begin_becomes_slurms_begin(sched: Scheduler) -> None:
+    h = sched.submit(time.time, begin="now+5s")
+    ran_at = h.result(timeout=120)
+    begin = h.info().begin
+    assert begin is not None and ran_at >= begin
+    # SLURM held it: its job became eligible at the begin, not at the submission
+    eligible = datetime.fromtimestamp(math.ceil(begin)).strftime("%Y-%m-%dT%H:%M:%S")
+    assert f"EligibleTime={eligible}" in scontrol(slurm_id(sched, h.id))

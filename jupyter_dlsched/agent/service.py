@@ -51,6 +51,8 @@ from ..metrics import CONTENT_TYPE
 from ..policy import Policy
 from ..pool import idle_capacity
 from ..scheduler import Scheduler
+from ..schedules.ledger import count as schedule_count
+from ..schedules.requests import answer as schedule_request
 from ..schema import WAITING, JobInfo, info_to_json
 from ..spec import MAX_NAME, build_spec, check_text
 from ..store import payload_keep
@@ -352,6 +354,9 @@ class Agent:
             "metrics": lambda peer, msg, blobs: {"text": self.render_metrics().decode()},
             "samples": self._samples,
             "ray": lambda peer, msg, blobs: self.ray.request(msg),
+            "schedules": lambda peer, msg, blobs: schedule_request(
+                self._store, msg, uid=peer.uid, admin=peer.admin
+            ),
             "stop": self._stop,
         }
 
@@ -558,7 +563,9 @@ class Agent:
     def _has_waiting(self) -> bool:
         """Whether a job waits, or a Ray job runs (its driver is kept alive by this agent)."""
         counts = self._store.count_jobs()
-        return any(counts.get(s, 0) for s in WAITING) or bool(self._store.count_active("ray"))
+        if any(counts.get(s, 0) for s in WAITING) or self._store.count_active("ray"):
+            return True
+        return bool(schedule_count(self._store.db))  # a schedule's next run is waiting
 
     # -- connections ------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ import shlex
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
@@ -299,6 +300,10 @@ class SlurmBackend(Backend):
         if job.time_limit is not None:
             seconds = max(1, math.ceil(job.time_limit))
             options.append(f"--time={seconds // 60}:{seconds % 60:02d}")
+        if job.begin is not None:
+            # SLURM decides when its jobs start: it holds this one until then (--begin)
+            moment = datetime.fromtimestamp(math.ceil(job.begin))
+            options.append(f"--begin={moment.strftime('%Y-%m-%dT%H:%M:%S')}")
         options.append(f"--nice={nice_for(job.priority)}")
         return options + self.extra
 

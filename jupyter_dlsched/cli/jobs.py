@@ -23,6 +23,7 @@ from .common import (
     _scheduler,
     _selection,
 )
+from .notebook import notebook_request
 
 
 def _follow(s: Scheduler, job_id: str, write: Callable[[bytes], None], follow: bool) -> JobInfo:
@@ -70,11 +71,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     argv = list(args.command)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    if not argv:
+    notebook = notebook_request(args, argv)
+    if not argv and notebook is None:
         raise CommandError("give the command after --, e.g. dlsched submit -- python x.py")
     resources = flag_resources(args)
     with _scheduler(args) as s:
-        job_id = s.submit_command(argv, **resources).id
+        if notebook is not None:
+            job_id = s.submit_notebook(**notebook, **resources).id
+        else:
+            job_id = s.submit_command(argv, **resources).id
+        if resources.get("every") is not None:
+            print(schedule_words(s, job_id), file=sys.stderr)
         if not args.wait:
             info = s.info(job_id)
             if args.json:
@@ -95,6 +102,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     # stdout carries only the job's output; how it ended goes to stderr
     print(f"dlsched submit: job {info.id} {state_words(info)}", file=sys.stderr)
     return _job_exit_status(info)
+
+
+def schedule_words(s: Scheduler, job_id: str) -> str:
+    """What ``--every`` made: ``"schedule s4k2m9qa: a new run every 3s (dlsched schedules)"``."""
+    made = [x for x in s.schedules() if x.template == job_id]
+    if not made:
+        return f"dlsched submit: job {job_id} has no schedule"
+    return f"schedule {made[0].id}: a new run every {made[0].every} (dlsched schedules)"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from ..schema import ACTIVE, STATES
 from ..units import parse_duration
 from .common import EXIT_STATUSES, EXIT_USAGE
 from .jobs import cmd_cancel, cmd_logs, cmd_priority, cmd_requeue, cmd_submit
+from .notebook import add_notebook_flags
 from .reports import cmd_history, cmd_queue, cmd_status
 
 
@@ -108,13 +109,18 @@ def build_parser() -> _Parser:
     q.add_argument("--name", help="only jobs with this name (a glob such as 'sweep-*' works)")
     q.set_defaults(run=cmd_queue)
 
-    s = add("submit", "run a command as a job: dlsched submit --gpus 1 -- python train.py")
+    s = add(
+        "submit",
+        "run a command as a job: dlsched submit --gpus 1 -- python train.py; "
+        "or a notebook: dlsched submit --gpus 1 --notebook train.ipynb -p lr=3e-4",
+    )
     add_resource_flags(s)  # the same set as dls.submit's keywords and %%schedule's flags
     s.add_argument(
         "--wait",
         action="store_true",
         help="print the job's output as it runs and exit with its exit status",
     )
+    add_notebook_flags(s)
     s.add_argument("command", nargs=argparse.REMAINDER)
     s.set_defaults(run=cmd_submit)
 
@@ -160,7 +166,10 @@ def build_parser() -> _Parser:
     lg.add_argument("job_id", metavar="ID")
     lg.set_defaults(run=cmd_logs)
 
+    from .schedules import add_parser as add_schedules
     from .service import add_parser as add_service
+
+    add_schedules(sub)
 
     add_service(sub)
     from .kernels import add_parser as add_kernels

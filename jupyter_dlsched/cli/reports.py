@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..history import history_table, period_words, totals_by_owner
+from ..nbjobs.record import read_record
 from ..schema import ACTIVE, JobInfo
 from ..units import format_size
 from ..words import owner_words, priority_words, state_words
@@ -84,11 +85,27 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 priority_words(j.priority),
                 j.request_text,
                 devices,
-                " · ".join(part for part in (state_words(j), use_words(j)) if part),
+                " · ".join(
+                    part for part in (state_words(j), progress_words(j), use_words(j)) if part
+                ),
             )
         )
     _print_table(rows)
     return EXIT_OK
+
+
+def progress_words(job: JobInfo) -> str:
+    """A running job's last ``dls.progress``: ``"67% cell 2/3"``, ``"step 12 loss 0.31"``."""
+    p = job.progress
+    if job.state != "running" or not p:
+        return ""
+    done, total = float(p.get("done") or 0), p.get("total")
+    head = f"{done / float(total):.0%}" if total else f"step {done:g}"
+    metrics = p.get("metrics") or {}
+    if not metrics:
+        return head
+    name, value = list(metrics.items())[-1]
+    return f"{head} {name} {value:.4g}" if isinstance(value, float) else f"{head} {name} {value}"
 
 
 def use_words(job: JobInfo) -> str:
@@ -113,13 +130,21 @@ def cmd_history(args: argparse.Namespace) -> int:
             for j in s.store.finished_jobs(since=since, owner=owner)
             if _name_matches(args.name, j.name)
         ]
-    totals = totals_by_owner(jobs)
-    shown = jobs[: args.limit]
+        totals = totals_by_owner(jobs)
+        shown = jobs[: args.limit]
+        notebooks = {
+            j.id: record
+            for j in shown
+            if j.kind == "notebook" and (record := read_record(s.log_path(j.id).parent)) is not None
+        }
     if args.json:
         _print_json(
             {
                 "since": since,
-                "jobs": [j.to_json() for j in shown],
+                "jobs": [
+                    {**j.to_json(), **({"notebook": notebooks[j.id]} if j.id in notebooks else {})}
+                    for j in shown
+                ],
                 "totals": [t.to_json() for t in totals],
             }
         )
@@ -131,6 +156,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     _print_table(history_table(shown))
     if len(shown) < len(jobs):
         print(f"... {len(jobs) - len(shown)} more (-n/--limit shows more)")
+    if notebooks:
+        print("\nexecuted notebooks:")
+        for job_id, record in notebooks.items():
+            print(f"  {job_id}  {record['output']}")
     print(f"\nin the last {period}:")
     for total in totals:
         print("  " + total.words())

@@ -78,6 +78,8 @@ class DlschedApp(ExtensionApp):
             sample_interval=self.sample_interval,
             history_retention=self.history_retention,
         )
+        if self.serverapp is not None:
+            self.state.root_dir = self.serverapp.root_dir
         self.state.start()
         self.settings["dlsched"] = self.state
         self.settings["dlsched_open_metrics"] = self.open_metrics
@@ -89,7 +91,10 @@ class DlschedApp(ExtensionApp):
         )
 
     def initialize_handlers(self) -> None:
+        from .notebooks import HANDLERS as NOTEBOOK_HANDLERS
+
         self.handlers.extend(HANDLERS)
+        self.handlers.extend(NOTEBOOK_HANDLERS)
 
     async def stop_extension(self) -> None:
         if self.state is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import getpass
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -18,10 +19,11 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..nbjobs.record import read_record
 from ..pool import PoolInfo
 from ..sampling import Sampler
 from ..scheduler import Scheduler
-from ..schema import ACTIVE, STATES, TERMINAL
+from ..schema import ACTIVE, STATES, TERMINAL, JobInfo
 
 #: Seconds a status answer may be reused while no job changed (the pool's shape can).
 STATUS_MAX_AGE = 2.0
@@ -82,6 +84,8 @@ class ServerState:
     ) -> None:
         self.scheduler = scheduler
         self.store = scheduler.store
+        #: the server's folder: a notebook job's executed copy is opened by its path in it
+        self.root_dir: str | None = None
         self.sample_interval = sample_interval
         self.history_retention = history_retention
         self.user = getpass.getuser()
@@ -156,7 +160,28 @@ class ServerState:
         return self.read_pool().to_json()
 
     def job_json(self, job_id: str) -> dict[str, Any]:
-        return self.scheduler.info(job_id).to_json()
+        return self._job_json(self.scheduler.info(job_id), self._schedules())
+
+    def _schedules(self) -> dict[str, dict[str, Any]]:
+        """The schedule each job is the last run of, by job id (``--every``)."""
+        return {
+            s.last_job: {"id": s.id, "every": s.every, "next_run": s.next_run}
+            for s in self.scheduler.schedules()
+            if s.last_job
+        }
+
+    def _job_json(self, job: JobInfo, schedules: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """A job's JSON; a notebook job's with where its executed copy is (``nbjobs/``), the
+        last run of a schedule with the schedule and its next run."""
+        data = job.to_json()
+        if job.id in schedules:
+            data["schedule"] = schedules[job.id]
+        if job.kind == "notebook" and job.uid == os.getuid():
+            record = read_record(self.scheduler.log_path(job.id).parent)
+            if record is not None:
+                record["path"] = _in_root(self.root_dir, record["output"])
+            data["notebook"] = record
+        return data
 
     def jobs_json(
         self, states: list[str] | None, owner: str | None, limit: int, offset: int, order: str
@@ -181,7 +206,8 @@ class ServerState:
                 rows += self.store.jobs(
                     states=finished, owner=owner, limit=offset + limit, newest_first=True
                 )
-            return [j.to_json() for j in rows[offset : offset + limit]]
+            schedules = self._schedules()
+            return [self._job_json(j, schedules) for j in rows[offset : offset + limit]]
         rows = self.store.jobs(
             states=states,
             owner=owner,
@@ -189,7 +215,8 @@ class ServerState:
             offset=offset,
             newest_first=order == "newest",
         )
-        return [j.to_json() for j in rows]
+        schedules = self._schedules()
+        return [self._job_json(j, schedules) for j in rows]
 
     def cache_json(self) -> dict[str, Any]:
         """The stage-in cache (``Scheduler.cache_info()``), shared by every open tab."""
@@ -251,3 +278,14 @@ class ServerState:
         # A cancel of a running job only sets a flag (no event yet); show it from now on.
         self._status_cache.clear()
         self._jobs_cache.clear()
+
+
+def _in_root(root: str | None, path: str) -> str | None:
+    """``path`` as JupyterLab names it (relative to the server's folder), or None outside it."""
+    if root is None:
+        return None
+    base = Path(root).resolve()
+    full = Path(path).resolve()
+    if base not in full.parents:
+        return None
+    return full.relative_to(base).as_posix()

@@ -76,6 +76,17 @@ export interface IJob {
   cpu_now?: number | null;
   /** A running job's resident memory now, in bytes; null or absent when not measured. */
   rss_now?: number | null;
+  /** A notebook job of the user's: where its executed copy is (null until it starts). */
+  notebook?: INotebookRecord | null;
+  /** The schedule (`--every`) this job is the last run of, with its next run. */
+  schedule?: { id: string; every: string; next_run: number } | null;
+}
+
+export interface INotebookRecord {
+  input: string;
+  output: string;
+  /** The output's path in the server's folder (what JupyterLab opens), null outside it. */
+  path: string | null;
 }
 
 export interface IGpuProcess {

@@ -7,7 +7,13 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
+import {
+  ICommandPalette,
+  MainAreaWidget,
+  Toolbar,
+  ToolbarButton,
+  WidgetTracker
+} from '@jupyterlab/apputils';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
@@ -18,6 +24,7 @@ import { IRendermime, jobLineFactory } from './jobline';
 import { createLogWidget, JobLogView } from './logview';
 import { SchedulerModel } from './model';
 import { KernelNotifier } from './kernelnotify';
+import { runNotebookDialog } from './runnotebook';
 import { FinishNotifier } from './notify';
 import { SchedulerSidebar } from './sidebar';
 import { SchedulerStatus } from './statusbar';
@@ -37,6 +44,7 @@ const schedulerIcon = new LabIcon({ name: 'jupyter-dlsched:gpu', svgstr: schedul
 namespace CommandIDs {
   export const showQueue = 'dlsched:show-queue';
   export const openLog = 'dlsched:open-log';
+  export const runNotebook = 'dlsched:run-notebook';
 }
 
 const PLUGIN_ID = 'jupyter-dlsched:plugin';
@@ -104,7 +112,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
 
-    const sidebar = new SchedulerSidebar({ model, openLog: id => void openLog(id) });
+    const sidebar = new SchedulerSidebar({
+      model,
+      openLog: id => void openLog(id),
+      openNotebook: path => void app.commands.execute('docmanager:open', { path })
+    });
     sidebar.title.icon = schedulerIcon;
     app.shell.add(sidebar, 'left', { rank: 600 });
     if (restorer) {
@@ -123,6 +135,55 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
     palette?.addItem({ command: CommandIDs.showQueue, category: 'GPU Scheduler' });
+
+    // A whole notebook as a job: from its toolbar, the file browser, or the palette
+    app.commands.addCommand(CommandIDs.runNotebook, {
+      label: 'Run in the Queue…',
+      caption: 'Run this notebook as a job on the pool’s GPUs, with parameters',
+      icon: schedulerIcon,
+      describedBy: {
+        args: {
+          type: 'object',
+          properties: { path: { type: 'string', description: 'The notebook, in the server’s folder' } }
+        }
+      },
+      execute: async args => {
+        const path = String(args.path ?? '') || selectedNotebook(app);
+        if (!path) {
+          return;
+        }
+        const job = await runNotebookDialog(path);
+        if (job) {
+          app.shell.activateById(sidebar.id);
+          void model.refreshSoon();
+        }
+      }
+    });
+    palette?.addItem({ command: CommandIDs.runNotebook, category: 'GPU Scheduler' });
+    app.contextMenu.addItem({
+      command: CommandIDs.runNotebook,
+      selector: '.jp-DirListing-item[data-file-type="notebook"]',
+      rank: 3
+    });
+    app.docRegistry.addWidgetExtension('Notebook', {
+      createNew: (panel, context) => {
+        const button = new ToolbarButton({
+          className: 'jp-dlsched-run-notebook',
+          icon: schedulerIcon,
+          label: 'Queue',
+          tooltip: 'Run in the queue… (this notebook as a job, saved first)',
+          onClick: async () => {
+            if (context.model.dirty) {
+              await context.save();
+            }
+            await app.commands.execute(CommandIDs.runNotebook, { path: context.path });
+          }
+        });
+        const toolbar = (panel as unknown as { toolbar?: Toolbar }).toolbar;
+        toolbar?.insertItem(10, 'dlsched-run-notebook', button);
+        return button;
+      }
+    });
 
     if (statusBar) {
       const item = new SchedulerStatus(model, () => app.shell.activateById(sidebar.id));
@@ -164,6 +225,27 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
   }
 };
+
+/**
+ * The notebook selected in the file browser, found without depending on the file browser
+ * package: the left area's widget that has a selection (its `selectedItems()`).
+ */
+function selectedNotebook(app: JupyterFrontEnd): string {
+  for (const widget of app.shell.widgets('left')) {
+    const browser = widget as unknown as {
+      selectedItems?: () => Iterable<{ path: string; type: string }>;
+    };
+    if (typeof browser.selectedItems !== 'function') {
+      continue;
+    }
+    for (const item of browser.selectedItems()) {
+      if (item.type === 'notebook') {
+        return item.path;
+      }
+    }
+  }
+  return '';
+}
 
 /** A notebook panel's registry (`panel.content.rendermime`), without depending on the notebook. */
 function rendermimeOf(panel: unknown): IRendermime | null {

@@ -115,7 +115,15 @@ export class JobRow {
     this._log = button('log', 'Open the log', 'log', () =>
       this._actions.openLog(this._job!.id)
     );
-    buttons.append(this._log);
+    // a finished notebook job: its executed copy, with every output
+    this._notebook = button('notebook', 'Open the executed notebook', 'open-notebook', () => {
+      const path = this._job?.notebook?.path;
+      if (path) {
+        this._actions.openNotebook?.(path);
+      }
+    });
+    this._notebook.hidden = true;
+    buttons.append(this._notebook, this._log);
     this._buttons = buttons;
     this.node = h(
       'div',
@@ -151,6 +159,11 @@ export class JobRow {
     if (!this._active && this._steering.length) {
       // a cell run in its kernel's thread (--inline) needs that kernel to run again
       this._steering[0].hidden = !mine || !!job.inline;
+    }
+    const executed = job.notebook?.path;
+    this._notebook.hidden = !(executed && isFinished(job.state) && this._actions.openNotebook);
+    if (executed) {
+      this._notebook.title = `Open the executed notebook: ${executed}`;
     }
     const tone = stateTone(job.state);
     const node = this.node;
@@ -197,6 +210,11 @@ export class JobRow {
       ['waited', `waited ${waited}`, 'time in the queue'],
       ['ran', ran === null ? '' : `ran ${formatDuration(ran)}`, 'time running'],
       ['metric', lastMetric(job), 'the last metric reported with dls.progress'],
+      [
+        'next-run',
+        job.schedule ? nextRunWords(job.schedule.next_run, now) : '',
+        job.schedule ? `schedule ${job.schedule.id}: a new run every ${job.schedule.every}` : ''
+      ],
       ['using', liveUsageWords(job), 'what it uses now: CPU (100% is one core) and resident memory']
     ];
     this._patchMeta(items);
@@ -236,6 +254,7 @@ export class JobRow {
   private _mine = true;
   private _steering: HTMLButtonElement[] = [];
   private _log: HTMLButtonElement;
+  private _notebook: HTMLButtonElement;
   private _chip: HTMLElement;
   private _name: HTMLButtonElement;
   private _progress: HTMLElement;
@@ -253,6 +272,8 @@ export namespace JobRow {
     bump: (job: IJob, direction: 1 | -1) => void;
     /** Queue an ended job again (a new job with the same spec). */
     runAgain: (job: IJob) => void;
+    /** Open a notebook by its path in the server's folder (a notebook job's executed copy). */
+    openNotebook?: (path: string) => void;
   }
 }
 
@@ -288,3 +309,9 @@ export function setText(node: Element, text: string): void {
   }
 }
 
+
+/** When a schedule runs next: "next run in 3m", or "next run now" once it is due. */
+export function nextRunWords(at: number, now: number): string {
+  const seconds = at - now;
+  return seconds <= 0 ? 'next run now' : `next run in ${formatDuration(seconds)}`;
+}

@@ -27,7 +27,8 @@ export class SchedulerSidebar extends Widget {
       openLog: id => this._openLog(id),
       cancel: job => void this._cancel(job),
       bump: (job, direction) => void this._bump(job, direction),
-      runAgain: job => void this._runAgain(job)
+      runAgain: job => void this._runAgain(job),
+      openNotebook: options.openNotebook
     };
     this._queue = new JobList(actions, true, 'Nothing queued or running.');
     this._recent = new JobList(actions, false, 'No finished jobs yet.');
@@ -458,5 +459,7 @@ export namespace SchedulerSidebar {
   export interface IOptions {
     model: SchedulerModel;
     openLog: (id: string) => void;
+    /** Open a notebook job's executed copy (by its path in the server's folder). */
+    openNotebook?: (path: string) => void;
   }
 }

@@ -1,0 +1,37 @@
+"""Listing and removing schedules: the pool agent's ``schedules`` request, and what a
+``Scheduler`` without an agent does itself. In a shared pool a user sees and removes
+their own schedules; an admin every one."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PermissionDenied, SpecError
+from . import ledger
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+UNKNOWN = "the id of a schedule (`dlsched schedules` lists them)"
+
+
+def answer(store: Store, msg: dict[str, Any], *, uid: int, admin: bool) -> dict[str, Any]:
+    """``{"schedules": [...]}``, or with ``remove``: ``{"schedule": ...}`` (the removed one)."""
+    remove = msg.get("remove")
+    if remove is None:
+        rows = ledger.listed(store.db, None if admin else uid)
+        return {"schedules": [s.to_json() for s in rows]}
+    if not isinstance(remove, str):
+        raise SpecError("schedule", remove, UNKNOWN)
+    with store.transaction() as db:
+        found = ledger.get(db, remove)
+        if found is None or (found.uid != uid and not admin):
+            if found is not None:
+                raise PermissionDenied(
+                    f"schedule {remove} belongs to {found.owner}: only its owner or a pool "
+                    "admin may remove it"
+                )
+            raise SpecError("schedule", remove, UNKNOWN)
+        ledger.remove(db, remove, time.time())
+    return {"schedule": found.to_json()}
