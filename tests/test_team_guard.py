@@ -386,6 +386,8 @@ s = dls.Scheduler(loop=False)
 failed = s.submit(fail, name="victim-failed", env={{"TOKEN": "{SECRET}"}})
 retried = s.submit(fail, name="victim-retried", retries=1, env={{"TOKEN": "{SECRET}"}})
 running = s.submit(slow, name="victim-running", env={{"TOKEN": "{SECRET}"}})
+# a schedule whose job names the secret: another user lists no schedule of A's
+s.submit(slow, name="victim-every", every="1h", begin="1h", env={{"TOKEN": "{SECRET}"}})
 failed.wait(timeout=60)
 retried.wait(timeout=60)
 print(json.dumps([failed.id, retried.id, running.id]))
@@ -432,6 +434,7 @@ def _cases(failed: str, retried: str, running: str) -> dict[str, dict]:
         "samples": {"since": 0},
         "requeue": {"id": failed},
         "ray": {"address": "127.0.0.1:1"},
+        "schedules": {},
         "stop": {},
     }
 
@@ -458,6 +461,9 @@ def test_every_request_shows_another_users_job_only_as_the_queue_does(service, u
     # what is public is still there
     jobs = {j["id"]: j for j in out["jobs"]["reply"]["jobs"]}
     assert jobs[failed]["state"] == "failed" and jobs[failed]["reason"] == "failed"
+    # B lists only B's schedules (none); the admin sees A's
+    assert out["schedules"]["reply"]["schedules"] == []
+    assert len(AgentClientRoot(service).call("schedules")["schedules"]) == 1
     assert jobs[running]["name"] == "victim-running" and jobs[running]["owner"] == a.name
     retries = [e for e in out["events"]["reply"]["events"] if e["job_id"] == retried]
     assert "retry 1/1" in [e["reason"] for e in retries]
