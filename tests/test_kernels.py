@@ -471,3 +471,21 @@ def test_a_kernels_row_says_cells_idle_time_and_idle_gpu_hours() -> None:
         progress={"done": 3, "total": None, "metrics": {"idle_gpu_h": 0.4, "idle_min": 12.2}},
     )
     assert progress_words(job) == "3 cells · idle 12 min · 0.40 GPU-h idle"  # type: ignore[arg-type]
+
+
+def test_a_notebook_job_on_a_gpu_kernelspec_uses_the_jobs_gpus_without_a_second_lease(
+    pool: Scheduler, tmp_path: Path
+) -> None:
+    """A notebook job whose kernel is a GPU kernelspec: the job holds the GPU, so its kernel
+    starts on the job's grant; a lease would wait for the job's own GPU (here 3 s, then fail)."""
+    import nbformat
+
+    path = tmp_path / "on-gpu.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")]
+    nbformat.write(nb, path)
+    handle = pool.submit_notebook(path, kernel="gpu-3s", gpus=1, cpus=0.25)
+    executed = nbformat.read(handle.result(timeout=120), as_version=4)
+    [output] = executed.cells[0].outputs
+    assert output["text"].strip() == "0"
+    assert [j.kind for j in pool.jobs()] == ["notebook"]

@@ -31,6 +31,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Unicode
 
 from ..errors import DlschedError
+from ..runtime import JOB_ID_ENV
 from ..schema import TERMINAL
 from ..units import parse_duration
 from . import control
@@ -103,6 +104,8 @@ class GpuKernelProvisioner(LocalProvisioner):
     folder: Path | None = None
     _scheduler: Any = None
     _restart_asked = False
+    #: started by a job's own process (a notebook job runs its notebook's kernel): no lease
+    _in_job = False
 
     # -- the lease -------------------------------------------------------------------------
 
@@ -225,6 +228,13 @@ class GpuKernelProvisioner(LocalProvisioner):
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         env = dict(kwargs.get("env") or os.environ)
+        if env.get(JOB_ID_ENV) and self.job_id is None:
+            # a job's process starts this kernel (a notebook job runs its notebook's GPU
+            # kernelspec): the job holds its GPUs already, and its grant is in the kernel's
+            # environment; a lease would ask the pool for them a second time and wait on
+            # the job itself
+            self._in_job = True
+            return dict(await super().pre_launch(**kwargs))
         try:
             alive = await self._lease_alive()
         finally:
@@ -253,6 +263,8 @@ class GpuKernelProvisioner(LocalProvisioner):
         return kwargs
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        if self._in_job:
+            return await super().launch_kernel(cmd, **kwargs)
         try:
             info = await super().launch_kernel(cmd, **kwargs)
         except BaseException:
