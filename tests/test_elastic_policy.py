@@ -286,3 +286,24 @@ def test_cli_bad_elastic_options_are_one_line_errors(tmp_path, args, message):
     assert done.returncode == 2
     assert done.stderr.startswith(message), done.stderr
     assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
+
+
+def test_an_elastic_job_grows_only_within_its_owners_gpu_limit_in_a_shared_pool():
+    """A shared pool's ``max_gpus``: growing into idle GPUs never puts a user over it."""
+    from jupyter_dlsched.agent.config import Limits, ServiceConfig
+    from jupyter_dlsched.agent.limits import LimitsGate
+
+    config = ServiceConfig(user_limits={"ana": Limits(max_gpus=3)})
+    policy = ElasticPolicy(LimitsGate(get_policy("fifo"), config), resize_every=0)
+    # starting alone on 8 idle GPUs: 3, the limit, not 4
+    d = policy([queued("e", 0, top=4, owner="ana")], [], pool(8), 0.0)
+    assert [len(s.placement.gpus) for s in d.starts] == [3]
+    # running on 1 beside another of ana's jobs on 1: grows by one only
+    e = elastic_running("e", (0,), started=0.0, top=4, owner="ana")
+    other = RunningJob("r", 1, 0.0, 0.0, Request(gpus=1, cpus=0), on(1), owner="ana")
+    d = policy([], [e, other], holding(pool(8), e.placement, other.placement), 400.0)
+    assert [(r.job_id, len(r.placement.gpus)) for r in d.resizes] == [("e", 2)]
+    # another user's elastic job is not held back by ana's limit
+    bo = elastic_running("b", (2,), started=0.0, top=4, owner="bo")
+    d = policy([], [e, other, bo], holding(pool(8), e.placement, other.placement, on(2)), 400.0)
+    assert sorted((r.job_id, len(r.placement.gpus)) for r in d.resizes) == [("b", 4), ("e", 2)]

@@ -66,6 +66,23 @@ class LimitsGate(PolicyGate):
         decisions.order = list(decisions.order) + [j.id for j in queued if j.id in held]
         return decisions
 
+    def gpu_budget(
+        self, running: Sequence[RunningJob], starting: dict[str, float]
+    ) -> dict[str, float]:
+        """GPUs each owner with a ``max_gpus`` may still take: the limit less what their
+        running jobs hold (an elastic job all the GPUs it holds now) and ``starting``
+        (owner -> GPUs of this decision's starts). Elastic jobs grow only within it."""
+        held: dict[str, float] = dict(starting)
+        for job in running:
+            size = float(len(job.placement.gpus)) if job.min_gpus is not None else job.request.gpus
+            held[job.owner] = held.get(job.owner, 0.0) + size
+        budget = {}
+        for owner, gpus in held.items():
+            cap = self._config.limits_for(owner).max_gpus
+            if cap is not None:
+                budget[owner] = cap - gpus
+        return budget
+
 
 def _limited(limits: Limits) -> bool:
     return limits.max_gpus is not None or limits.max_running is not None

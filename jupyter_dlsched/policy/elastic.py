@@ -66,6 +66,7 @@ class _Grower:
     most: int
     placement: Placement
     running: RunningJob | None  # None: starting now, so growing costs nothing
+    owner: str = ""
 
 
 class ElasticPolicy(PolicyGate):
@@ -171,7 +172,7 @@ class ElasticPolicy(PolicyGate):
                 Resize(job_id, placement, f"shrunk to {_gpus(len(keep))} for waiting work")
             )
         growers = [
-            _Grower(s.job_id, q.seq, len(s.placement.gpus), q.max_gpus, s.placement, None)
+            _Grower(s.job_id, q.seq, len(s.placement.gpus), q.max_gpus, s.placement, None, q.owner)
             for s in starts
             if (q := starting[s.job_id]).max_gpus is not None
         ]
@@ -186,9 +187,16 @@ class ElasticPolicy(PolicyGate):
                 continue
             size = len(job.placement.gpus)
             growers.append(
-                _Grower(job.id, job.seq, size, int(job.max_gpus or size), job.placement, job)
+                _Grower(
+                    job.id, job.seq, size, int(job.max_gpus or size), job.placement, job, job.owner
+                )
             )
-        grown = self._grow(growers, room, now)
+        starting_gpus: dict[str, float] = {}
+        for s in starts:
+            owner = starting[s.job_id].owner if s.job_id in starting else ""
+            starting_gpus[owner] = starting_gpus.get(owner, 0.0) + len(s.placement.gpus)
+        budget = _gpu_budget(self._policy, running, starting_gpus)
+        grown = self._grow(growers, room, now, budget)
         by_id = {grower.id: grower for grower in grown}
         decisions.starts = [
             Start(s.job_id, by_id[s.job_id].placement) if s.job_id in by_id else s for s in starts
@@ -238,18 +246,34 @@ class ElasticPolicy(PolicyGate):
             )
         return room, starts, taken
 
-    def _grow(self, growers: list[_Grower], room: Capacity, now: float) -> list[_Grower]:
-        """Share the whole GPUs free in ``room`` among ``growers``; those that grew."""
+    def _grow(
+        self,
+        growers: list[_Grower],
+        room: Capacity,
+        now: float,
+        budget: dict[str, float] | None = None,
+    ) -> list[_Grower]:
+        """Share the whole GPUs free in ``room`` among ``growers``; those that grew.
+
+        ``budget``: the GPUs each owner with a per-user limit may still take (a shared
+        pool's ``max_gpus``): growing never puts an owner over it."""
         free = [g for g in room.gpus if g.jobs == 0]
         while growers and free:
             sizes = {g.id: g.size for g in growers}
+            left_to = dict(budget or {})
             left = len(free)
             while left:
-                open_ = [g for g in growers if sizes[g.id] < g.most]
+                open_ = [
+                    g
+                    for g in growers
+                    if sizes[g.id] < g.most and left_to.get(g.owner, math.inf) >= 1
+                ]
                 if not open_:
                     break
                 pick = min(open_, key=lambda g: (sizes[g.id], g.seq))
                 sizes[pick.id] += 1
+                if pick.owner in left_to:
+                    left_to[pick.owner] -= 1
                 left -= 1
             unworthy = [
                 g
@@ -372,6 +396,19 @@ def _starting(queued: Sequence[QueuedJob], starts: list[Start]) -> dict[str, Que
             if len(found) == len(wanted):
                 break
     return found
+
+
+def _gpu_budget(
+    policy: Policy, running: Sequence[RunningJob], starting: dict[str, float]
+) -> dict[str, float]:
+    """What the first gate in ``policy``'s chain that limits GPUs per owner (a shared
+    pool's ``LimitsGate``) lets each owner still take; empty when none limits them."""
+    while policy is not None:
+        budget = getattr(policy, "gpu_budget", None)
+        if callable(budget):
+            return dict(budget(running, starting))
+        policy = getattr(policy, "_policy", None)  # type: ignore[assignment]
+    return {}
 
 
 def _gpus(n: int) -> str:
