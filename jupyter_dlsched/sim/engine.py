@@ -34,6 +34,7 @@ from ..errors import DlschedError
 from ..policy import FinishedJob, PresortedQueue, QueuedJob, RunningJob, get_policy, submit_order
 from ..policy.base import Policy, RunningSet
 from ..resources import Capacity, GpuFree, Placement, Request
+from .eta import EtaCalibration, StartCalibration
 from .trace import TraceJob
 
 _FINISH, _RELEASE, _WAKE = 0, 1, 2
@@ -119,6 +120,8 @@ class SimResult:
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (time, busy GPUs)
     policy_calls: int = 0
     work_gpu_seconds: float = math.nan
+    # start estimates made at each submission and how they came true (``estimates=True``)
+    eta: EtaCalibration | None = None
 
 
 def simulate(
@@ -131,21 +134,25 @@ def simulate(
     grace: float = 0.0,
     time_limits: str | float | None = None,
     preemptible: bool = True,
+    estimates: bool = False,
     **policy_params: Any,
 ) -> SimResult:
     """Replay ``jobs`` on ``gpus`` GPUs (split evenly over ``nodes``) under ``policy``.
 
-    ``time_limits`` is what jobs declare as ``time_limit`` (the estimate ``sjf``
-    and backfill use): ``None`` (none declared, as live users mostly do: those
-    policies then learn sizes from finished jobs), ``"exact"`` (their true
-    duration: an oracle, and the row says so) or a factor (``2.0``: twice it). ``preemptible`` is what every job
-    declares. A policy given by name that weighs preemptions against their
-    cost (``restart_cost``) is told ``restart_overhead``. Same inputs, same result.
+        ``time_limits`` is what jobs declare as ``time_limit`` (the estimate ``sjf``
+        and backfill use): ``None`` (none declared, as live users mostly do: those
+        policies then learn sizes from finished jobs), ``"exact"`` (their true
+        duration: an oracle, and the row says so) or a factor (``2.0``: twice it). ``preemptible`` is what every job
+        declares. A policy given by name that weighs preemptions against their
+        cost (``restart_cost``) is told ``restart_overhead``. ``estimates``: also forecast
+    each job's start when it arrives, as the live scheduler would, and score the
+    forecasts against the replay (``SimResult.eta``; ``jupyter_dlsched.sim.eta``).
+    Same inputs, same result.
 
-    >>> from jupyter_dlsched.sim.trace import TraceJob
-    >>> trace = [TraceJob("a", 0, 1, 10.0), TraceJob("b", 0, 1, 5.0)]
-    >>> [j.finish for j in simulate(trace, "fifo", gpus=1).jobs]
-    [10.0, 15.0]
+        >>> from jupyter_dlsched.sim.trace import TraceJob
+        >>> trace = [TraceJob("a", 0, 1, 10.0), TraceJob("b", 0, 1, 5.0)]
+        >>> [j.finish for j in simulate(trace, "fifo", gpus=1).jobs]
+        [10.0, 15.0]
     """
     chosen = get_policy(policy, **policy_params)
     if isinstance(policy, str) and "restart_cost" not in policy_params:
@@ -155,9 +162,10 @@ def simulate(
     if hasattr(chosen, "learn"):
         # learning policies keep what they learnt: each replay starts from a fresh copy
         chosen = copy.deepcopy(chosen)
-    return _Replay(
-        jobs, chosen, gpus, nodes, restart_overhead, grace, time_limits, preemptible
-    ).run()
+    replay = _Replay(jobs, chosen, gpus, nodes, restart_overhead, grace, time_limits, preemptible)
+    if estimates:
+        replay.calibration = StartCalibration(chosen)
+    return replay.run()
 
 
 class _Replay:
@@ -252,6 +260,7 @@ class _Replay:
         self.calls = 0
         self._capacity: Capacity | None = None
         self._running_list: RunningSet | None = None
+        self.calibration: StartCalibration | None = None
 
     def run(self) -> SimResult:
         trace, heap = self.trace, self.heap
@@ -267,11 +276,14 @@ class _Replay:
                     self.wakes.discard(t)
                 elif token == self.token[seq]:
                     self._end_run(seq, t, finished=kind == _FINISH)
+            first = arrived
             while arrived < n and trace[arrived].submit <= t:
                 self._enqueue(arrived, preempted=False)
                 arrived += 1
             if self.finished_now:
                 self._teach()
+            if self.calibration is not None and arrived > first:
+                self._forecast([j.id for j in trace[first:arrived]], t)
             self._decide(t)
             if self.timeline[-1][1] != self.busy:
                 self.timeline.append((t, self.busy))
@@ -294,6 +306,10 @@ class _Replay:
             )
             for i, j in enumerate(trace)
         ]
+        eta = None
+        if self.calibration is not None:
+            eta = self.calibration.result
+            eta.score((o.id, o.first_start) for o in outcomes)
         return SimResult(
             self.label,
             self.n_gpus,
@@ -302,7 +318,15 @@ class _Replay:
             self.timeline,
             self.calls,
             sum(j.gpus * j.duration for j in trace),
+            eta,
         )
+
+    def _forecast(self, new: list[str], t: float) -> None:
+        """Estimate when the jobs just submitted start, from the state the policy sees now."""
+        assert self.calibration is not None
+        gpus = tuple(self.gpu_state)
+        capacity = _PoolCapacity(gpus, (), 0, 0, gpus, self.n_gpus - self.occupied)
+        self.calibration.submitted(new, self.queue, list(self.running.values()), capacity, t)
 
     def _teach(self) -> None:
         """Tell a learning policy which jobs just finished; re-sort the queue if it re-ranks."""
@@ -447,6 +471,9 @@ class _Replay:
         if finished:
             self.remaining[seq] = 0.0
             self.finish[seq] = t
+            if self.calibration is not None:
+                trace_job = self.trace[seq]
+                self.calibration.finished(trace_job.owner, trace_job.name, self.held[seq])
             if self.learns:
                 trace_job = self.trace[seq]
                 self.finished_now.append(

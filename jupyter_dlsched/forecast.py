@@ -1,0 +1,403 @@
+"""When will a waiting job start: the live policy run forward from the live state.
+
+``forecast`` asks the pool's own policy, on the pool's own capacity, what it
+would decide as running jobs end, exactly as the simulator asks it during a
+replay: from ``now`` the clock jumps to the next moment something changes (a
+running job's expected end, a moment the policy asked to be woken at), the
+policy decides, its starts take devices and its preemptions give them back.
+Nothing arrives during the forecast, so a job submitted later with a better
+rank can still overtake a waiting one; that is what the P80 bound's
+calibration (``dlsched sim --eta``) measures.
+
+How long a job runs comes from ``RunTimes``: the run times of jobs that
+finished, by owner and name (else owner, else everyone), and a job's time
+limit where it has one (it cannot run longer). A running job's elapsed time
+counts: its end is a quantile of the run times *longer than what it has
+already run*. Two passes give two figures per job: ``expected`` with median
+run times, ``p80`` with 80th-percentile ones (each job at its 80th
+percentile: a cautious bound, never before ``expected``).
+
+The work is bounded for deep queues: at most ``max_jobs`` waiting jobs (the
+first in the queue's order) are simulated, a pass makes at most
+``max_calls`` policy calls, and both passes stop after ``budget_s`` seconds
+of CPU; jobs a pass did not see start get no estimate (``None``).
+
+This module is pure apart from that time budget: no ledger, no pool.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .policy import Policy, PresortedQueue, QueuedJob, RunningJob
+from .resources import Capacity
+
+#: The quantiles of run times behind the two figures of every estimate.
+EXPECTED_QUANTILE = 0.5
+BOUND_QUANTILE = 0.8
+
+
+@dataclass(frozen=True)
+class StartEstimate:
+    """When a waiting job should start (epoch seconds): ``expected`` and a cautious ``p80``."""
+
+    expected: float
+    p80: float
+
+
+@dataclass
+class Forecast:
+    """Estimates by job id, and when they go stale with no event (``refresh_at``: the
+    earliest moment a running job was assumed to end; if it runs on, the estimates behind
+    it are too early)."""
+
+    estimates: dict[str, StartEstimate] = field(default_factory=dict)
+    refresh_at: float | None = None
+    simulated: int = 0  # waiting jobs taken into the forecast
+    calls: int = 0  # policy calls, both passes
+
+
+class RunTimes:
+    """Seconds that finished jobs ran, by (owner, name), owner and everyone.
+
+    ``total(owner, name, q, elapsed)`` is the ``q``-quantile of the run times
+    of the most specific group with at least ``group_min`` of them (everyone
+    needs one), among those longer than ``elapsed``. A job that has outrun
+    every run time seen is assumed to follow a heavy tail (Pareto, index 1:
+    ``P(T > t | T > e) = e / t``), so its ``q``-quantile is ``elapsed / (1 - q)``.
+
+    >>> times = RunTimes()
+    >>> times.learn([("ana", "step", 3.0)] * 3)
+    >>> times.total("ana", "step", 0.5), times.total("ana", "step", 0.5, elapsed=4.0)
+    (3.0, 8.0)
+    >>> RunTimes().total("bob", "x", 0.5) is None
+    True
+    """
+
+    def __init__(self, window: int = 2000, group_min: int = 3) -> None:
+        self.window = int(window)
+        self.group_min = max(1, int(group_min))
+        self._recent: dict[tuple[str, ...], deque[float]] = {}
+        self._sorted: dict[tuple[str, ...], list[float]] = {}
+
+    def learn(self, finished: Iterable[tuple[str, str, float]], replace: bool = False) -> None:
+        """Take in ``(owner, name, seconds)`` of finished jobs (each once)."""
+        if replace:
+            self._recent.clear()
+            self._sorted.clear()
+        for owner, name, seconds in finished:
+            if not (seconds > 0 and math.isfinite(seconds)):
+                continue
+            keys: tuple[tuple[str, ...], ...] = (
+                ((), (owner,), (owner, name)) if name else ((), (owner,))
+            )
+            for key in keys:
+                recent = self._recent.get(key)
+                if recent is None:
+                    recent = self._recent[key] = deque(maxlen=self.window)
+                    self._sorted[key] = []
+                ordered = self._sorted[key]
+                if len(recent) == recent.maxlen:
+                    del ordered[bisect.bisect_left(ordered, recent[0])]
+                recent.append(seconds)
+                bisect.insort(ordered, seconds)
+
+    def __len__(self) -> int:
+        return len(self._sorted.get((), ()))
+
+    def _group(self, owner: str, name: str) -> list[float] | None:
+        for key in ((owner, name), (owner,)):
+            found = self._sorted.get(key)
+            if found is not None and len(found) >= self.group_min:
+                return found
+        return self._sorted.get(()) or None
+
+    def total(
+        self,
+        owner: str,
+        name: str,
+        q: float,
+        elapsed: float = 0.0,
+        time_limit: float | None = None,
+    ) -> float | None:
+        """Seconds a job of ``owner`` named ``name`` runs in all (``q``-quantile), given it
+        has run ``elapsed`` already; at most ``time_limit``; ``None`` when nothing is known."""
+        found = self._group(owner, name)
+        if found is None:
+            return time_limit
+        i = bisect.bisect_right(found, elapsed)
+        longer = len(found) - i
+        if longer:
+            value = found[i + min(longer - 1, max(0, math.ceil(q * longer) - 1))]
+        else:
+            value = max(elapsed, 1.0) / (1.0 - min(q, 0.99))
+        return value if time_limit is None else min(value, max(time_limit, elapsed))
+
+
+def forecast(
+    policy: Policy,
+    queued: Sequence[QueuedJob],
+    running: Sequence[RunningJob],
+    capacity: Capacity,
+    now: float,
+    run_times: RunTimes,
+    *,
+    targets: Iterable[str] | None = None,
+    max_jobs: int = 200,
+    max_calls: int = 2000,
+    budget_s: float = 0.05,
+) -> Forecast:
+    """Expected and P80 start of each waiting job in ``queued`` (the first ``max_jobs`` of it,
+    in the order given: put the queue's own order first).
+
+    ``targets``: stop a pass once these jobs have started (the simulator asks
+    about the jobs just submitted). See the module for what is assumed.
+
+    >>> from jupyter_dlsched.policy import get_policy
+    >>> from jupyter_dlsched.resources import Capacity, Placement, Request
+    >>> times = RunTimes()
+    >>> times.learn([("ana", "step", 3.0)] * 3)
+    >>> one = Request(gpus=1, cpus=0)
+    >>> held = Placement(gpus=(0,), gpu_mem=(2**30,))
+    >>> step = RunningJob("s", 1, 0.0, 100.0, one, held, owner="ana", name="step")
+    >>> wait = QueuedJob("w", 2, 100.5, one, owner="ana")
+    >>> pool = Capacity.empty(1, 2**30, 1, 2**30).take(step.placement)
+    >>> forecast(get_policy("fifo"), [wait], [step], pool, 101.0, times).estimates["w"]
+    StartEstimate(expected=103.0, p80=103.0)
+    """
+    while getattr(policy, "does_io", False):  # a gate that reads the ledger: use what it wraps
+        policy = policy._policy  # type: ignore[attr-defined]
+    chosen = list(queued[: max(0, max_jobs)])
+    result = Forecast(simulated=len(chosen))
+    if not chosen:
+        return result
+    wanted = set(targets) if targets is not None else None
+    deadline = time.process_time() + budget_s / 2
+    expected, refresh, calls = _pass(
+        policy,
+        chosen,
+        queued,
+        running,
+        capacity,
+        now,
+        run_times,
+        EXPECTED_QUANTILE,
+        wanted,
+        max_calls,
+        deadline,
+    )
+    deadline = time.process_time() + budget_s / 2
+    bound, _, more = _pass(
+        policy,
+        chosen,
+        queued,
+        running,
+        capacity,
+        now,
+        run_times,
+        BOUND_QUANTILE,
+        wanted,
+        max_calls,
+        deadline,
+    )
+    result.calls = calls + more
+    result.refresh_at = refresh
+    for job_id, start in expected.items():
+        late = bound.get(job_id)
+        if late is not None:
+            result.estimates[job_id] = StartEstimate(start, max(start, late))
+    return result
+
+
+def _pass(
+    policy: Policy,
+    queued: list[QueuedJob],
+    queued_as: Sequence[QueuedJob],
+    running: Sequence[RunningJob],
+    capacity: Capacity,
+    now: float,
+    run_times: RunTimes,
+    q: float,
+    targets: set[str] | None,
+    max_calls: int,
+    deadline: float,
+) -> tuple[dict[str, float], float | None, int]:
+    """One forward run with every job at its ``q``-quantile run time: start times by id,
+    the earliest assumed end of a job running now, and the policy calls made.
+
+    ``queued_as``: the queue as the caller had it; a ``PresortedQueue`` (the
+    simulator's) is kept sorted by its key and passed on as one, so a policy
+    need not sort or explain every job at every step."""
+    grace = float(getattr(policy, "preempt_grace", 0.0) or 0.0)
+    restart = float(getattr(policy, "restart_cost", 0.0) or 0.0)
+    ends: dict[str, float] = {}
+    live: dict[str, RunningJob] = {}
+    stopping: set[str] = set()
+    for job in running:
+        elapsed = max(0.0, now - job.started)
+        total = run_times.total(
+            job.owner, job.name, q, _seconds_before(job) + elapsed, job.time_limit
+        )
+        end = math.inf if total is None else job.started + max(0.0, total - _seconds_before(job))
+        if job.stopping:
+            end = min(end, now + grace)
+            stopping.add(job.id)
+        end = max(end, now)
+        ends[job.id] = end
+        live[job.id] = _with_remaining(job, end - job.started) if job.remaining is not None else job
+    refresh = min((e for e in ends.values() if e > now), default=None)
+    if refresh is not None and math.isinf(refresh):
+        refresh = None
+    presorted = queued_as if isinstance(queued_as, PresortedQueue) else None
+    key: Callable[[QueuedJob], Any] = presorted.key if presorted is not None else _seq
+    waiting = [
+        _estimated(job, run_times, q) if job.remaining is not None else job for job in queued
+    ]
+    waiting.sort(key=key)
+    keys = [key(j) for j in waiting]
+    sizes: dict[int, int] = {}
+    for job in waiting:
+        sizes[job.request.whole_gpus] = sizes.get(job.request.whole_gpus, 0) + 1
+    by_id = {j.id: j for j in waiting}
+    started: dict[str, float] = {}
+    left = set(targets) if targets is not None else None
+    preemptive = bool(getattr(policy, "preempt", False))
+    t, calls, again = now, 0, 0
+    while waiting and calls < max_calls and time.process_time() < deadline:
+        offered: Sequence[QueuedJob] = waiting
+        if presorted is not None:
+            offered = PresortedQueue(
+                waiting,
+                key=key,
+                gpu_only=presorted.gpu_only,
+                uniform_priority=presorted.uniform_priority,
+                sizes=sizes,
+            )
+        decisions = policy(offered, list(live.values()), capacity, t)
+        calls += 1
+        for start in decisions.starts:
+            job = by_id.pop(start.job_id, None)
+            if job is None:
+                continue
+            i = bisect.bisect_left(keys, key(job))
+            while waiting[i] is not job:
+                i += 1
+            del waiting[i], keys[i]
+            sizes[job.request.whole_gpus] -= 1
+            started.setdefault(job.id, t)
+            if left is not None:
+                left.discard(job.id)
+            placement = start.placement
+            capacity = capacity.take(placement)
+            before = _seconds_before(job)
+            total = run_times.total(job.owner, job.name, q, before, job.time_limit)
+            length = math.inf if total is None else max(0.0, total - before)
+            if job.preemptions:
+                length += restart
+            live[job.id] = RunningJob(
+                id=job.id,
+                seq=job.seq,
+                submitted=job.submitted,
+                started=t,
+                request=job.request,
+                placement=placement,
+                priority=job.priority,
+                owner=job.owner,
+                time_limit=job.time_limit,
+                preemptible=job.preemptible,
+                attained=job.attained,
+                remaining=None if job.remaining is None else length,
+                name=job.name,
+            )
+            ends[job.id] = t + length
+        for preempt in decisions.preempts:
+            victim = live.get(preempt.job_id)
+            if victim is None or preempt.job_id in stopping:
+                continue
+            stopping.add(victim.id)
+            ends[victim.id] = min(ends[victim.id], t + grace)
+            live[victim.id] = replace(victim, stopping=True)
+        if left is not None and not left:
+            break
+        if decisions.starts and preemptive and waiting and again < 16:
+            again += 1  # as the simulator does: ask again once the started jobs are running
+            continue
+        again = 0
+        wake = (
+            decisions.wake_at
+            if decisions.wake_at is not None and decisions.wake_at > t
+            else math.inf
+        )
+        t_next = min(min(ends.values(), default=math.inf), wake)
+        if math.isinf(t_next):
+            break  # nothing known will ever change: the rest get no estimate
+        t = max(t, t_next)
+        for job_id in [j for j, e in ends.items() if e <= t]:
+            job = live.pop(job_id)
+            del ends[job_id]
+            capacity = capacity.give_back(job.placement)
+            if job_id in stopping:
+                stopping.discard(job_id)
+                if _finished_by(job, t, run_times, q):
+                    continue
+                back = _requeued(job, t)
+                k = key(back)
+                i = bisect.bisect_right(keys, k)
+                keys.insert(i, k)
+                waiting.insert(i, back)
+                by_id[back.id] = back
+                sizes[back.request.whole_gpus] = sizes.get(back.request.whole_gpus, 0) + 1
+    return started, refresh, calls
+
+
+def _seq(job: QueuedJob) -> int:
+    return job.seq
+
+
+def _seconds_before(job: QueuedJob | RunningJob) -> float:
+    """Seconds a job ran before this run (its service over its GPUs)."""
+    gpus = job.request.gpus
+    return job.attained / gpus if gpus > 0 else 0.0
+
+
+def _finished_by(job: RunningJob, t: float, run_times: RunTimes, q: float) -> bool:
+    before = _seconds_before(job)
+    total = run_times.total(job.owner, job.name, q, before, job.time_limit)
+    return total is not None and before + (t - job.started) >= total
+
+
+def _requeued(job: RunningJob, t: float) -> QueuedJob:
+    """A preempted job back in the queue, keeping its service."""
+    return QueuedJob(
+        id=job.id,
+        seq=job.seq,
+        submitted=job.submitted,
+        request=job.request,
+        priority=job.priority,
+        owner=job.owner,
+        time_limit=job.time_limit,
+        preemptible=job.preemptible,
+        attained=job.attained_at(t),
+        preemptions=1,
+        remaining=job.remaining_at(t),
+        name=job.name,
+    )
+
+
+def _estimated(job: QueuedJob, run_times: RunTimes, q: float) -> QueuedJob:
+    """A job whose true remaining time is known (a replay) with the estimate instead, so a
+    policy that reads it (``srtf``) ranks by what the forecast assumes, not by the truth."""
+    before = _seconds_before(job)
+    total = run_times.total(job.owner, job.name, q, before, job.time_limit)
+    remaining = math.inf if total is None else max(0.0, total - before)
+    return replace(job, remaining=remaining)
+
+
+def _with_remaining(job: RunningJob, remaining: float) -> RunningJob:
+    return replace(job, remaining=remaining)
