@@ -20,7 +20,7 @@ percentile: a cautious bound, never before ``expected``).
 The work is bounded for deep queues: at most ``max_jobs`` waiting jobs (the
 first in the queue's order) are simulated, a pass makes at most
 ``max_calls`` policy calls, and both passes stop after ``budget_s`` seconds
-of CPU; jobs a pass did not see start get no estimate (``None``).
+(wall clock); jobs a pass did not see start get no estimate (``None``).
 
 This module is pure apart from that time budget: no ledger, no pool.
 """
@@ -178,7 +178,7 @@ def forecast(
     if not chosen:
         return result
     wanted = set(targets) if targets is not None else None
-    deadline = time.process_time() + budget_s / 2
+    deadline = time.perf_counter() + budget_s / 2
     expected, refresh, calls = _pass(
         policy,
         chosen,
@@ -192,7 +192,7 @@ def forecast(
         max_calls,
         deadline,
     )
-    deadline = time.process_time() + budget_s / 2
+    deadline = time.perf_counter() + budget_s / 2
     bound, _, more = _pass(
         policy,
         chosen,
@@ -239,18 +239,20 @@ def _pass(
     ends: dict[str, float] = {}
     live: dict[str, RunningJob] = {}
     stopping: set[str] = set()
-    for job in running:
-        elapsed = max(0.0, now - job.started)
+    for held in running:
+        elapsed = max(0.0, now - held.started)
         total = run_times.total(
-            job.owner, job.name, q, _seconds_before(job) + elapsed, job.time_limit
+            held.owner, held.name, q, _seconds_before(held) + elapsed, held.time_limit
         )
-        end = math.inf if total is None else job.started + max(0.0, total - _seconds_before(job))
-        if job.stopping:
+        end = math.inf if total is None else held.started + max(0.0, total - _seconds_before(held))
+        if held.stopping:
             end = min(end, now + grace)
-            stopping.add(job.id)
+            stopping.add(held.id)
         end = max(end, now)
-        ends[job.id] = end
-        live[job.id] = _with_remaining(job, end - job.started) if job.remaining is not None else job
+        ends[held.id] = end
+        live[held.id] = (
+            _with_remaining(held, end - held.started) if held.remaining is not None else held
+        )
     refresh = min((e for e in ends.values() if e > now), default=None)
     if refresh is not None and math.isinf(refresh):
         refresh = None
@@ -269,7 +271,7 @@ def _pass(
     left = set(targets) if targets is not None else None
     preemptive = bool(getattr(policy, "preempt", False))
     t, calls, again = now, 0, 0
-    while waiting and calls < max_calls and time.process_time() < deadline:
+    while waiting and calls < max_calls and time.perf_counter() < deadline:
         offered: Sequence[QueuedJob] = waiting
         if presorted is not None:
             offered = PresortedQueue(
@@ -282,9 +284,9 @@ def _pass(
         decisions = policy(offered, list(live.values()), capacity, t)
         calls += 1
         for start in decisions.starts:
-            job = by_id.pop(start.job_id, None)
-            if job is None:
+            if start.job_id not in by_id:
                 continue
+            job = by_id.pop(start.job_id)
             i = bisect.bisect_left(keys, key(job))
             while waiting[i] is not job:
                 i += 1
@@ -339,14 +341,14 @@ def _pass(
             break  # nothing known will ever change: the rest get no estimate
         t = max(t, t_next)
         for job_id in [j for j, e in ends.items() if e <= t]:
-            job = live.pop(job_id)
+            ended = live.pop(job_id)
             del ends[job_id]
-            capacity = capacity.give_back(job.placement)
+            capacity = capacity.give_back(ended.placement)
             if job_id in stopping:
                 stopping.discard(job_id)
-                if _finished_by(job, t, run_times, q):
+                if _finished_by(ended, t, run_times, q):
                     continue
-                back = _requeued(job, t)
+                back = _requeued(ended, t)
                 k = key(back)
                 i = bisect.bisect_right(keys, k)
                 keys.insert(i, k)

@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -239,6 +239,12 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN requeue_of TEXT;
     """,
+    # version 7: when a waiting job should start (epoch seconds), expected and a P80 bound,
+    # from the forecast of the decision that last placed it in line
+    """
+    ALTER TABLE jobs ADD COLUMN expected_start REAL;
+    ALTER TABLE jobs ADD COLUMN start_p80 REAL;
+    """,
 ]
 
 
@@ -309,6 +315,10 @@ class JobInfo:
     stage_in: dict[str, str] = field(default_factory=dict)
     # the finished job this one runs again (`dlsched requeue`, `dls.requeue`), else None
     requeue_of: str | None = None
+    # while it waits: when it should start (epoch seconds), expected and a cautious bound
+    # that 80 % of jobs start by (jupyter_dlsched.forecast); None when not estimated
+    expected_start: float | None = None
+    start_p80: float | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -367,6 +377,8 @@ class JobInfo:
             "cpu_now": self.cpu_now,
             "rss_now": self.rss_now,
             "requeue_of": self.requeue_of,
+            "expected_start": self.expected_start,
+            "start_p80": self.start_p80,
             "usage": {
                 "gpu_hours": self.gpu_hours,
                 "cpu_time": self.cpu_time,

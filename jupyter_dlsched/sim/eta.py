@@ -104,4 +104,3 @@ class StartCalibration:
             estimate = made.estimates.get(job_id)
             if estimate is not None:
                 self.result.estimates[job_id] = estimate
-
