@@ -35,12 +35,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .policy import Policy, PresortedQueue, QueuedJob, RunningJob
-from .resources import Capacity
+from .policy import Decisions, Policy, PresortedQueue, QueuedJob, RunningJob, submit_order
+from .policy.base import Room, nothing_fits
+from .resources import Capacity, Request
 
 #: The quantiles of run times behind the two figures of every estimate.
-EXPECTED_QUANTILE = 0.5
-BOUND_QUANTILE = 0.8
+EXPECTED = 0.5
+BOUND = 0.8
 
 
 @dataclass(frozen=True)
@@ -64,17 +65,20 @@ class Forecast:
 
 
 class RunTimes:
-    """Seconds that finished jobs ran, by (owner, name), owner and everyone.
+    """Seconds that finished jobs ran, grouped from the most specific on: by owner, name
+    and GPUs; owner and name; owner and GPUs; owner; everyone.
 
-    ``total(owner, name, q, elapsed)`` is the ``q``-quantile of the run times
-    of the most specific group with at least ``group_min`` of them (everyone
-    needs one), among those longer than ``elapsed``. A job that has outrun
+    ``total(owner, name, q, elapsed, gpus=...)`` is the ``q``-quantile of the
+    run times of the most specific group with at least ``group_min`` of them
+    (everyone needs one), among those longer than ``elapsed``. GPUs matter:
+    on shared clusters wide jobs run far longer than one-GPU jobs (on one
+    Philly cluster the median 4-GPU job ran 25 h, the median 1-GPU job 5 min). A job that has outrun
     every run time seen is assumed to follow a heavy tail (Pareto, index 1:
     ``P(T > t | T > e) = e / t``), so its ``q``-quantile is ``elapsed / (1 - q)``.
 
     >>> times = RunTimes()
-    >>> times.learn([("ana", "step", 3.0)] * 3)
-    >>> times.total("ana", "step", 0.5), times.total("ana", "step", 0.5, elapsed=4.0)
+    >>> times.learn([("ana", "step", 1, 3.0)] * 3)
+    >>> times.total("ana", "step", 0.5, gpus=1), times.total("ana", "step", 0.5, elapsed=4.0)
     (3.0, 8.0)
     >>> RunTimes().total("bob", "x", 0.5) is None
     True
@@ -83,21 +87,20 @@ class RunTimes:
     def __init__(self, window: int = 2000, group_min: int = 3) -> None:
         self.window = int(window)
         self.group_min = max(1, int(group_min))
-        self._recent: dict[tuple[str, ...], deque[float]] = {}
-        self._sorted: dict[tuple[str, ...], list[float]] = {}
+        self._recent: dict[tuple[Any, ...], deque[float]] = {}
+        self._sorted: dict[tuple[Any, ...], list[float]] = {}
 
-    def learn(self, finished: Iterable[tuple[str, str, float]], replace: bool = False) -> None:
-        """Take in ``(owner, name, seconds)`` of finished jobs (each once)."""
+    def learn(
+        self, finished: Iterable[tuple[str, str, float, float]], replace: bool = False
+    ) -> None:
+        """Take in ``(owner, name, gpus, seconds)`` of finished jobs (each once)."""
         if replace:
             self._recent.clear()
             self._sorted.clear()
-        for owner, name, seconds in finished:
+        for owner, name, gpus, seconds in finished:
             if not (seconds > 0 and math.isfinite(seconds)):
                 continue
-            keys: tuple[tuple[str, ...], ...] = (
-                ((), (owner,), (owner, name)) if name else ((), (owner,))
-            )
-            for key in keys:
+            for key in _groups(owner, name, float(gpus)):
                 recent = self._recent.get(key)
                 if recent is None:
                     recent = self._recent[key] = deque(maxlen=self.window)
@@ -111,12 +114,16 @@ class RunTimes:
     def __len__(self) -> int:
         return len(self._sorted.get((), ()))
 
-    def _group(self, owner: str, name: str) -> list[float] | None:
-        for key in ((owner, name), (owner,)):
+    def _group(
+        self, owner: str, name: str, gpus: float
+    ) -> tuple[tuple[Any, ...], list[float]] | None:
+        *specific, everyone = _groups(owner, name, gpus)
+        for key in specific:
             found = self._sorted.get(key)
             if found is not None and len(found) >= self.group_min:
-                return found
-        return self._sorted.get(()) or None
+                return key, found
+        found = self._sorted.get(everyone)
+        return (everyone, found) if found else None
 
     def total(
         self,
@@ -125,12 +132,14 @@ class RunTimes:
         q: float,
         elapsed: float = 0.0,
         time_limit: float | None = None,
+        gpus: float = 1.0,
     ) -> float | None:
         """Seconds a job of ``owner`` named ``name`` runs in all (``q``-quantile), given it
         has run ``elapsed`` already; at most ``time_limit``; ``None`` when nothing is known."""
-        found = self._group(owner, name)
-        if found is None:
+        group = self._group(owner, name, float(gpus))
+        if group is None:
             return time_limit
+        _, found = group
         i = bisect.bisect_right(found, elapsed)
         longer = len(found) - i
         if longer:
@@ -138,6 +147,14 @@ class RunTimes:
         else:
             value = max(elapsed, 1.0) / (1.0 - min(q, 0.99))
         return value if time_limit is None else min(value, max(time_limit, elapsed))
+
+
+def _groups(owner: str, name: str, gpus: float) -> tuple[tuple[Any, ...], ...]:
+    """The groups a job's run time counts in, most specific first, everyone last."""
+    by_owner: tuple[tuple[Any, ...], ...] = (("shape", owner, gpus), ("owner", owner))
+    if name:
+        by_owner = (("job", owner, name, gpus), ("name", owner, name), *by_owner)
+    return (*by_owner, ())
 
 
 def forecast(
@@ -162,7 +179,7 @@ def forecast(
     >>> from jupyter_dlsched.policy import get_policy
     >>> from jupyter_dlsched.resources import Capacity, Placement, Request
     >>> times = RunTimes()
-    >>> times.learn([("ana", "step", 3.0)] * 3)
+    >>> times.learn([("ana", "step", 1, 3.0)] * 3)
     >>> one = Request(gpus=1, cpus=0)
     >>> held = Placement(gpus=(0,), gpu_mem=(2**30,))
     >>> step = RunningJob("s", 1, 0.0, 100.0, one, held, owner="ana", name="step")
@@ -187,7 +204,7 @@ def forecast(
         capacity,
         now,
         run_times,
-        EXPECTED_QUANTILE,
+        EXPECTED,
         wanted,
         max_calls,
         deadline,
@@ -201,7 +218,7 @@ def forecast(
         capacity,
         now,
         run_times,
-        BOUND_QUANTILE,
+        BOUND,
         wanted,
         max_calls,
         deadline,
@@ -242,7 +259,12 @@ def _pass(
     for held in running:
         elapsed = max(0.0, now - held.started)
         total = run_times.total(
-            held.owner, held.name, q, _seconds_before(held) + elapsed, held.time_limit
+            held.owner,
+            held.name,
+            q,
+            _seconds_before(held) + elapsed,
+            held.time_limit,
+            held.request.gpus,
         )
         end = math.inf if total is None else held.started + max(0.0, total - _seconds_before(held))
         if held.stopping:
@@ -257,32 +279,44 @@ def _pass(
     if refresh is not None and math.isinf(refresh):
         refresh = None
     presorted = queued_as if isinstance(queued_as, PresortedQueue) else None
-    key: Callable[[QueuedJob], Any] = presorted.key if presorted is not None else _seq
+    # kept in the policy's own order, so that it need not sort at every step
+    key: Callable[[QueuedJob], Any] = (
+        presorted.key if presorted is not None else getattr(policy, "queue_key", submit_order)
+    )
     waiting = [
         _estimated(job, run_times, q) if job.remaining is not None else job for job in queued
     ]
     waiting.sort(key=key)
     keys = [key(j) for j in waiting]
     sizes: dict[int, int] = {}
+    counts: dict[Request, int] = {}
     for job in waiting:
         sizes[job.request.whole_gpus] = sizes.get(job.request.whole_gpus, 0) + 1
+        counts[job.request] = counts.get(job.request, 0) + 1
+    shapes: frozenset[Request] | None = None
     by_id = {j.id: j for j in waiting}
     started: dict[str, float] = {}
     left = set(targets) if targets is not None else None
     preemptive = bool(getattr(policy, "preempt", False))
     t, calls, again = now, 0, 0
     while waiting and calls < max_calls and time.perf_counter() < deadline:
-        offered: Sequence[QueuedJob] = waiting
-        if presorted is not None:
+        if shapes is None:
+            shapes = frozenset(counts)
+        if not preemptive and nothing_fits(Room(capacity), shapes):
+            decisions = Decisions()  # no waiting job fits: only an end can change that
+        else:
+            # the whole forecast queue, in order, with its requests: a policy stops as soon
+            # as none of them fits, and explains nothing it did not look at
             offered = PresortedQueue(
                 waiting,
                 key=key,
-                gpu_only=presorted.gpu_only,
-                uniform_priority=presorted.uniform_priority,
+                gpu_only=presorted is not None and presorted.gpu_only,
+                uniform_priority=presorted is not None and presorted.uniform_priority,
                 sizes=sizes,
+                shapes=shapes,
             )
-        decisions = policy(offered, list(live.values()), capacity, t)
-        calls += 1
+            decisions = policy(offered, list(live.values()), capacity, t)
+            calls += 1
         for start in decisions.starts:
             if start.job_id not in by_id:
                 continue
@@ -292,13 +326,19 @@ def _pass(
                 i += 1
             del waiting[i], keys[i]
             sizes[job.request.whole_gpus] -= 1
+            counts[job.request] -= 1
+            if not counts[job.request]:
+                del counts[job.request]
+                shapes = None
             started.setdefault(job.id, t)
             if left is not None:
                 left.discard(job.id)
             placement = start.placement
             capacity = capacity.take(placement)
             before = _seconds_before(job)
-            total = run_times.total(job.owner, job.name, q, before, job.time_limit)
+            total = run_times.total(
+                job.owner, job.name, q, before, job.time_limit, job.request.gpus
+            )
             length = math.inf if total is None else max(0.0, total - before)
             if job.preemptions:
                 length += restart
@@ -355,11 +395,10 @@ def _pass(
                 waiting.insert(i, back)
                 by_id[back.id] = back
                 sizes[back.request.whole_gpus] = sizes.get(back.request.whole_gpus, 0) + 1
+                if back.request not in counts:
+                    shapes = None
+                counts[back.request] = counts.get(back.request, 0) + 1
     return started, refresh, calls
-
-
-def _seq(job: QueuedJob) -> int:
-    return job.seq
 
 
 def _seconds_before(job: QueuedJob | RunningJob) -> float:
@@ -370,7 +409,7 @@ def _seconds_before(job: QueuedJob | RunningJob) -> float:
 
 def _finished_by(job: RunningJob, t: float, run_times: RunTimes, q: float) -> bool:
     before = _seconds_before(job)
-    total = run_times.total(job.owner, job.name, q, before, job.time_limit)
+    total = run_times.total(job.owner, job.name, q, before, job.time_limit, job.request.gpus)
     return total is not None and before + (t - job.started) >= total
 
 
@@ -396,7 +435,7 @@ def _estimated(job: QueuedJob, run_times: RunTimes, q: float) -> QueuedJob:
     """A job whose true remaining time is known (a replay) with the estimate instead, so a
     policy that reads it (``srtf``) ranks by what the forecast assumes, not by the truth."""
     before = _seconds_before(job)
-    total = run_times.total(job.owner, job.name, q, before, job.time_limit)
+    total = run_times.total(job.owner, job.name, q, before, job.time_limit, job.request.gpus)
     remaining = math.inf if total is None else max(0.0, total - before)
     return replace(job, remaining=remaining)
 

@@ -922,8 +922,8 @@ class Store:
     @staticmethod
     def finished_run_times(
         db: sqlite3.Connection, backend: str, limit: int
-    ) -> list[tuple[str, str, float]]:
-        """``(owner, name, seconds run)`` of the last ``limit`` jobs that ran to their end on
+    ) -> list[tuple[str, str, float, float]]:
+        """``(owner, name, gpus, seconds run)`` of the last ``limit`` jobs that ran to their end on
         ``backend``, oldest first (seconds: GPU-service over GPUs, else the last run's length)."""
         rows = db.execute(
             "SELECT owner, name, gpus, attained, started, finished FROM jobs WHERE backend=? "
@@ -934,7 +934,7 @@ class Store:
         out = []
         for owner, name, gpus, attained, started, finished in reversed(rows):
             ran = (attained or 0.0) / gpus if gpus and attained else finished - started
-            out.append((owner, name, float(ran)))
+            out.append((owner, name, float(gpus or 0.0), float(ran)))
         return out
 
     @staticmethod

@@ -41,7 +41,7 @@ def waiting(job_id: str, seq: int, name: str = "", time_limit: float | None = No
 
 def learnt(*runs: tuple[str, float]) -> RunTimes:
     times = RunTimes()
-    times.learn([("ana", name, seconds) for name, seconds in runs])
+    times.learn([("ana", name, 1, seconds) for name, seconds in runs])
     return times
 
 
@@ -86,7 +86,7 @@ def test_without_any_finished_job_or_time_limit_nothing_is_estimated():
 def test_the_p80_bound_is_never_before_the_expected_start():
     rng = random.Random(7)
     times = RunTimes()
-    times.learn([("ana", "", rng.lognormvariate(4, 1.5)) for _ in range(50)])
+    times.learn([("ana", "", rng.choice([1, 2]), rng.lognormvariate(4, 1.5)) for _ in range(50)])
     for policy in ("fifo", "fifo-ff", "priority", "sjf", "las", "gittins", "fair"):
         held = [running(f"r{g}", g, started=-rng.uniform(0, 300), name="") for g in range(2)]
         queue = [

@@ -473,7 +473,9 @@ class _Replay:
             self.finish[seq] = t
             if self.calibration is not None:
                 trace_job = self.trace[seq]
-                self.calibration.finished(trace_job.owner, trace_job.name, self.held[seq])
+                self.calibration.finished(
+                    trace_job.owner, trace_job.name, trace_job.gpus, self.held[seq]
+                )
             if self.learns:
                 trace_job = self.trace[seq]
                 self.finished_now.append(

@@ -73,8 +73,8 @@ class StartCalibration:
         self.run_times = RunTimes()
         self.result = EtaCalibration()
 
-    def finished(self, owner: str, name: str, seconds: float) -> None:
-        self.run_times.learn([(owner, name, seconds)])
+    def finished(self, owner: str, name: str, gpus: float, seconds: float) -> None:
+        self.run_times.learn([(owner, name, gpus, seconds)])
 
     def submitted(
         self,
