@@ -17,6 +17,7 @@ from jupyter_dlsched.policy import QueuedJob, RunningJob, get_policy
 from jupyter_dlsched.resources import Capacity, Placement, Request
 from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.sim import TraceJob, simulate
+from jupyter_dlsched.widgets import dashboard
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 GIB = 2**30
@@ -134,6 +135,10 @@ def test_a_job_behind_a_running_step_expects_it_to_take_as_long_as_the_last_step
         )
         started = s.get(fourth.id).info().started
         assert started is not None
+        # the notebook dashboard says it in words, as the CLI and the sidebar do
+        board = dashboard(s, live=False)
+        if board.rows[behind.id].state == "queued":
+            assert "starts in" in board.rows[behind.id].texts["progress"]
         # it waits for the fourth step, which should run about as long as the three before
         assert info.expected_start == pytest.approx(started + 3.0, abs=1.5)
         assert info.start_p80 is not None and info.start_p80 >= info.expected_start
