@@ -196,6 +196,20 @@ def test_identical_jobs_in_a_fifo_line_start_exactly_when_estimated():
     assert eta.estimates["b16"].expected == 500.0 + 16 * 100.0
 
 
+PHILLY = Path(__file__).parents[2] / "shared/traces/philly.csv"
+
+
+@pytest.mark.skipif(not PHILLY.exists(), reason="the Philly trace is not next to the checkout")
+def test_on_a_philly_sample_most_jobs_start_by_their_p80_estimate():
+    from jupyter_dlsched.sim import load_philly
+
+    jobs = load_philly(PHILLY, cluster="103959", max_gpus=8, sample=300, seed=7)
+    for policy in ("fifo", "priority", "las"):
+        eta = simulate(jobs, policy, 8, estimates=True).eta
+        assert eta is not None and eta.jobs >= 290
+        assert eta.hit >= 0.8, (policy, eta.hit)
+
+
 def test_dlsched_sim_reports_the_share_started_by_the_p80_estimate(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text(
