@@ -11,11 +11,11 @@ first use, state folder ``$DLSCHED_HOME`` or ``<jupyter data dir>/dlsched``).
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._version import __version__ as __version__  # the release, re-exported
+from .default import default_scheduler, set_default_scheduler
 from .errors import (
     DlschedError,
     JobError,
@@ -31,27 +31,6 @@ from .pool import GpuInfo, PoolInfo
 from .runtime import DataNotStaged, checkpoint_requested, data, progress
 from .scheduler import Scheduler
 from .store import JobInfo
-
-_default: Scheduler | None = None
-_default_lock = threading.Lock()
-
-
-def default_scheduler() -> Scheduler:
-    """The process-wide scheduler the module-level functions use."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Scheduler()
-        return _default
-
-
-def set_default_scheduler(scheduler: Scheduler | None) -> None:
-    """Use ``scheduler`` for the module-level functions (``None`` makes a fresh one on next use)."""
-    global _default
-    with _default_lock:
-        old, _default = _default, scheduler
-    if old is not None and old is not scheduler:
-        old.close()
 
 
 @raised_here

@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import (
     DlschedError,
@@ -29,11 +30,33 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from .inline import InlineRunner
-    from .scheduler import Scheduler
 
 log = logging.getLogger("jupyter_dlsched")
 
 _NOTHING = object()
+
+
+class HandleOwner(Protocol):
+    """What a handle asks of the ``Scheduler`` that made it: its ledger, its loop, and
+    its side of the handles (``Watching``)."""
+
+    @property
+    def store(self) -> Any: ...
+
+    @property
+    def looping(self) -> bool: ...
+
+    def log_path(self, job_id: str) -> Path: ...
+
+    def cancel(self, job_id: str) -> JobInfo: ...
+
+    def tick(self) -> object: ...
+
+    def _watch(self, handle: JobHandle, check: bool = True) -> None: ...
+
+    def _load_result(self, job_id: str) -> Any: ...
+
+    def _job_exception(self, info: JobInfo) -> BaseException: ...
 
 
 class JobHandle(concurrent.futures.Future):
@@ -46,7 +69,7 @@ class JobHandle(concurrent.futures.Future):
     0.913
     """
 
-    def __init__(self, scheduler: Scheduler, job_id: str) -> None:
+    def __init__(self, scheduler: HandleOwner, job_id: str) -> None:
         super().__init__()
         self._scheduler = scheduler
         self.id = job_id

@@ -25,7 +25,7 @@ from .errors import IllegalTransition, JobNotFound
 from .store import JobInfo, RunEnd
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler
+    from .port import InlinePort
 
 
 class InlineStopped(BaseException):
@@ -35,8 +35,8 @@ class InlineStopped(BaseException):
 class InlineRunner:
     """Holds this process's inline jobs: starts their threads, renews leases, records ends."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
+    def __init__(self, port: InlinePort) -> None:
+        self.port = port
         self.pending: dict[str, Callable[[JobInfo], Any]] = {}
         self.threads: dict[str, threading.Thread] = {}
         self.stopping: dict[str, str] = {}
@@ -63,9 +63,9 @@ class InlineRunner:
         return True
 
     def _run(self, job_id: str, fn: Callable[[JobInfo], Any]) -> None:
-        store = self.scheduler.store
+        store = self.port.store
         now = time.time()
-        ttl = self.scheduler.settings.lease_ttl
+        ttl = self.port.settings.lease_ttl
         with store.transaction() as db:
             claimed = store.claim_running(db, job_id, os.getpid(), socket.gethostname(), now + ttl)
         if not claimed:
@@ -91,7 +91,7 @@ class InlineRunner:
     def _record(
         self, info: JobInfo, to: str, why: str, value: Any, error: BaseException | None
     ) -> None:
-        store = self.scheduler.store
+        store = self.port.store
         folder = store.make_spool(info.id)
         if to == "succeeded":
             self.results[info.id] = value
@@ -116,7 +116,7 @@ class InlineRunner:
         with self._lock:
             self.threads.pop(info.id, None)
             self.stopping.pop(info.id, None)
-        self.scheduler.wake()
+        self.port.wake()
 
     def maintain(self) -> None:
         """Renew leases of running inline jobs; deliver cancels and time limits."""
@@ -124,9 +124,9 @@ class InlineRunner:
             running = dict(self.threads)
         if not running:
             return
-        store = self.scheduler.store
+        store = self.port.store
         now = time.time()
-        ttl = self.scheduler.settings.lease_ttl
+        ttl = self.port.settings.lease_ttl
         with store.transaction() as db:
             store.renew_leases(db, running, os.getpid(), now + ttl)
         for job_id, thread in running.items():

@@ -18,31 +18,27 @@ with the notebook's namespace. Bad flags give a one-line usage error.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
-import sys
-import threading
-from pathlib import Path
 from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
+from .cell_jobs import CellJob, bring_back, inline_runner, render_as_user_error
 from .cells import (
     CellResult,
     UndefinedNames,
     UnpicklableVariable,
     capture,
-    execute,
     run_cell,
     undefined,
-    user_traceback,
 )
+from .default import default_scheduler
 from .errors import DlschedError, JobNotFound
 from .handle import JobHandle
 from .options import add_resource_flags, flag_resources, flags_usage
-from .store import JobInfo
+from .schema import JobInfo
 
 SCHEDULE_USAGE = f"%%schedule {flags_usage()} [--out a,b] [--wait] [--inline]"
 DLSCHED_USAGE = (
@@ -93,142 +89,6 @@ def _split(line: str, prog: str, usage: str) -> list[str]:
         raise UsageError(f"{prog}: {error}. Usage: {usage}") from None
 
 
-class CellJob:
-    """One scheduled cell: brings its outputs back into the notebook when it succeeds."""
-
-    def __init__(self, shell: Any, out: list[str], inline: bool, show_value: bool) -> None:
-        self.shell = shell
-        self.out = out
-        self.inline = inline
-        self.show_value = show_value
-        self.view: Any = None
-        self.result: CellResult | None = None
-        self._lock = threading.Lock()
-        self._done = False
-        self._unshown: list[Any] = []  # a value that came back before the view existed
-
-    def attach_view(self, view: Any) -> None:
-        """The status line this cell's value goes under."""
-        self.view = view
-        while self._unshown:
-            view.show_value(self._unshown.pop())
-
-    def finish(self, handle: JobHandle, info: JobInfo) -> str:
-        """Called once when the job ends; returns the words for ``done in … · <words>``."""
-        with self._lock:
-            if self._done:
-                return self._summary()
-            self._done = True
-        if info.state != "succeeded":
-            return ""
-        result = handle.result(timeout=0)
-        if not isinstance(result, CellResult):
-            return "finished"
-        self.result = result
-        if not self.inline:
-            self.shell.user_ns.update(result.outputs)
-        if result.has_value:
-            self.shell.user_ns["_"] = result.value
-            if self.show_value and self.view is not None:
-                self.view.show_value(result.value)
-            elif self.show_value:
-                self._unshown.append(result.value)
-        return self._summary()
-
-    def _summary(self) -> str:
-        result = self.result
-        if result is None:
-            return ""
-        parts = []
-        if result.outputs:
-            parts.append(", ".join(result.outputs) + " returned")
-        elif result.has_value:
-            text = repr(result.value)
-            parts.append(f"returned {text[:60] + '…' if len(text) > 60 else text}")
-        if result.missing:
-            parts.append("not assigned by the cell: " + ", ".join(result.missing))
-        for name, why in result.unsent.items():
-            parts.append(f"{name} could not come back ({why})")
-        return " · ".join(parts) or "nothing returned"
-
-
-def _inline_runner(shell: Any, source: str, filename: str, out: list[str], log_path: Any) -> Any:
-    """The function an inline job runs in a kernel thread once its resources are granted."""
-
-    def run(info: JobInfo) -> CellResult:
-        devices = ",".join(map(str, info.devices))
-        os.environ["DLSCHED_DEVICES"] = devices
-        torch = sys.modules.get("torch")
-        if torch is not None and info.devices:
-            try:
-                if torch.cuda.is_available() and info.devices[0] < torch.cuda.device_count():
-                    torch.cuda.set_device(info.devices[0])
-            except Exception:
-                pass  # simulated GPUs have no CUDA device behind them
-        from .cells import report_tqdm_progress
-
-        report_tqdm_progress()
-        with _routed_output(log_path):
-            result = execute(source, shell.user_ns, filename, out)
-        result.job_id = info.id
-        return result
-
-    return run
-
-
-class _ThreadRouter:
-    """``sys.stdout``/``sys.stderr`` stand-in: inline job threads write to their job's log."""
-
-    def __init__(self, original: Any) -> None:
-        self.original = original
-        self.targets: dict[int, Any] = {}
-
-    def write(self, text: str) -> int:
-        target = self.targets.get(threading.get_ident())
-        if target is None:
-            return int(self.original.write(text) or 0)
-        target.write(text)
-        target.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        target = self.targets.get(threading.get_ident())
-        (target or self.original).flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.original, name)
-
-
-_router_lock = threading.Lock()
-
-
-class _routed_output:
-    def __init__(self, log_path: Any) -> None:
-        self.log_path = log_path
-        self.file: Any = None
-
-    def __enter__(self) -> None:
-        Path(self.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.file = open(self.log_path, "a", buffering=1, encoding="utf-8", errors="replace")
-        with _router_lock:
-            for name in ("stdout", "stderr"):
-                stream = getattr(sys, name)
-                if not isinstance(stream, _ThreadRouter):
-                    stream = _ThreadRouter(stream)
-                    setattr(sys, name, stream)
-                stream.targets[threading.get_ident()] = self.file
-
-    def __exit__(self, *exc: object) -> None:
-        with _router_lock:
-            for name in ("stdout", "stderr"):
-                stream = getattr(sys, name)
-                if isinstance(stream, _ThreadRouter):
-                    stream.targets.pop(threading.get_ident(), None)
-                    if not stream.targets:
-                        setattr(sys, name, stream.original)
-        self.file.close()
-
-
 @magics_class
 class SchedulerMagics(Magics):
     """``%%schedule`` and ``%dlsched``."""
@@ -241,8 +101,6 @@ class SchedulerMagics(Magics):
         self.cell_views: dict[str, Any] = {}
 
     def _scheduler(self) -> Any:
-        from . import default_scheduler
-
         return default_scheduler()
 
     @cell_magic
@@ -323,7 +181,7 @@ class SchedulerMagics(Magics):
         failure = handle.exception(timeout=0) if not handle.cancelled() else None
         if failure is not None:
             # shown like an error in an ordinary cell: the user's frames, not the scheduler's
-            _render_as_user_error(failure, handle.id)
+            render_as_user_error(failure, handle.id)
             raise failure
         if job.result is not None and job.result.has_value:
             return job.result.value
@@ -342,7 +200,7 @@ class SchedulerMagics(Magics):
             raise UsageError("%%schedule: --inline needs a newer jupyter-dlsched core")
 
         def fn(info: JobInfo) -> CellResult:
-            runner = _inline_runner(self.shell, source, filename, out, scheduler.log_path(info.id))
+            runner = inline_runner(self.shell, source, filename, out, scheduler.log_path(info.id))
             return runner(info)
 
         handle: JobHandle = scheduler.submit_inline(
@@ -384,7 +242,7 @@ class SchedulerMagics(Magics):
         return parser.parse_args(rest)
 
     def _queue(self, rest: list[str]) -> None:
-        from .store import ACTIVE
+        from .schema import ACTIVE
         from .widgets.tables import QueueSnapshot
 
         args = self._parse("queue", rest, ("--all", {"action": "store_true"}))
@@ -393,7 +251,7 @@ class SchedulerMagics(Magics):
         display(QueueSnapshot(jobs))
 
     def _pool(self, rest: list[str]) -> None:
-        from .store import ACTIVE
+        from .schema import ACTIVE
         from .widgets.tables import PoolSnapshot
 
         self._parse("pool", rest)
@@ -448,7 +306,7 @@ class SchedulerMagics(Magics):
             view.refresh()  # its status line shows the end before this returns
         print(f"job {info.id} ({info.name}): {state_words(info)}")
         if info.state == "succeeded":
-            self._bring_back(handle, names)
+            bring_back(self.shell, handle, names)
 
     def _outputs(self, rest: list[str]) -> None:
         from .words import state_words
@@ -465,33 +323,7 @@ class SchedulerMagics(Magics):
         if info.state != "succeeded":
             print(f"job {info.id} ({info.name}): {state_words(info)}; nothing came back")
             return
-        self._bring_back(handle, names)
-
-    def _bring_back(self, handle: JobHandle, names: list[str] | None) -> None:
-        """Put a finished cell's ``--out`` names into this kernel and say which."""
-        result = handle.result(timeout=0)
-        if not isinstance(result, CellResult):
-            return  # a function or command job: its value is `dls.get(ID).result()`
-        sent = result.outputs
-        chosen = list(sent) if names is None else [n for n in names if n in sent]
-        unknown = [] if names is None else [n for n in names if n not in sent]
-        if unknown:
-            offered = ", ".join(sent) or "nothing"
-            raise UsageError(
-                f"%dlsched: job {handle.id} did not send back {', '.join(unknown)} "
-                f"(it sent back: {offered}); name them with --out when scheduling the cell"
-            )
-        shell = self.shell
-        if shell is not None and chosen:
-            shell.user_ns.update({n: sent[n] for n in chosen})
-        if chosen:
-            print(f"set in this kernel: {', '.join(chosen)}")
-        elif not result.missing and not result.unsent:
-            print("the cell sent no names back (schedule it with --out a,b to get some)")
-        if result.missing:
-            print("not assigned by the cell: " + ", ".join(result.missing))
-        for name, why in result.unsent.items():
-            print(f"{name} could not come back ({why})")
+        bring_back(self.shell, handle, names)
 
     def _attach(self, rest: list[str]) -> None:
         from .widgets import JobView
@@ -505,29 +337,6 @@ class SchedulerMagics(Magics):
         cell.attach_view(view)
         self._keep(handle.id, view)
         view.show()
-
-
-def _render_as_user_error(failure: BaseException, job_id: str) -> None:
-    """Make IPython show a job's exception with only the user's frames.
-
-    IPython asks an exception for ``_render_traceback_()`` before formatting its own
-    traceback (which would be this module's frames and the job runner's).
-    """
-    from .errors import RemoteTraceback
-
-    cause = failure.__cause__
-    if isinstance(cause, RemoteTraceback) and cause.tb.strip():
-        text = user_traceback(cause.tb).rstrip("\n")
-    else:
-        text = f"{type(failure).__name__}: {failure}"
-    lines = [
-        *text.splitlines(),
-        f"(job {job_id}; `%dlsched logs {job_id}` shows everything it printed)",
-    ]
-    try:
-        failure._render_traceback_ = lambda: lines  # type: ignore[attr-defined]
-    except (AttributeError, TypeError):
-        pass  # an exception type with __slots__: IPython's own traceback it is
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from . import nvml
 from .errors import SpecError
 from .resources import Capacity, GpuFree
 from .units import format_size, parse_size
@@ -174,43 +175,20 @@ def parse_simulated(value: str) -> list[int]:
     return sizes
 
 
-_nvml_lock = threading.Lock()
-_nvml_state: dict[str, Any] = {}
-
-
-def _nvml() -> Any:
-    """The initialised ``pynvml`` module, or raise the reason there is none."""
-    with _nvml_lock:
-        if "module" in _nvml_state:
-            return _nvml_state["module"]
-        if "error" in _nvml_state:
-            raise RuntimeError(_nvml_state["error"])
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception as error:  # NVMLError, ImportError, OSError
-            reason = f"no NVIDIA driver ({type(error).__name__}: {error})"
-            _nvml_state["error"] = reason
-            raise RuntimeError(reason) from error
-        _nvml_state["module"] = pynvml
-        return pynvml
-
-
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _real_gpus(usage: bool) -> tuple[list[GpuInfo], str | None]:
     try:
-        nv = _nvml()
-    except RuntimeError as error:
+        nv = nvml.module()
+    except nvml.NvmlUnavailable as error:
         return [], str(error)
     gpus: list[GpuInfo] = []
     handles = []
     try:
         for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
+            h = nvml.handle(nv, i)
             handles.append(h)
             memory = nv.nvmlDeviceGetMemoryInfo(h)
             info = GpuInfo(
@@ -234,14 +212,7 @@ def _real_gpus(usage: bool) -> tuple[list[GpuInfo], str | None]:
 
 
 def _gpu_processes(nv: Any, handle: Any) -> list[GpuProcess]:
-    seen: dict[int, int] = {}
-    for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-        try:
-            for proc in getattr(nv, getter)(handle):
-                used = proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else 0
-                seen[int(proc.pid)] = seen.get(int(proc.pid), 0) + int(used or 0)
-        except (nv.NVMLError, AttributeError):
-            continue
+    seen = nvml.processes(nv, handle)
     return [GpuProcess(pid, used, *_owner_of(pid)) for pid, used in sorted(seen.items())]
 
 

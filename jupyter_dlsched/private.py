@@ -254,3 +254,13 @@ def create_private(path: Path) -> None:
             os.chmod(path, 0o600)
     else:
         os.close(fd)  # a file that did not exist a moment ago: no connection holds locks on it
+
+
+def default_home() -> Path:
+    """``$DLSCHED_HOME``, else ``<jupyter data dir>/dlsched``."""
+    env = os.environ.get("DLSCHED_HOME")
+    if env:
+        return Path(env).expanduser()
+    from jupyter_core.paths import jupyter_data_dir
+
+    return Path(jupyter_data_dir()) / "dlsched"

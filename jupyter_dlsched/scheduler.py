@@ -217,6 +217,11 @@ class Scheduler(Deciding, Watching):
         return inventory
 
     @property
+    def through_agent(self) -> bool:
+        """Whether a pool agent decides and launches for this scheduler (its backend's port)."""
+        return self.link is not None
+
+    @property
     def inventory(self) -> dict[str, Any]:
         return dict(self.store.get_meta(self.inventory_key) or self.refresh_inventory())
 

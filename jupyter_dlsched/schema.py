@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -239,7 +239,13 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN requeue_of TEXT;
     """,
-    # version 7: when a waiting job should start (epoch seconds), expected and a P80 bound,
+    # version 7: whose a data-cache entry is (a shared pool's per-user cache quota); an
+    # entry from before belongs to nobody and counts against no user's quota
+    """
+    ALTER TABLE cache_entries ADD COLUMN uid INTEGER;
+    CREATE INDEX cache_entries_uid ON cache_entries(uid, last_used);
+    """,
+    # version 8: when a waiting job should start (epoch seconds), expected and a P80 bound,
     # from the forecast of the decision that last placed it in line
     """
     ALTER TABLE jobs ADD COLUMN expected_start REAL;

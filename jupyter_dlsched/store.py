@@ -23,6 +23,7 @@ from typing import Any
 
 from . import private
 from .errors import IllegalTransition, JobNotFound, LedgerUnavailable
+from .private import default_home
 from .resources import Placement
 from .schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
     _ID,
@@ -44,17 +45,6 @@ from .schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
 )
 from .spec import JobSpec
 from .units import format_duration, parse_duration
-
-
-def default_home() -> Path:
-    """``$DLSCHED_HOME``, else ``<jupyter data dir>/dlsched``."""
-    env = os.environ.get("DLSCHED_HOME")
-    if env:
-        return Path(env).expanduser()
-    from jupyter_core.paths import jupyter_data_dir
-
-    return Path(jupyter_data_dir()) / "dlsched"
-
 
 #: What a tick reads of each active job: the policy's inputs, and the columns it compares
 #: before rewriting a job's place in the queue.
@@ -1347,11 +1337,13 @@ class Store:
         since: float,
         entry: dict[str, Any] | None,
         reason: Callable[[str], str],
+        owner: int | None = None,
     ) -> list[str] | None:
         """Bind the inputs of waiting jobs submitted before ``since`` to cache entry ``key``.
 
         ``entry`` is a fresh copy to record (a miss); ``None`` means ``key`` was found in
-        the cache (a hit). Returns the jobs bound, or ``None`` when this process lost its
+        the cache (a hit); ``owner``: the user a fresh copy belongs to (a shared pool's
+        entries are each their owner's). Returns the jobs bound, or ``None`` when this process lost its
         claim or the entry it found was evicted meanwhile (stage again).
         """
         now = time.time()
@@ -1361,7 +1353,7 @@ class Store:
             if entry is not None:
                 db.execute(
                     "INSERT OR REPLACE INTO cache_entries(key, source, path, bytes, files, "
-                    "checksum, created, last_used, hits) VALUES(?,?,?,?,?,?,?,?,0)",
+                    "checksum, created, last_used, hits, uid) VALUES(?,?,?,?,?,?,?,?,0,?)",
                     (
                         key,
                         entry["source"],
@@ -1371,6 +1363,7 @@ class Store:
                         entry["checksum"],
                         now,
                         now,
+                        owner,
                     ),
                 )
             elif db.execute("SELECT 1 FROM cache_entries WHERE key=?", (key,)).fetchone() is None:

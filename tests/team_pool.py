@@ -161,3 +161,27 @@ def shared_pool(config: str = "", **options: Any) -> Iterator[Service]:
                 client.call("cancel", id=job["id"])
         service.stop()
         subprocess.run(["rm", "-rf", str(root), str(service.run)], check=False)
+
+
+#: A user's script: one job per (label, size) pair in argv, each staging a fresh file of that
+#: size and reading it back; prints the folder of the files and each job's end.
+STAGE_EACH = r"""
+import json, os, sys, tempfile
+import jupyter_dlsched as dls
+folder = tempfile.mkdtemp(prefix="dlsched-quota-")
+out = []
+for label, size in zip(sys.argv[1::2], sys.argv[2::2]):
+    path = os.path.join(folder, label + ".bin")
+    with open(path, "wb") as f:
+        f.write(os.urandom(int(size)))
+
+    def use():
+        import os
+        import jupyter_dlsched as dls
+        return os.path.getsize(dls.data("train"))
+
+    h = dls.Scheduler(loop=False).submit(use, stage_in={"train": path}, name=label)
+    h.wait(timeout=120)
+    out.append({"label": label, "path": path, "state": h.state, "reason": h.info().reason})
+print(json.dumps({"folder": folder, "runs": out}))
+"""

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from test_pool import fake_nvml
+from nvml_fake import fake_nvml
 
 from jupyter_dlsched.metrics import parse
 from jupyter_dlsched.scheduler import Scheduler
 
 pool = importlib.import_module("jupyter_dlsched.pool")
+nvml = importlib.import_module("jupyter_dlsched.nvml")
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 GiB = 2**30
 
@@ -37,7 +38,7 @@ def gpu_processes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
     nv = fake_nvml([("NVIDIA H200", 141 * GiB, 20 * GiB, 50, Live())])
     monkeypatch.setitem(sys.modules, "pynvml", nv)
-    monkeypatch.setattr(pool, "_nvml_state", {})
+    monkeypatch.setattr(nvml, "_state", {})
     monkeypatch.setattr(pool, "_cache", {})
     monkeypatch.delenv("DLSCHED_SIMULATE_GPUS", raising=False)
     return listed

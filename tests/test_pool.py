@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import types
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,42 +12,18 @@ from jupyter_dlsched.tick import idle_capacity_minus
 
 # the module, not ``dls.pool()``, which shadows it as an attribute of the package
 pool = importlib.import_module("jupyter_dlsched.pool")
+nvml_gateway = importlib.import_module("jupyter_dlsched.nvml")
+
+from nvml_fake import FakeNVMLError, fake_nvml  # noqa: E402
+
 GiB = 2**30
-
-
-class FakeNVMLError(Exception):
-    pass
-
-
-def fake_nvml(gpus, topology=None, nvlink=()):
-    """A stand-in ``pynvml`` with ``gpus`` = [(name, total, used, util, [(pid, used)])]."""
-    nv = types.ModuleType("pynvml")
-    nv.NVMLError = FakeNVMLError
-    nv.NVML_TOPOLOGY_MULTIPLE = 20
-    nv.NVML_P2P_CAPS_INDEX_NVLINK = 3
-    nv.NVML_P2P_STATUS_OK = 0
-    nv.nvmlInit = lambda: None
-    nv.nvmlDeviceGetCount = lambda: len(gpus)
-    nv.nvmlDeviceGetHandleByIndex = lambda i: i
-    nv.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
-    nv.nvmlDeviceGetName = lambda h: gpus[h][0]
-    nv.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(total=gpus[h][1], used=gpus[h][2])
-    nv.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=gpus[h][3], memory=99)
-    nv.nvmlDeviceGetComputeRunningProcesses = lambda h: [
-        SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpus[h][4]
-    ]
-    nv.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []
-    levels = topology or {}
-    nv.nvmlDeviceGetTopologyCommonAncestor = lambda a, b: levels.get((min(a, b), max(a, b)), 50)
-    nv.nvmlDeviceGetP2PStatus = lambda a, b, cap: 0 if (min(a, b), max(a, b)) in nvlink else 1
-    return nv
 
 
 @pytest.fixture
 def nvml(monkeypatch):
     def install(module):
         monkeypatch.setitem(sys.modules, "pynvml", module)
-        monkeypatch.setattr(pool, "_nvml_state", {})
+        monkeypatch.setattr(nvml_gateway, "_state", {})
         monkeypatch.setattr(pool, "_cache", {})
         monkeypatch.delenv("DLSCHED_SIMULATE_GPUS", raising=False)
 
@@ -123,3 +97,16 @@ def test_memory_used_outside_the_scheduler_counts_as_taken(nvml, tmp_path):
 
         assert place(Request(gpus=0.25, gpu_mem=4 * GiB), capacity) is not None
         assert place(Request(gpus=0.5, gpu_mem=8 * GiB), capacity) is None
+
+
+def test_the_pool_and_a_jobs_watch_read_nvmls_not_available_the_same_way(nvml):
+    """NVML lists a process whose memory the caller may not read with an unsigned -1: the
+    pool's outside use and a job's own GPU memory both count it as nothing known."""
+    from jupyter_dlsched import gpu_watch
+
+    not_available = 2**64 - 1
+    nvml(fake_nvml([("NVIDIA H200", 141 * GiB, 0, 0, [(4242, not_available), (4243, None)])]))
+    [gpu] = pool.probe().gpus
+    assert [(p.pid, p.used_mem) for p in gpu.processes] == [(4242, 0), (4243, 0)]
+    assert gpu.external_mem == 0
+    assert gpu_watch.job_gpu_memory({4242, 4243}) == {}

@@ -251,6 +251,8 @@ def test_a_job_can_be_cancelled_on_a_full_disk(small_service, users):
         ("[limits]\nmax_priority = nan", "limits.max_priority=nan", "low=0, normal=50"),
         ("[limits]\nmax_payload_bytes = 'lots'", "limits.max_payload_bytes='lots'", "a size"),
         ("[limits]\nmax_payload_bytes = -1", "limits.max_payload_bytes=-1", "a size"),
+        ("[limits]\nmax_cache_bytes = 'lots'", "limits.max_cache_bytes='lots'", "a size"),
+        ("[limits]\nmax_cache_bytes = true", "limits.max_cache_bytes=True", "a size"),
         ("[limits.users]\nana = 5", "limits.users.ana=5", "a table"),
         ("[limits.users.ana]\nmax_gpus = nan", "limits.users.ana.max_gpus=nan", "from 0 to"),
         ("limits = 3", "limits=3", "a table of limits"),
@@ -319,7 +321,7 @@ def test_a_good_service_toml_is_read_as_written(tmp_path):
         "policy = 'las'\nadmin_group = 'wheel'\n[policy_params]\nthresholds = [60, 600.5]\n"
         "preempt = false\n[weights]\nana = 2\n'@interns' = 0.5\n"
         "[limits]\nmax_gpus = 2.5\nmax_running = 3\nmax_payload_bytes = '50MiB'\n"
-        "[limits.users.ana]\nmax_payload_bytes = 1000\n"
+        "max_cache_bytes = '2GiB'\n[limits.users.ana]\nmax_payload_bytes = 1000\n"
     )
     loaded = ServiceConfig.load(config)
     assert (loaded.policy, loaded.admin_group) == ("las", "wheel")
@@ -329,6 +331,7 @@ def test_a_good_service_toml_is_read_as_written(tmp_path):
     assert loaded.limits.max_payload_bytes == 50 * MiB
     ana = loaded.limits_for("ana")
     assert (ana.max_payload_bytes, ana.max_gpus, ana.max_priority) == (1000, 2.5, 100)
+    assert loaded.limits.max_cache_bytes == ana.max_cache_bytes == 2 * 2**30
 
 
 def test_a_directory_service_that_fails_makes_a_peer_a_plain_user(monkeypatch):

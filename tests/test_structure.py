@@ -1,4 +1,5 @@
-"""The package's shape: its modules import each other one way, with no circle."""
+"""The package's shape: its modules import each other one way, with no circle, and each
+layer imports only what is below it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import jupyter_dlsched
 
 PACKAGE = Path(jupyter_dlsched.__file__).parent
 ROOT = "jupyter_dlsched"
-#: The package's ``__init__`` loads its front ends on first use (``import jupyter_dlsched``
-#: imports no ipywidgets and no Jupyter server), and they call its module-level API
-#: (``dls.get``, ``default_scheduler``): the one circle closed on purpose.
-FRONT_ENDS = ("jupyter_dlsched.magics", "jupyter_dlsched.widgets", "jupyter_dlsched.server")
+#: What people call: they reach the pool through the ``Scheduler`` client only.
+FRONT_ENDS = ("cli", "magics", "cell_jobs", "cells", "widgets", "server")
+#: The ledger's internals, the deciding half and the job-process chain.
+BELOW_THE_CLIENT = ("store", "tick", "deciding", "local")
+#: The client and what hangs on it.
+CLIENT = ("scheduler", "default", "handle")
+#: Where ``local/`` or ``backends/`` still compose a direct-path ``Scheduler`` to decide (the
+#: supervisor's one decision after its job, in a pool without an agent; the Ray driver):
+#: the engine step (#23) gives them an engine of their own instead.
+COMPOSES_A_SCHEDULER = {"local.supervisor": "scheduler", "backends.ray_driver": "scheduler"}
 
 Graph = dict[str, set[str]]
 
@@ -31,29 +38,32 @@ def is_type_checking(test: ast.expr) -> bool:
 
 
 def import_statements(
-    body: list[ast.stmt], in_functions: bool
+    body: list[ast.stmt], in_functions: bool, type_only: bool = False
 ) -> list[ast.Import | ast.ImportFrom]:
-    """The import statements of ``body``, never those under ``if TYPE_CHECKING:``; with
-    ``in_functions``, also those inside functions and classes (run when called)."""
+    """The import statements of ``body``; with ``in_functions``, also those inside functions
+    and classes (run when called); with ``type_only``, also those under ``if TYPE_CHECKING:``
+    (a dependency all the same: the module is written against the other's shape)."""
     found: list[ast.Import | ast.ImportFrom] = []
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append(node)
         elif isinstance(node, ast.If) and is_type_checking(node.test):
-            found += import_statements(node.orelse, in_functions)
+            if type_only:
+                found += import_statements(node.body, in_functions, type_only)
+            found += import_statements(node.orelse, in_functions, type_only)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             if in_functions:
-                found += import_statements(node.body, in_functions)
+                found += import_statements(node.body, in_functions, type_only)
         else:  # if, try, with, for, while, match at this level: their bodies run here
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.stmt):
-                    found += import_statements([child], in_functions)
+                    found += import_statements([child], in_functions, type_only)
                 elif isinstance(child, ast.excepthandler | ast.match_case):
-                    found += import_statements(child.body, in_functions)
+                    found += import_statements(child.body, in_functions, type_only)
     return found
 
 
-def import_graph(in_functions: bool = False) -> Graph:
+def import_graph(in_functions: bool = False, type_only: bool = False) -> Graph:
     """Module → the package's modules it imports (the module a ``from`` names, or its
     submodule when the imported name is one)."""
     paths = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
@@ -62,7 +72,7 @@ def import_graph(in_functions: bool = False) -> Graph:
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
         tree = ast.parse(path.read_text(), str(path))
-        for node in import_statements(tree.body, in_functions):
+        for node in import_statements(tree.body, in_functions, type_only):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
                 continue
@@ -114,9 +124,10 @@ def test_the_graph_sees_relative_submodule_and_function_imports():
     assert "jupyter_dlsched.staging.gate" in graph["jupyter_dlsched.staging"]
     assert "jupyter_dlsched.local.launcher" in graph["jupyter_dlsched.backends.local"]
     # only under TYPE_CHECKING: not an import that runs
-    assert "jupyter_dlsched.scheduler" not in graph["jupyter_dlsched.handle"]
+    assert "jupyter_dlsched.port" not in graph["jupyter_dlsched.inline"]
     assert "jupyter_dlsched.widgets" not in graph[ROOT]
     assert "jupyter_dlsched.widgets" in import_graph(in_functions=True)[ROOT]
+    assert "jupyter_dlsched.port" in import_graph(type_only=True)["jupyter_dlsched.backends.base"]
 
 
 def test_a_circle_is_found_and_shown():
@@ -130,11 +141,53 @@ def test_no_module_imports_itself_in_a_circle_when_the_package_is_imported():
     assert cycle is None, f"import circle: {shown(cycle)}"
 
 
-def test_imports_inside_functions_close_no_circle_but_the_front_ends_loaded_on_first_use():
-    graph = import_graph(in_functions=True)
-    graph[ROOT] = {t for t in graph[ROOT] if not t.startswith(FRONT_ENDS)}
+def test_no_circle_through_imports_inside_functions_or_for_types_only():
+    graph = import_graph(in_functions=True, type_only=True)
     cycle = find_cycle(graph)
     assert cycle is None, (
-        f"import circle through an import inside a function: {shown(cycle)}; move the code "
-        "both sides need to where it belongs instead of hiding the import in a function"
+        f"import circle through an import inside a function or under TYPE_CHECKING: "
+        f"{shown(cycle)}; move the code both sides need to where it belongs (or write the "
+        "lower side against a Protocol of what it uses, as backends do with port.Port)"
     )
+
+
+def layer(module: str, parts: tuple[str, ...]) -> bool:
+    """Whether ``module`` is one of the package's ``parts`` or inside one of them."""
+    return any(module == f"{ROOT}.{p}" or module.startswith(f"{ROOT}.{p}.") for p in parts)
+
+
+def offending(sources: tuple[str, ...], targets: tuple[str, ...]) -> list[str]:
+    graph = import_graph(in_functions=True, type_only=True)
+    return sorted(
+        f"{a} imports {b}"
+        for a, found in graph.items()
+        if layer(a, sources)
+        for b in found
+        if layer(b, targets) or (ROOT in targets and b == ROOT)
+    )
+
+
+def test_the_rules_see_a_type_only_import_and_a_layer():
+    assert "jupyter_dlsched.port" in import_graph(type_only=True)["jupyter_dlsched.inline"]
+    assert layer("jupyter_dlsched.widgets.jobview", FRONT_ENDS)
+    assert not layer("jupyter_dlsched.cells_extra", FRONT_ENDS)
+
+
+def test_front_ends_reach_the_pool_through_the_client_only():
+    """The CLI, the magics, the widgets and the server read and steer jobs through a
+    ``Scheduler``; the ledger's vocabulary (states, ``JobInfo``) lives in ``schema``."""
+    assert offending(FRONT_ENDS, BELOW_THE_CLIENT) == []
+
+
+def test_policies_decide_from_their_inputs_only():
+    """A policy sees queued and running jobs and the capacity; it reads no ledger or pool,
+    which is what lets the simulator replay it."""
+    below = ("store", "pool", "scheduler", "agent", "local", "backends", "tick", "deciding")
+    assert offending(("policy",), below) == []
+
+
+def test_the_job_process_chain_and_backends_never_hold_the_client():
+    found = offending(("local", "backends"), (*CLIENT, ROOT))
+    allowed = [f"{ROOT}.{a} imports {ROOT}.{b}" for a, b in COMPOSES_A_SCHEDULER.items()]
+    assert [f for f in found if f not in allowed] == []
+    assert all(a in found for a in allowed), "the allow-list names an import that is gone"

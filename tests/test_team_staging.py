@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from team_pool import shared_pool
+from team_pool import STAGE_EACH, shared_pool
 
 OWNER = r"""
 import hashlib, json, os, tempfile
@@ -93,3 +93,53 @@ def test_a_users_input_is_staged_with_their_rights_and_no_one_else_reaches_it(te
             import subprocess
 
             subprocess.run(["rm", "-rf", os.path.dirname(source)], check=False)
+
+
+def test_a_users_cache_quota_evicts_their_own_entries_and_never_anothers(team_users):
+    """``max_cache_bytes``: a user's stage-ins make room among that user's own entries
+    (least recently used first); another user's older entry stays; an input larger than
+    the share is refused with the figures."""
+    import os
+    import subprocess
+
+    from jupyter_dlsched.agent.client import AgentClient
+
+    a, b = team_users
+    KiB = 1024
+    config = '[limits]\nmax_cache_bytes = "1536KiB"\n'
+    folders = []
+    with shared_pool(config) as service:
+        try:
+            first = service.as_user(b, STAGE_EACH, "b1", str(1024 * KiB))
+            assert first.returncode == 0, first.stderr + service.log.read_text()[-3000:]
+            b_runs = json.loads(first.stdout)
+            folders.append(b_runs["folder"])
+            assert b_runs["runs"][0]["state"] == "succeeded", b_runs
+
+            done = service.as_user(
+                a, STAGE_EACH, "a1", str(1024 * KiB), "a2", str(1024 * KiB), "a3", str(2048 * KiB)
+            )
+            assert done.returncode == 0, done.stderr + service.log.read_text()[-3000:]
+            a_runs = json.loads(done.stdout)
+            folders.append(a_runs["folder"])
+            a1, a2, a3 = a_runs["runs"]
+            assert (a1["state"], a2["state"]) == ("succeeded", "succeeded"), a_runs
+            # larger than A's whole share: refused before anything is copied, with the figures
+            assert a3["state"] == "failed"
+            assert "more than your share of the data cache (1.5 MiB" in a3["reason"], a3
+
+            items = AgentClient(str(service.socket)).call("cache")["cache"]["items"]
+            cached = {item["source"] for item in items}
+            # A's second input pushed out A's first, not B's older entry
+            assert cached == {b_runs["runs"][0]["path"], a2["path"]}, cached
+            view = service.as_user(
+                a,
+                "import json, os\nfrom jupyter_dlsched.agent.client import AgentClient\n"
+                "c = AgentClient(os.environ['DLSCHED_SOCKET']).call('cache')['cache']\n"
+                "print(json.dumps([c['user_bytes'], c['user_max_bytes'], len(c['items'])]))",
+            )
+            assert view.returncode == 0, view.stderr
+            assert json.loads(view.stdout) == [1024 * KiB, 1536 * KiB, 1]
+        finally:
+            subprocess.run(["rm", "-rf", *folders], check=False)
+            assert all(not os.path.exists(f) for f in folders)

@@ -18,6 +18,7 @@ import pynvml
 import pytest
 
 from jupyter_dlsched import gpu_watch
+from jupyter_dlsched import nvml as nvml_gateway
 from jupyter_dlsched.units import format_size
 
 torch = pytest.importorskip("torch")
@@ -46,7 +47,7 @@ def nvml(monkeypatch):
         "nvmlDeviceGetComputeRunningProcesses",
         lambda h: [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in procs[h[1]]],
     )
-    monkeypatch.setattr(gpu_watch, "_state", {})
+    monkeypatch.setattr(nvml_gateway, "_state", {})
     monkeypatch.setattr(dlt, "_applied_fractions", None)
     return procs
 
@@ -63,7 +64,7 @@ def test_job_gpu_memory_is_empty_without_a_driver(monkeypatch):
         raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
 
     monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
-    monkeypatch.setattr(gpu_watch, "_state", {})
+    monkeypatch.setattr(nvml_gateway, "_state", {})
     assert gpu_watch.job_gpu_memory({os.getpid()}) == {}
     assert "NVML" in (gpu_watch.nvml_error() or "")
 

@@ -15,6 +15,7 @@
     max_queued = 10000              # waiting jobs of one user (more are refused at submit)
     max_priority = "high"           # the highest priority a user may ask for (admins: any)
     max_payload_bytes = "1GiB"      # what one user's unfinished jobs' payloads may take
+    max_cache_bytes = "200GiB"      # what one user's staged inputs may hold in the data cache
 
     [limits.users.ana]              # one user's own limits
     max_gpus = 8
@@ -44,7 +45,14 @@ log = logging.getLogger("jupyter_dlsched.agent")
 
 DEFAULT_CONFIG = Path("/etc/dlsched/service.toml")
 _TOP_KEYS = ("policy", "policy_params", "admin_group", "weights", "limits")
-_LIMIT_KEYS = ("max_gpus", "max_running", "max_queued", "max_priority", "max_payload_bytes")
+_LIMIT_KEYS = (
+    "max_gpus",
+    "max_running",
+    "max_queued",
+    "max_priority",
+    "max_payload_bytes",
+    "max_cache_bytes",
+)
 #: Running or waiting jobs of one user a limit may name (the ledger's integers hold more;
 #: a larger number is a typo, not a plan).
 MAX_JOBS = 10**9
@@ -60,6 +68,8 @@ class Limits:
     max_queued: int | None = None
     #: bytes the payloads of one user's unfinished jobs may take in the ledger
     max_payload_bytes: int | None = None
+    #: bytes one user's entries may hold in the data cache (staged inputs)
+    max_cache_bytes: int | None = None
 
 
 @dataclass
@@ -231,13 +241,9 @@ def _limits(table: dict[str, Any], where: str) -> Limits:
     running = table.get("max_running")
     queued = table.get("max_queued")
     priority = table.get("max_priority")
-    payload = table.get("max_payload_bytes")
+    payload = _size(table.get("max_payload_bytes"), f"{where}.max_payload_bytes")
+    cached = _size(table.get("max_cache_bytes"), f"{where}.max_cache_bytes")
     jobs = f"a whole number of jobs from 0 to {MAX_JOBS:,}"
-    if payload is not None:
-        try:
-            payload = parse_size(payload, f"{where}.max_payload_bytes")
-        except SpecError as error:
-            raise SpecError(error.field, payload, "a size such as '1GiB' or bytes") from None
     try:
         max_priority = parse_priority(priority) if priority is not None else None
     except SpecError as error:
@@ -258,4 +264,15 @@ def _limits(table: dict[str, Any], where: str) -> Limits:
         max_priority=max_priority,
         max_queued=_whole(queued, f"{where}.max_queued", jobs) if queued is not None else None,
         max_payload_bytes=payload,
+        max_cache_bytes=cached,
     )
+
+
+def _size(value: Any, where: str) -> int | None:
+    """A size limit (``"1GiB"`` or bytes), or None when the key is left out."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value, where)
+    except SpecError as error:
+        raise SpecError(error.field, value, "a size such as '1GiB' or bytes") from None

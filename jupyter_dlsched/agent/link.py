@@ -46,7 +46,8 @@ def connect(
     if shared is not None:
         return AgentLink(AgentClient(shared), shared=True)
     if agent or (agent is None and agent_wanted()):
-        from ..store import Store, default_home
+        from ..private import default_home
+        from ..store import Store
 
         folder = Path(home).expanduser() if home is not None else default_home()
         # opened here first: a folder that is not safe or a ledger that cannot be read is

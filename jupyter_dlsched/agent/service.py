@@ -42,7 +42,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import private
 from .._version import __version__
 from ..backends.base import refuse_stage_in
 from ..backends.local import LocalBackend
@@ -62,6 +61,7 @@ from .config import ServiceConfig
 from .connections import Connections, Peer
 from .limits import LimitsGate
 from .protocol import ProtocolError, error_reply
+from .ray_keeper import RayKeeper
 from .scrape import ScrapeEndpoint
 
 if TYPE_CHECKING:
@@ -80,10 +80,6 @@ MAX_PROGRESS = 64 * 1024
 SPARE_DELAY = 0.05
 #: Waiting jobs whose place in line changed that are written at once; more wait up to 1 s.
 POSITIONS_AT_ONCE = 200
-#: Seconds before a Ray driver that did not come up is started again.
-RAY_DRIVER_RETRY = 30.0
-#: Bytes of ray-driver.log before it is moved aside to ray-driver.log.1.
-RAY_LOG_MAX = 4 << 20
 #: Seconds between a shared pool's utilisation samples, and how long they are kept.
 SAMPLE_INTERVAL = 5.0
 SAMPLE_RETENTION = 24 * 3600.0
@@ -177,36 +173,11 @@ class AgentScheduler(Scheduler):
             self._tried = {k: v for k, v in self._tried.items() if now - v < 60.0}
 
 
-def _ray_options(msg: dict[str, Any]) -> dict[str, Any]:
-    """The cluster a ``ray`` request names: address, card size, ``ray.init`` options."""
-    options = {
-        "address": msg.get("address"),
-        "gpu_mem": msg.get("gpu_mem"),
-        "init_options": msg.get("init_options") or {},
-    }
-    if not (
-        all(options[k] is None or isinstance(options[k], str | int) for k in ("address", "gpu_mem"))
-        and isinstance(options["init_options"], dict)
-    ):
-        raise SpecError("ray options", options, "an address, a card size, ray.init options")
-    return options
-
-
 def _owner(path: str) -> int | None:
     try:
         return os.stat(path).st_uid
     except OSError:
         return None
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _seconds(msg: dict[str, Any], key: str, default: float) -> float:
@@ -352,11 +323,8 @@ class Agent:
         #: a supervisor forked ahead of time: (pid, the pipe its job id is written to)
         self._spare: tuple[int, int] | None = None
         self._spare_after = 0.0
-        self._ray_started = 0.0  # time.monotonic() the Ray driver was last started
-        self._ray_pid: int | None = None  # and its process
-        self._ray_wanted = False  # a client asked for a driver that is not started yet
-        self._ray_stopping: int | None = None  # the driver of a cluster switched away from
-        self._ray_log_from = 0  # where its messages begin in ray-driver.log
+        #: this ledger's Ray driver, started while a Ray job waits or runs
+        self.ray = RayKeeper(self.home, lambda: self._store, self.shared)
         self._names: dict[int, tuple[str, bool, float]] = {}
         self.code = code_stamp()
         self._ops: dict[str, Callable[[Peer, dict[str, Any], list[bytes]], dict[str, Any] | None]]
@@ -383,7 +351,7 @@ class Agent:
             "cache": lambda peer, msg, blobs: {"cache": self._cache_info(peer)},
             "metrics": lambda peer, msg, blobs: {"text": self.render_metrics().decode()},
             "samples": self._samples,
-            "ray": self._ray,
+            "ray": lambda peer, msg, blobs: self.ray.request(msg),
             "stop": self._stop,
         }
 
@@ -565,7 +533,7 @@ class Agent:
                     self.sampler.sample_once()  # the pool's history, for every user's charts
                 if now - last_ray >= 5.0:
                     last_ray = now
-                    self._keep_ray_driver()  # a Ray job waits or runs: a driver must serve it
+                    self.ray.keep()  # a Ray job waits or runs: a driver must serve it
             except LedgerUnavailable as error:
                 if now - last_warned >= 60.0:
                     last_warned = now
@@ -694,13 +662,23 @@ class Agent:
             self._leave_agent(b"dlsched-stage")
             from ..staging.stager import stage
 
-            code = stage(self.home, source_id, as_owner=self.shared)
+            code = stage(self.home, source_id, as_owner=self.shared, quota_for=self._cache_quota)
         except BaseException:
             import traceback
 
             traceback.print_exc()
         finally:
             os._exit(code)
+
+    def _cache_quota(self, uid: int) -> int | None:
+        """The bytes of the data cache a user's entries may hold (``max_cache_bytes``)."""
+        if self.config is None:
+            return None
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return self.config.limits.max_cache_bytes
+        return self.config.limits_for(user).max_cache_bytes
 
     def _leave_agent(self, name: bytes) -> None:
         """In a forked child: its own session and name, none of the agent's sockets."""
@@ -792,8 +770,8 @@ class Agent:
         if backend != "local" and self.shared:
             raise SpecError("backend", backend, "the local backend in a shared pool")
         if backend == "ray":
-            self._check_ray_options(msg)
-            inventory = self._ray_inventory()
+            self.ray.check_options(msg)
+            inventory = self.ray.inventory()
         elif backend == "local":
             inventory = self.sched.inventory
         else:
@@ -828,139 +806,10 @@ class Agent:
         )
         self._dirty = True
         if backend == "ray":
-            self._keep_ray_driver()
+            self.ray.keep()
         return {"ids": [job_id for job_id, _, _ in batch]}
 
-    # -- Ray jobs: run by the ledger's Ray driver, which this agent keeps alive ----------------
-
-    def _ray(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
-        """Join the Ray cluster ``address`` (with cards of ``gpu_mem``): keep a driver on it;
-        its inventory once the driver has joined (ask again until then)."""
-        from ..backends.ray_driver import JOINED_KEY, OPTIONS_KEY, describe, driver_alive
-
-        if self.shared:
-            raise SpecError(
-                "backend", "ray", "the local backend in a shared pool (Ray is per user)"
-            )
-        options = _ray_options(msg)
-        current = self._store.get_meta(OPTIONS_KEY)
-        if current != options:
-            if self._store.count_active("ray"):
-                raise SpecError(
-                    "address",
-                    options["address"],
-                    f"the cluster this ledger's Ray jobs run on now ({describe(current)}); "
-                    "wait for them to end, or use another state folder",
-                )
-            self._store.set_meta(OPTIONS_KEY, options)
-            self._store.set_meta("inventory:ray", None)
-            self._stop_ray_driver()  # the next is started once it has gone
-            self._ray_wanted = True
-        if msg.get("start"):
-            self._ray_wanted = True  # a client's first ask starts a driver; later ones look
-        stopping = self._ray_stopping
-        if stopping is not None and not _process_exists(stopping):
-            stopping = self._ray_stopping = None  # the driver of the old cluster has gone
-        if self._ray_wanted and stopping is None and self._keep_ray_driver(force=True):
-            self._ray_wanted = False
-        joined = self._store.get_meta(JOINED_KEY) == options
-        alive = driver_alive(self.home)
-        pid = self._ray_pid
-        return {
-            "inventory": self._store.get_meta("inventory:ray") if joined else None,
-            "alive": alive,
-            # the driver this agent started has exited without joining
-            "failed": pid is not None and not joined and not alive and not _process_exists(pid),
-            "log": self._ray_log_tail(),
-        }
-
-    def _check_ray_options(self, msg: dict[str, Any]) -> None:
-        """A Ray job is queued for the cluster its client joined, or refused."""
-        from ..backends.ray_driver import OPTIONS_KEY, describe
-
-        current = self._store.get_meta(OPTIONS_KEY)
-        joined = msg.get("ray")
-        if joined is not None and not isinstance(joined, dict):
-            raise SpecError("ray", joined, "the options of the cluster the client joined")
-        if joined is not None and _ray_options(joined) != current:
-            raise SpecError(
-                "backend",
-                "ray",
-                f"the cluster this state folder's Ray jobs now run on ({describe(current)}), "
-                "which another Scheduler switched to: make a new Scheduler(backend='ray') to "
-                "switch back",
-            )
-
-    def _ray_inventory(self) -> dict[str, Any]:
-        inventory = self._store.get_meta("inventory:ray")
-        if inventory is None:
-            raise SpecError(
-                "backend", "ray", "a Ray cluster joined first (Scheduler(backend='ray') does it)"
-            )
-        return dict(inventory)
-
-    def _keep_ray_driver(self, force: bool = False) -> bool:
-        """Start the Ray driver if a Ray job waits or runs (or ``force``) and none serves;
-        False when none serves and none was started."""
-        import subprocess
-
-        from ..backends.ray_driver import driver_alive
-
-        if self.shared or (not force and not self._store.count_active("ray")):
-            return False
-        if driver_alive(self.home):
-            return True
-        if self._ray_pid is not None and _process_exists(self._ray_pid):
-            return False  # the last one started has not bound its socket yet, or is exiting
-        if time.monotonic() - self._ray_started < RAY_DRIVER_RETRY and not force:
-            return False  # the last one failed: its log says why
-        self._ray_started = time.monotonic()
-        path = self.home / "ray-driver.log"
-        if path.exists() and path.stat().st_size > RAY_LOG_MAX:
-            path.replace(path.with_name("ray-driver.log.1"))
-        log_fd = private.open_append(path)
-        self._ray_log_from = os.fstat(log_fd).st_size
-        try:
-            driver = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "jupyter_dlsched.backends.ray_driver",
-                    "--home",
-                    str(self.home),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
-                start_new_session=True,  # lives on when this agent exits
-            )
-            self._ray_pid = driver.pid
-        finally:
-            os.close(log_fd)
-        return True
-
-    def _stop_ray_driver(self) -> None:
-        """Ask the driver to hand its jobs back and exit (not waited for: the loop goes on)."""
-        from ..backends.ray_driver import driver_alive
-
-        pid = self._store.get_meta("ray_driver_pid")
-        if isinstance(pid, int) and driver_alive(self.home):
-            try:
-                os.kill(pid, signal.SIGTERM)
-                self._ray_stopping = pid
-            except ProcessLookupError:
-                pass
-        self._ray_started = 0.0
-
-    def _ray_log_tail(self) -> str:
-        """What the driver started last has written (its last 4 kB)."""
-        try:
-            with open(self.home / "ray-driver.log", "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(self._ray_log_from, f.tell() - 4000))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
+    # -- limits of a shared pool -------------------------------------------------------------
 
     def _check_priority(self, peer: Peer, priority: int) -> None:
         if peer.admin or self.config is None:
@@ -1107,9 +956,14 @@ class Agent:
         from ..staging import cache_info
 
         info = cache_info(self._store)
-        if self.shared and not peer.admin:
-            info["items"] = [item for item in info["items"] if _owner(item["path"]) == peer.uid]
-            info["staging"] = [s for s in info["staging"] if s.get("uid") == peer.uid]
+        if self.shared:
+            mine = [item for item in info["items"] if _owner(item["path"]) == peer.uid]
+            # this user's share: what their entries hold, and their max_cache_bytes
+            info["user_bytes"] = sum(item["bytes"] for item in mine)
+            info["user_max_bytes"] = self._cache_quota(peer.uid)
+            if not peer.admin:
+                info["items"] = mine
+                info["staging"] = [s for s in info["staging"] if s.get("uid") == peer.uid]
         return info
 
     def _events(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:

@@ -13,26 +13,26 @@ from ..errors import SpecError
 from .base import Backend
 
 if TYPE_CHECKING:
-    from ..scheduler import Scheduler
+    from ..port import Port
 
 
-def make_backend(backend: str | Backend, scheduler: Scheduler, **options: Any) -> Backend:
-    """The backend called ``backend`` (``"local"``, ``"ray"`` or ``"slurm"``) bound to ``scheduler``."""
+def make_backend(backend: str | Backend, port: Port, **options: Any) -> Backend:
+    """The backend called ``backend`` (``"local"``, ``"ray"`` or ``"slurm"``) bound to ``port`` (the scheduler it runs jobs for)."""
     if isinstance(backend, Backend):
-        backend.bind(scheduler)
+        backend.bind(port)
         return backend
     if backend == "local":
         from .local import LocalBackend
 
-        return LocalBackend(scheduler, **options)
+        return LocalBackend(port, **options)
     if backend == "ray":
         from .ray import RayBackend
 
-        return RayBackend(scheduler, **options)
+        return RayBackend(port, **options)
     if backend == "slurm":
         from .slurm import SlurmBackend
 
-        return SlurmBackend(scheduler, **options)
+        return SlurmBackend(port, **options)
     raise SpecError("backend", backend, '"local", "ray" or "slurm"')
 
 

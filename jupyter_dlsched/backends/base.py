@@ -10,7 +10,7 @@ from ..errors import SpecError
 if TYPE_CHECKING:
     from ..policy import Policy
     from ..pool import PoolInfo
-    from ..scheduler import Scheduler
+    from ..port import Port
     from ..spec import JobSpec
     from ..store import JobInfo
 
@@ -32,11 +32,12 @@ class Backend(ABC):
 
     name = "base"
 
-    def __init__(self, scheduler: Scheduler | None = None) -> None:
-        self.scheduler = scheduler
+    def __init__(self, port: Port | None = None) -> None:
+        self.port = port
 
-    def bind(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
+    def bind(self, port: Port) -> None:
+        """Run jobs for ``port`` (a ``Scheduler``): its ledger, folder, pool and wake-up."""
+        self.port = port
 
     @abstractmethod
     def inventory(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import os
 import signal
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -23,6 +23,9 @@ from ..spec import JobSpec
 from ..store import JobInfo
 from .base import Backend
 
+if TYPE_CHECKING:
+    from ..port import Port
+
 
 class LocalBackend(Backend):
     """Jobs run on this machine under ``jupyter_dlsched.local.supervisor`` supervisors.
@@ -33,8 +36,8 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    def __init__(self, scheduler: Any = None, fast_start: bool = True) -> None:
-        super().__init__(scheduler)
+    def __init__(self, port: Port | None = None, fast_start: bool = True) -> None:
+        super().__init__(port)
         self.fast_start = fast_start and os.environ.get("DLSCHED_FAST_START", "1") != "0"
         self._launcher_spawned_at = -1e9
 
@@ -42,10 +45,10 @@ class LocalBackend(Backend):
         return None  # stage_in included: staged into this machine's cache
 
     def inventory(self) -> dict[str, Any]:
-        assert self.scheduler is not None
+        assert self.port is not None
         # simulated GPUs stay with the ledger: a later agent started without the variable
         # (a plain terminal after `make lab`) keeps them
-        simulate = simulation(self.scheduler.store.get_meta("inventory"))
+        simulate = simulation(self.port.store.get_meta("inventory"))
         info = probe(usage=False, max_age=0, simulate=simulate)
         data = inventory_json(info)
         data["cores"] = usable_cores()
@@ -53,8 +56,8 @@ class LocalBackend(Backend):
         return data
 
     def launch(self, job: JobInfo) -> None:
-        assert self.scheduler is not None
-        home = self.scheduler.home
+        assert self.port is not None
+        home = self.port.home
         if self.fast_start and launcher.request_start(home, job.id):
             return
         # no launcher answers (none yet, it idled out, or the code changed): start one for
@@ -78,8 +81,8 @@ class LocalBackend(Backend):
                 pass
 
     def external_gpu_mem(self, job_pids: list[int | None]) -> dict[int, int]:
-        assert self.scheduler is not None
-        if not any(not g.get("simulated") for g in self.scheduler.inventory.get("gpus", [])):
+        assert self.port is not None
+        if not any(not g.get("simulated") for g in self.port.inventory.get("gpus", [])):
             return {}  # simulated GPUs only: nothing to ask NVML
         info = probe(usage=True, max_age=2.0)
         if not any(g.processes for g in info.gpus):
@@ -97,5 +100,5 @@ class LocalBackend(Backend):
         }
 
     def pool(self) -> PoolInfo:
-        assert self.scheduler is not None
-        return probe(usage=True, simulate=remembered_simulation(self.scheduler.inventory))
+        assert self.port is not None
+        return probe(usage=True, simulate=remembered_simulation(self.port.inventory))

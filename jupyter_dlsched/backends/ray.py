@@ -38,7 +38,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import private
 from ..local.jobproc import world_size
@@ -51,6 +51,9 @@ from ..units import format_size, parse_size
 from .base import Backend
 from .ray_monitor import RayMonitor, Run, ray_module
 from .ray_task import run_task
+
+if TYPE_CHECKING:
+    from ..port import Port
 
 ADDRESS_ENV = "DLSCHED_RAY_ADDRESS"
 GPU_MEM_ENV = "DLSCHED_RAY_GPU_MEM"
@@ -77,13 +80,13 @@ class RayBackend(Backend):
 
     def __init__(
         self,
-        scheduler: Any = None,
+        port: Port | None = None,
         address: str | None = None,
         *,
         gpu_mem: int | str | None = None,
         init_options: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(scheduler)
+        super().__init__(port)
         ray_module()  # fail now, with the install hint, when Ray is missing
         self.address = address or os.environ.get(ADDRESS_ENV) or None
         self.init_options = dict(init_options or {})
@@ -163,11 +166,11 @@ class RayBackend(Backend):
 
         Through a pool agent (its Ray driver holds the connection, this process none)
         CPU and memory use are what the running jobs were granted."""
-        assert self.scheduler is not None
-        inventory = self.scheduler.inventory
-        if getattr(self.scheduler, "link", None) is not None and not ray_module().is_initialized():
+        assert self.port is not None
+        inventory = self.port.inventory
+        if self.port.through_agent and not ray_module().is_initialized():
             granted = [
-                j for j in self.scheduler.store.jobs(states=["running"]) if j.backend == self.name
+                j for j in self.port.store.jobs(states=["running"]) if j.backend == self.name
             ]
             cpus_total = float(inventory.get("cpus", 0))
             busy = sum(j.cpus for j in granted) / cpus_total if cpus_total else 0.0
@@ -184,13 +187,13 @@ class RayBackend(Backend):
             GpuInfo(g["index"], g["uuid"], g["name"], g["mem_total"], group=g.get("group"))
             for g in inventory.get("gpus", [])
         ]
-        for job in self.scheduler.store.jobs(states=["running"]):
+        for job in self.port.store.jobs(states=["running"]):
             if job.backend != self.name or not job.placement:
                 continue
-            for index, granted in zip(job.placement.gpus, job.placement.gpu_mem, strict=False):
+            for index, share in zip(job.placement.gpus, job.placement.gpu_mem, strict=False):
                 if index < len(gpus):
                     gpus[index].jobs.append(job.id)
-                    gpus[index].mem_used += granted
+                    gpus[index].mem_used += share
         return PoolInfo(
             cpus=int(inventory.get("cpus", 0)),
             cpu_percent=100.0 * busy,
@@ -204,11 +207,11 @@ class RayBackend(Backend):
     # -- 3. launch -------------------------------------------------------------------------
 
     def launch(self, job: JobInfo) -> None:
-        assert self.scheduler is not None
+        assert self.port is not None
         if self._closed:
             return  # at exit or after close: a participant that lives on launches it
         self.connect()
-        store = self.scheduler.store
+        store = self.port.store
         claimed = store.claim(job, Settings.load(store).lease_ttl)
         if claimed is None:
             return  # another participant launched it, or it is no longer running
@@ -236,8 +239,8 @@ class RayBackend(Backend):
             PlacementGroupSchedulingStrategy,
         )
 
-        assert self.scheduler is not None
-        inventory = self.scheduler.inventory
+        assert self.port is not None
+        inventory = self.port.inventory
         _check_fits_one_node(job, inventory.get("nodes", []))
         placement = job.placement or Placement()
         cards = {g["index"]: g for g in inventory.get("gpus", [])}
@@ -282,8 +285,8 @@ class RayBackend(Backend):
 
     def _task_input(self, job: JobInfo, folder: Path) -> dict[str, Any]:
         """What the task needs: the payload itself, since nodes need not share our disk."""
-        assert self.scheduler is not None
-        store = self.scheduler.store
+        assert self.port is not None
+        store = self.port.store
         context = json.loads(store.read_file(job.id, "context.json") or b"{}")
         argv = None
         payload = None
@@ -309,7 +312,7 @@ class RayBackend(Backend):
             "argv": argv,
             "payload": payload,
             "env": env,
-            "home": str(self.scheduler.home),
+            "home": str(self.port.home),
             "cwd": context.get("cwd"),
             "sys_path": context.get("sys_path") or [],
         }
@@ -319,9 +322,9 @@ class RayBackend(Backend):
     def cancel(self, job: JobInfo) -> None:
         if self._monitor.cancel(job):
             return
-        if job.supervisor_pid is None and self.scheduler is not None:
+        if job.supervisor_pid is None and self.port is not None:
             # allocated but not yet launched: nothing runs, so it ends here
-            store = self.scheduler.store
+            store = self.port.store
             now = time.time()
             with store.transaction() as db:
                 row = store.state_and_supervisor(db, job.id)

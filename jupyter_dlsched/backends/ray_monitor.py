@@ -29,7 +29,7 @@ from ..units import format_duration
 from .ray_task import write_atomic
 
 if TYPE_CHECKING:
-    from ..scheduler import Scheduler
+    from ..port import Port
     from .base import Backend
 
 log = logging.getLogger("jupyter_dlsched")
@@ -81,8 +81,8 @@ class RayMonitor:
         self._thread: threading.Thread | None = None
 
     @property
-    def scheduler(self) -> Scheduler | None:
-        return self.backend.scheduler
+    def port(self) -> Port | None:
+        return self.backend.port
 
     def add(self, run: Run) -> None:
         """Follow a launched job (or record at once one with an ``outcome`` already)."""
@@ -121,9 +121,9 @@ class RayMonitor:
         with self._lock:
             runs = [r for r in self._runs.values() if r.outcome is None]
             self._runs.clear()
-        if not runs or self.scheduler is None:
+        if not runs or self.port is None:
             return
-        store = self.scheduler.store
+        store = self.port.store
         for run in runs:
             run.stop_reason = "lease"  # the thread must not record this end: we do, below
             self._force(run)
@@ -161,8 +161,8 @@ class RayMonitor:
         self._wake.set()
 
     def _loop(self) -> None:
-        assert self.scheduler is not None
-        store = self.scheduler.store
+        assert self.port is not None
+        store = self.port.store
         version = store.data_version()
         next_renew = next_check = 0.0
         settings = Settings.load(store)
@@ -192,7 +192,7 @@ class RayMonitor:
                 for run in ended:
                     self._finish(run)
                 if ended and not self._closed:
-                    self.scheduler.wake()  # free resources: start what waits
+                    self.port.wake()  # free resources: start what waits
             except Exception:
                 log.exception("dlsched ray monitor")
                 time.sleep(0.5)
@@ -235,8 +235,8 @@ class RayMonitor:
             run.log.write(
                 f"[dlsched] on Ray node {info['node']} (pid {info['pid']}{gpus})\n".encode()
             )
-            assert self.scheduler is not None
-            store = self.scheduler.store
+            assert self.port is not None
+            store = self.port.store
             with store.transaction() as db:
                 store.record_job_process(
                     db, run.job.id, run.job.attempts, os.getpid(), info["pid"], info["node"]
@@ -245,17 +245,17 @@ class RayMonitor:
             run.outcome = item
 
     def _renew(self, runs: list[Run], until: float) -> None:
-        assert self.scheduler is not None
-        store = self.scheduler.store
+        assert self.port is not None
+        store = self.port.store
         with store.transaction() as db:
             for run in runs:
                 store.renew_attempt_lease(db, run.job.id, run.job.attempts, os.getpid(), until)
 
     def _check_requests(self, runs: list[Run]) -> None:
         """Cancels and preemptions asked for by any participant, and allocations taken back."""
-        assert self.scheduler is not None
+        assert self.port is not None
         by_id = {r.job.id: r for r in runs}
-        rows = self.scheduler.store.run_requests(list(by_id))
+        rows = self.port.store.run_requests(list(by_id))
         seen = set()
         for job_id, state, attempts, supervisor, cancel, preempt in rows:
             seen.add(job_id)
@@ -287,8 +287,8 @@ class RayMonitor:
         run.stop_reason, run.detail = reason, detail
         with contextlib.suppress(OSError):
             (run.folder / STOP_FILE).touch()
-        if reason == "preempt" and not at_once and self.scheduler is not None:
-            run.kill_at = time.time() + Settings.load(self.scheduler.store).preempt_grace()
+        if reason == "preempt" and not at_once and self.port is not None:
+            run.kill_at = time.time() + Settings.load(self.port.store).preempt_grace()
         else:
             self._force(run)
 
@@ -316,8 +316,8 @@ class RayMonitor:
                     ray_module().util.remove_placement_group(run.group)
 
     def _record(self, run: Run) -> None:
-        assert self.scheduler is not None and run.outcome is not None
-        store = self.scheduler.store
+        assert self.port is not None and run.outcome is not None
+        store = self.port.store
         job, folder, outcome = run.job, run.folder, run.outcome
         now = time.time()
         kind = outcome[0]

@@ -33,7 +33,7 @@ import shlex
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
 from ..policy import Decisions, QueuedJob, RunningJob
@@ -45,6 +45,9 @@ from ..units import parse_size
 from .base import Backend
 from .slurm_monitor import SlurmMonitor
 from .slurm_tools import TOOLS, SlurmUnavailable, nice_for, run_tool
+
+if TYPE_CHECKING:
+    from ..port import Port
 
 PARTITION_ENV = "DLSCHED_SLURM_PARTITION"
 ACCOUNT_ENV = "DLSCHED_SLURM_ACCOUNT"
@@ -120,7 +123,7 @@ class SlurmBackend(Backend):
 
     def __init__(
         self,
-        scheduler: Any = None,
+        port: Port | None = None,
         partition: str | None = None,
         account: str | None = None,
         qos: str | None = None,
@@ -154,11 +157,11 @@ class SlurmBackend(Backend):
         self.python = python
         self.slurm_policy = SlurmPolicy()
         self.monitor = SlurmMonitor(self)
-        if scheduler is not None:
-            self.bind(scheduler)
+        if port is not None:
+            self.bind(port)
 
-    def bind(self, scheduler: Any) -> None:
-        super().bind(scheduler)
+    def bind(self, port: Port) -> None:
+        super().bind(port)
         self.monitor.start()
 
     def policy(self) -> SlurmPolicy:
@@ -226,14 +229,14 @@ class SlurmBackend(Backend):
 
     def pool(self) -> SlurmPoolInfo:
         """The partition now: nodes and their state, CPUs in use, each GPU with our jobs on it."""
-        assert self.scheduler is not None
+        assert self.port is not None
         nodes = self._nodes()
-        inventory = self.scheduler.inventory
+        inventory = self.port.inventory
         gpus = [
             GpuInfo(g["index"], g["uuid"], g["name"], g["mem_total"], group=g.get("group"))
             for g in inventory.get("gpus", [])
         ]
-        for job in self.scheduler.store.jobs(states=["running"]):
+        for job in self.port.store.jobs(states=["running"]):
             if job.backend != self.name or not job.placement:
                 continue
             for index in job.placement.gpus:
@@ -264,12 +267,12 @@ class SlurmBackend(Backend):
     # -- what a job asks SLURM for ------------------------------------------------------------
 
     def _shards_per_gpu(self) -> int:
-        assert self.scheduler is not None
-        return int(self.scheduler.inventory.get("shards_per_gpu") or 0)
+        assert self.port is not None
+        return int(self.port.inventory.get("shards_per_gpu") or 0)
 
     def sbatch_options(self, job: JobInfo) -> list[str]:
         """The sbatch options of ``job``'s request (``SpecError`` for what SLURM cannot give)."""
-        assert self.scheduler is not None
+        assert self.port is not None
         options = [f"--job-name={job.name}", f"--comment=dlsched:{job.id}", "--nodes=1"]
         for flag, value in (
             ("--partition", self.partition),

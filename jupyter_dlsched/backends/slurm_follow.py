@@ -142,15 +142,13 @@ class SlurmFollower(SlurmRecorder):
         gpus = f", GPUs {','.join(map(str, placement.gpus))}" if placement.gpus else ""
         self._note(track, f"started on {node} (SLURM job {track.slurm_id}{gpus})")
         self._last_change = time.monotonic()
-        assert self.backend.scheduler is not None
-        self.backend.scheduler.wake()
+        assert self.backend.port is not None
+        self.backend.port.wake()
 
     def _placement(self, details: dict[str, str]) -> Placement:
         """The inventory's indices of the GPUs SLURM gave (``GRES=gpu:2(IDX:0-1)``)."""
-        assert self.backend.scheduler is not None
-        cards = {
-            (g.get("node"), g.get("local")): g for g in self.backend.scheduler.inventory["gpus"]
-        }
+        assert self.backend.port is not None
+        cards = {(g.get("node"), g.get("local")): g for g in self.backend.port.inventory["gpus"]}
         indices: list[int] = []
         for node, idx in re.findall(
             r"Nodes=(\S+) [^\n]*?GRES=\S*?\(IDX:([\d,-]+)\)", details.get("_text", "")

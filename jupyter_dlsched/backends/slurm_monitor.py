@@ -31,7 +31,7 @@ from .slurm_tools import SlurmError, nice_for, run_tool
 from .slurm_track import ACTIVE, SLURM_FILE, Track, _read_slurm_file, _read_slurm_json
 
 if TYPE_CHECKING:
-    from .slurm import SlurmBackend
+    from .slurm_track import SlurmSide
 
 log = logging.getLogger("jupyter_dlsched")
 
@@ -41,7 +41,7 @@ STOP_TIMEOUT_SECONDS = 30.0  # a cancelled job SLURM still reports after this lo
 class SlurmMonitor(SlurmSubmitter, SlurmFollower):
     """The SLURM jobs of one ledger that this process follows, from submission to end."""
 
-    def __init__(self, backend: SlurmBackend) -> None:
+    def __init__(self, backend: SlurmSide) -> None:
         self.backend = backend
         self._tracks: dict[str, Track] = {}
         self._lock = threading.RLock()

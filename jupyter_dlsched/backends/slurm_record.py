@@ -125,8 +125,8 @@ class SlurmRecorder(MonitorBase):
                 (folder / SLURM_FILE).unlink()
             self._note(track, store.get(job.id).reason)
         self._last_change = time.monotonic()
-        assert self.backend.scheduler is not None
-        self.backend.scheduler.wake()
+        assert self.backend.port is not None
+        self.backend.port.wake()
 
     def _outcome(self, track: Track) -> tuple[Any, ...] | None:
         """What ``run_task`` returned: an error on any task, else task 0's result."""

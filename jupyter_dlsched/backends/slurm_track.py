@@ -12,15 +12,47 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import private
 
 if TYPE_CHECKING:
-    from .slurm import SlurmBackend
+    from ..port import Port
+    from ..store import JobInfo
 
 ACTIVE = ("queued", "preempted", "running")
 SLURM_FILE = "slurm.json"
+
+
+class SaysWhy(Protocol):
+    """The SLURM policy as the monitor sees it: why each job waits, by job id."""
+
+    @property
+    def reasons(self) -> dict[str, str]: ...
+
+
+class SlurmSide(Protocol):
+    """What the monitor's parts use of their ``SlurmBackend`` (``slurm.py``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def poll(self) -> float: ...
+
+    @property
+    def python(self) -> str | None: ...
+
+    @property
+    def gpu_mem(self) -> int: ...
+
+    @property
+    def port(self) -> Port | None: ...
+
+    @property
+    def slurm_policy(self) -> SaysWhy: ...
+
+    def sbatch_options(self, job: JobInfo) -> list[str]: ...
 
 
 @dataclass
@@ -51,15 +83,15 @@ class Track:
 class MonitorBase:
     """What the parts of ``SlurmMonitor`` share; ``SlurmMonitor.__init__`` sets it up."""
 
-    backend: SlurmBackend
+    backend: SlurmSide
     _tracks: dict[str, Track]
     _lock: threading.RLock
     _last_change: float
 
     @property
     def store(self) -> Any:
-        assert self.backend.scheduler is not None
-        return self.backend.scheduler.store
+        assert self.backend.port is not None
+        return self.backend.port.store
 
     # -- logs ----------------------------------------------------------------------------------
 

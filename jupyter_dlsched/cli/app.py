@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 
 from ..errors import DlschedError, IllegalTransition, LedgerUnavailable
-from ..store import default_home
+from ..private import default_home
 from .common import (
     EXIT_CLOSED_PIPE,
     EXIT_FAILED,

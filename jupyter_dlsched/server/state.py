@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from ..pool import PoolInfo
 from ..sampling import Sampler
 from ..scheduler import Scheduler
-from ..store import ACTIVE, STATES, TERMINAL
+from ..schema import ACTIVE, STATES, TERMINAL
 
 #: Seconds a status answer may be reused while no job changed (the pool's shape can).
 STATUS_MAX_AGE = 2.0

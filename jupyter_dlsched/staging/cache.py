@@ -122,6 +122,23 @@ def make_room(store: Store, folder: Path, cap: int, needed: int) -> int:
     return used
 
 
+def make_room_within(store: Store, folder: Path, owner: int, quota: int, needed: int) -> int:
+    """Evict ``owner``'s entries no unfinished job uses, least recently used first, until
+    ``needed`` more bytes fit in the owner's ``quota`` (a shared pool's
+    ``max_cache_bytes``); returns the bytes the owner's entries then hold. Other users'
+    entries are never touched: one user's stage-ins cannot push out another's data."""
+    entries = [e for e in store.cache_entries() if e["uid"] == owner]
+    used = sum(e["bytes"] for e in entries)
+    for entry in entries:
+        if used + needed <= quota:
+            break
+        if entry["in_use"] or not store.drop_cache_entry(entry["key"]):
+            continue
+        remove(folder, Path(entry["path"]).parent)
+        used -= entry["bytes"]
+    return used
+
+
 def cache_info(store: Store) -> dict[str, Any]:
     """The cache in numbers, for the widgets, the sidebar and ``Scheduler.cache_info()``.
 

@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from ..local.supervisor import wake_pool
@@ -92,11 +93,19 @@ class Progress:
             raise Abandoned(self.source_id)
 
 
-def stage(home: str | os.PathLike[str], source_id: str, *, as_owner: bool = False) -> int:
+def stage(
+    home: str | os.PathLike[str],
+    source_id: str,
+    *,
+    as_owner: bool = False,
+    quota_for: Callable[[int], int | None] | None = None,
+) -> int:
     """Stage one source for the jobs that wait for it; returns the process's exit status.
 
     ``as_owner``: a shared pool's service (root) stages a user's source, reading it as
     that user (``owner.OwnerSource``) into a cache entry that belongs to that user.
+    ``quota_for``: the bytes of the cache a user's entries may hold (a shared pool's
+    ``max_cache_bytes``; None: no quota).
     """
     store = Store(home)
     row = store.staging(source_id)
@@ -112,7 +121,17 @@ def stage(home: str | os.PathLike[str], source_id: str, *, as_owner: bool = Fals
     if since is None:
         return 0  # another stager has it
     try:
-        _stage(store, source_id, row["source"], row["attempt"], since, settings.lease_ttl, owner)
+        quota = quota_for(owner) if owner is not None and quota_for is not None else None
+        _stage(
+            store,
+            source_id,
+            row["source"],
+            row["attempt"],
+            since,
+            settings.lease_ttl,
+            owner,
+            quota,
+        )
     finally:
         store.close()
         if owner is None:
@@ -128,6 +147,7 @@ def _stage(
     since: float,
     lease_ttl: float,
     owner: int | None = None,
+    quota: int | None = None,
 ) -> None:
     config = cache.CacheConfig.load(store)
     progress = Progress(store, source_id, lease_ttl, config.max_rate)
@@ -144,7 +164,17 @@ def _stage(
         tmp = folder / f".tmp-{source_id}-{attempt}"
         for _ in range(CHANGE_TRIES):
             if _stage_once(
-                store, source_id, source, since, folder, tmp, config, progress, reader, owner
+                store,
+                source_id,
+                source,
+                since,
+                folder,
+                tmp,
+                config,
+                progress,
+                reader,
+                owner,
+                quota,
             ):
                 return
         raise StagingFailed(f"{source} kept changing while it was copied ({CHANGE_TRIES} tries)")
@@ -188,12 +218,13 @@ def _stage_once(
     progress: Progress,
     reader: OwnerSource | None = None,
     owner: int | None = None,
+    quota: int | None = None,
 ) -> bool:
     """One try: True when the jobs are served (hit or fresh copy), False if the source changed.
 
     With an ``owner`` (a shared pool), the entry is that user's alone: its key names the
     user, so another user's staging of the same source never finds it, and its files
-    belong to the user."""
+    belong to the user, and with a ``quota`` the user's entries make room within it."""
     src: Source | OwnerSource = reader if reader is not None else open_source(source)
     files = src.listing()
     total = sum(f.size for f in files)
@@ -208,6 +239,7 @@ def _stage_once(
             since=since,
             entry=None,
             reason=lambda name: f"{name} found in the cache ({format_size(found['bytes'])})",
+            owner=owner,
         )
         if served is not None:
             return True
@@ -218,6 +250,8 @@ def _stage_once(
             f"{source} holds {format_size(total)}, more than the cache may hold "
             f"({format_size(cap)}); raise it with Scheduler.configure_cache(max_size=...)"
         )
+    if owner is not None and quota is not None:
+        _within_quota(store, folder, owner, quota, source, total)
     cache.make_room(store, folder, cap, total)
     cache.remove(folder, tmp)
     began = time.monotonic()
@@ -252,12 +286,29 @@ def _stage_once(
             f"{name} staged: {format_size(total)} in {seconds:.1f} s "
             f"({format_rate(total / seconds)})"
         ),
+        owner=owner,
     )
     if served is None:  # the lease was taken back meanwhile: the copy is no one's
         cache.remove(folder, final)
         return True
     cache.make_room(store, folder, cap, 0)
     return True
+
+
+def _within_quota(
+    store: Store, folder: Path, owner: int, quota: int, source: str, total: int
+) -> None:
+    """Make room for ``total`` bytes among ``owner``'s entries, or fail with the figures."""
+    limit = f"your share of the data cache ({format_size(quota)}, max_cache_bytes in service.toml)"
+    if total > quota:
+        raise StagingFailed(f"{source} holds {format_size(total)}, more than {limit}")
+    used = cache.make_room_within(store, folder, owner, quota, total)
+    if used + total > quota:
+        raise StagingFailed(
+            f"{source} needs {format_size(total)} but your cached inputs that unfinished jobs "
+            f"still use hold {format_size(used)} of {limit}: let those jobs end, or ask for "
+            "a larger max_cache_bytes"
+        )
 
 
 def _give(folder: Path, uid: int) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import ipywidgets as w
 
-from ..store import JobInfo
+from ..schema import JobInfo
 from . import format as fmt
 
 

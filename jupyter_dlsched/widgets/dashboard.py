@@ -15,7 +15,7 @@ from typing import Any
 import ipywidgets as w
 
 from ..pool import GpuInfo, PoolInfo
-from ..store import ACTIVE, TERMINAL, WAITING, JobInfo
+from ..schema import ACTIVE, TERMINAL, WAITING, JobInfo
 from ..units import format_duration, parse_duration
 from ..words import renumber
 from . import format as fmt

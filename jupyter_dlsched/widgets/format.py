@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..store import JobInfo
+from ..schema import JobInfo
 from ..units import format_size
 from ..words import (  # noqa: F401  (used as fmt.*)
     notebook_words,

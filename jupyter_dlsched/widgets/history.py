@@ -14,7 +14,7 @@ from collections import deque
 from typing import Any
 
 from ..pool import PoolInfo
-from ..store import JobInfo
+from ..schema import JobInfo
 
 # readings kept when the dashboard samples the pool itself
 OWN_SAMPLES = 2000

@@ -23,9 +23,10 @@ from typing import Any
 import ipywidgets as w
 
 from ..cells import user_traceback
+from ..default import default_scheduler
 from ..handle import JobHandle
 from ..history import usage_words
-from ..store import TERMINAL, WAITING, JobInfo
+from ..schema import TERMINAL, WAITING, JobInfo
 from ..units import format_duration
 from ..words import renumber
 from . import format as fmt
@@ -135,9 +136,7 @@ class JobView(w.VBox):
         live: bool = True,
     ) -> None:
         if isinstance(handle, str):
-            from .. import get
-
-            handle = get(handle)
+            handle = default_scheduler().get(handle)
         self.handle = handle
         self.on_finish = on_finish
         self.info: JobInfo | None = None

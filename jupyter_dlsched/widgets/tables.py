@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ..pool import PoolInfo
-from ..store import ACTIVE, WAITING, JobInfo
+from ..schema import ACTIVE, WAITING, JobInfo
 from ..units import format_duration
 from ..words import renumber
 from . import format as fmt

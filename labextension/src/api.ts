@@ -135,6 +135,9 @@ export interface ICache {
   hits: number;
   misses: number;
   evictions: number;
+  /** In a shared pool: the bytes this user's entries hold, and this user's share. */
+  user_bytes?: number;
+  user_max_bytes?: number | null;
   staging: {
     source: string;
     done_bytes: number;

@@ -335,10 +335,32 @@ export class SchedulerSidebar extends Widget {
           `${formatBytes(cache.bytes)} / ${cap === null ? '–' : formatBytes(cap)}`
         )
       ),
+      ...this._cacheShare(cache),
       h(
         'div',
         { className: 'jp-dlsched-cache-counts jp-dlsched-muted', title },
         `data cache · ${cacheCounts(cache)}`
+      )
+    ];
+  }
+
+  /** In a shared pool with a share per user: "yours ███░░ 1 MiB / 1.5 MiB". */
+  private _cacheShare(cache: ICache): HTMLElement[] {
+    const share = cache.user_max_bytes;
+    if (typeof share !== 'number') {
+      return [];
+    }
+    const mine = cache.user_bytes ?? 0;
+    return [
+      h(
+        'div',
+        {
+          className: 'jp-dlsched-row jp-dlsched-cache-share',
+          title: 'your share of the data cache (max_cache_bytes in the service\'s configuration)'
+        },
+        h('span', { className: 'jp-dlsched-label' }, 'yours'),
+        bar(share ? mine / share : 0),
+        h('span', { className: 'jp-dlsched-value' }, `${formatBytes(mine)} / ${formatBytes(share)}`)
       )
     ];
   }

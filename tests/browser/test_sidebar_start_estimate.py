@@ -14,7 +14,6 @@ import pytest
 from jupyter_dlsched.scheduler import Scheduler
 
 from .conftest import ARTIFACTS, Lab, start_lab, stop_lab
-from .test_sidebar import open_lab, open_sidebar, row
 
 
 @pytest.fixture
@@ -34,6 +33,21 @@ def submitter(lab: Lab) -> Iterator[Scheduler]:
         s.cancel(job.id)
     s.close()
     shutil.rmtree(lab.home, ignore_errors=True)  # lets the job launcher exit
+
+
+def open_lab(page: Any, lab: Lab) -> None:
+    page.goto(f"{lab.url}lab?token={lab.token}")
+    page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+
+
+def open_sidebar(page: Any) -> Any:
+    page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
+    return page.wait_for_selector("#jupyter-dlsched-sidebar .jp-dlsched-gpu")
+
+
+def row(job_id: str, state: str) -> str:
+    return f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{job_id}"][data-state="{state}"]'
 
 
 def step(s: Scheduler, seconds: float, name: str = "step", gpus: int = 1) -> str:

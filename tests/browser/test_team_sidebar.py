@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from team_pool import Service, shared_pool, wait_for
+from team_pool import STAGE_EACH, Service, shared_pool, wait_for
 
 from .conftest import ARTIFACTS, Lab, start_lab, stop_lab
 from .test_sidebar import open_lab, open_sidebar, row
@@ -24,7 +24,7 @@ from .test_sidebar import open_lab, open_sidebar, row
 
 @pytest.fixture
 def service() -> Iterator[Service]:
-    with shared_pool() as pool:
+    with shared_pool('[limits]\nmax_cache_bytes = "4MiB"\n') as pool:
         yield pool
 
 
@@ -94,3 +94,40 @@ def rest(lab: Lab, method: str, path: str, body: object = None) -> tuple[int, di
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+def test_b_sees_the_services_history_and_their_share_of_the_data_cache(
+    service, team_users, lab_as_b, browser_context
+):
+    """Team mode: the charts are drawn from the service's samples (B's server takes no
+    readings of its own), and the data cache line shows B's own share."""
+    import time
+
+    _, b = team_users
+    staged = service.as_user(b, STAGE_EACH, "b-data", str(1 << 20))
+    assert staged.returncode == 0, staged.stderr + service.log.read_text()[-3000:]
+    out = json.loads(staged.stdout)
+    try:
+        assert out["runs"][0]["state"] == "succeeded", out
+        # the service's samples reach B's server: GPU and host readings, from the service
+        now = time.time()
+        samples = wait_for(
+            lambda: lab_as_b.api(f"dlsched/api/v1/metrics?since={now - 600}&until={now + 60}")[
+                "samples"
+            ]
+        )
+        sources = {sample["source"] for sample in samples}
+        assert {"gpu:0", "gpu:1"} <= sources, sources
+        page = browser_context.new_page()
+        open_lab(page, lab_as_b)
+        open_sidebar(page)
+        share = "#jupyter-dlsched-sidebar .jp-dlsched-cache-share"
+        page.wait_for_selector(share)
+        assert page.inner_text(f"{share} .jp-dlsched-value") == "1 MiB / 4 MiB"
+        counts = page.inner_text("#jupyter-dlsched-sidebar .jp-dlsched-cache-counts")
+        assert counts.startswith("data cache · 1 entry"), counts
+        page.screenshot(path=str(ARTIFACTS / "sidebar-shared-cache.png"))
+    finally:
+        import subprocess
+
+        subprocess.run(["rm", "-rf", out["folder"]], check=False)
