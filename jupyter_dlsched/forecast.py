@@ -10,8 +10,8 @@ rank can still overtake a waiting one; that is what the P80 bound's
 calibration (``dlsched sim --eta``) measures.
 
 How long a job runs comes from ``RunTimes``: the run times of jobs that
-finished, by owner and name (else owner, else everyone), and a job's time
-limit where it has one (it cannot run longer). A running job's elapsed time
+finished, by owner, name and GPUs (else broader groups, down to everyone),
+and a job's time limit where it has one (it cannot run longer). A running job's elapsed time
 counts: its end is a quantile of the run times *longer than what it has
 already run*. Two passes give two figures per job: ``expected`` with median
 run times, ``p80`` with 80th-percentile ones (each job at its 80th
