@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -280,6 +280,12 @@ MIGRATIONS: list[str] = [
         skipped INTEGER NOT NULL DEFAULT 0
     );
     """,
+    # version 10: when a waiting job should start (epoch seconds), expected and a P80 bound,
+    # from the forecast of the decision that last placed it in line
+    """
+    ALTER TABLE jobs ADD COLUMN expected_start REAL;
+    ALTER TABLE jobs ADD COLUMN start_p80 REAL;
+    """,
 ]
 
 
@@ -356,6 +362,10 @@ class JobInfo:
     resize_to: str | None = None
     # epoch seconds before which the job does not start (`--begin`), else None
     begin: float | None = None
+    # while it waits: when it should start (epoch seconds), expected and a cautious bound
+    # that 80 % of jobs start by (jupyter_dlsched.forecast); None when not estimated
+    expected_start: float | None = None
+    start_p80: float | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -432,6 +442,8 @@ class JobInfo:
             "rss_now": self.rss_now,
             "requeue_of": self.requeue_of,
             "begin": self.begin,
+            "expected_start": self.expected_start,
+            "start_p80": self.start_p80,
             "usage": {
                 "gpu_hours": self.gpu_hours,
                 "cpu_time": self.cpu_time,

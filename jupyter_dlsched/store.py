@@ -54,7 +54,8 @@ from .units import format_duration, parse_duration
 _SNAPSHOT_COLUMNS = (
     "id, seq, name, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
     "attained, preemptions, gpus, gpu_mem, cpus, mem, after, attempts, position, waiting, "
-    "placement, job_pid, preempt_requested, cancel_requested, max_gpus, resize_to, begin"
+    "placement, job_pid, preempt_requested, cancel_requested, max_gpus, resize_to, begin,"
+    " expected_start, start_p80"
 )
 
 RESERVE_NAME = "disk-reserve"
@@ -918,6 +919,35 @@ class Store:
             "UPDATE jobs SET position=?, waiting=? WHERE id=? AND state IN ('queued','preempted')",
             changes,
         )
+
+    @staticmethod
+    def set_start_estimates(
+        db: sqlite3.Connection, changes: Iterable[tuple[float | None, float | None, str]]
+    ) -> None:
+        """Record ``(expected start, P80 start, job id)`` of waiting jobs (``start_times``)."""
+        db.executemany(
+            "UPDATE jobs SET expected_start=?, start_p80=? WHERE id=? "
+            "AND state IN ('queued','preempted')",
+            changes,
+        )
+
+    @staticmethod
+    def finished_run_times(
+        db: sqlite3.Connection, backend: str, limit: int
+    ) -> list[tuple[str, str, float, float]]:
+        """``(owner, name, gpus, seconds run)`` of the last ``limit`` jobs that ran to their end on
+        ``backend``, oldest first (seconds: GPU-service over GPUs, else the last run's length)."""
+        rows = db.execute(
+            "SELECT owner, name, gpus, attained, started, finished FROM jobs WHERE backend=? "
+            "AND state IN ('succeeded','failed','timeout') AND finished IS NOT NULL "
+            "AND started IS NOT NULL ORDER BY seq DESC LIMIT ?",
+            (backend, int(limit)),
+        ).fetchall()
+        out = []
+        for owner, name, gpus, attained, started, finished in reversed(rows):
+            ran = (attained or 0.0) / gpus if gpus and attained else finished - started
+            out.append((owner, name, float(gpus or 0.0), float(ran)))
+        return out
 
     @staticmethod
     def request_preemption(db: sqlite3.Connection, job_id: str) -> None:

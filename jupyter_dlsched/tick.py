@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import start_times
 from .policy import Decisions, FinishedJob, Policy, PresortedQueue, QueuedJob, RunningJob
 from .resources import Capacity, GpuFree, Placement, Request
 from .store import TERMINAL, JobInfo, RunEnd, Store
@@ -108,6 +109,28 @@ def decide(
         )
     decisions = policy(queued, active, capacity, now)
     _commit(store, db, decisions, rows, lease_ttl, now)
+    # every waiting job's start-time estimate, from the same snapshot and the queue's order
+    written = (
+        index.estimates
+        if index is not None
+        else {r["id"]: (r["expected_start"], r["start_p80"]) for r in waiting}
+    )
+    refresh = start_times.estimate(
+        store,
+        db,
+        backend=backend,
+        policy=policy,
+        queued=queued,
+        order=decisions.order,
+        running=active,
+        capacity=capacity,
+        now=now,
+        written=written,
+    )
+    if index is not None:
+        index.refresh_at = refresh if refresh is not None else float("inf")
+    if refresh is not None and (decisions.wake_at is None or refresh < decisions.wake_at):
+        decisions.wake_at = refresh  # a running job may outlive its assumed end: look again
     started_ids = {s.job_id for s in decisions.starts}
     order = [j for j in decisions.order if j not in started_ids]
     positions = {job_id: i + 1 for i, job_id in enumerate(order)}
@@ -291,6 +314,10 @@ class QueueIndex:
         self._places_took = 0.0
         #: places in line may be out of date (something changed since they were written)
         self._stale = False
+        #: each waiting job's start estimates as last written (``start_times``)
+        self.estimates: start_times.Estimates = {}
+        #: when (``time.time()``) the estimates go stale with no event (``start_times``)
+        self.refresh_at = float("inf")
 
     def read(self, store: Store, db: sqlite3.Connection, backend: str) -> list[sqlite3.Row]:
         """The running jobs' rows, after bringing the waiting ones up to date."""
@@ -320,6 +347,7 @@ class QueueIndex:
                 continue
             self._queued.pop(job_id, None)
             self.places.pop(job_id, None)
+            self.estimates.pop(job_id, None)
             self.pending.pop(job_id, None)
             job = self.offered.pop(job_id, None)
             if job is not None:
@@ -394,7 +422,10 @@ class QueueIndex:
         if (
             len(self.offered) < self.HEAD_FROM
             or not callable(layout)
-            or (self._stale and time.monotonic() >= self.places_due_monotonic())
+            or (
+                (self._stale or now >= self.refresh_at)
+                and time.monotonic() >= self.places_due_monotonic()
+            )
         ):
             return None
         if policy.head({}, now, 0) is None:  # type: ignore[attr-defined]

@@ -45,8 +45,9 @@ def waited_for(job: JobInfo, now: float) -> float:
     return max(0.0, end - job.submitted)
 
 
-def wait_words(job: JobInfo) -> str:
-    """Why a queued job waits, place in line first: ``"#3 in line · waiting for 2 GPUs"``.
+def wait_words(job: JobInfo, now: float | None = None) -> str:
+    """Why a queued job waits, place in line and start estimate first:
+    ``"#3 in line · starts in ~40 min · waiting for 2 GPUs"``.
 
     ``""`` when the job is not waiting or nothing is known yet.
     """
@@ -55,16 +56,67 @@ def wait_words(job: JobInfo) -> str:
     parts = []
     if job.position:
         parts.append(f"#{job.position} in line")
+    starts = start_words(job, now)
+    if starts:
+        parts.append(starts)
     if job.waiting:
         parts.append(job.waiting)
     return " · ".join(parts)
+
+
+def start_words(job: JobInfo, now: float | None = None) -> str:
+    """When a waiting job should start, as a person would say it: ``"starts in ~40 min"``,
+    with the P80 bound when it is well after: ``"starts in ~40 min (by ~1 h)"``.
+
+    ``""`` when the job has no estimate (nothing to learn run times from yet, or too deep
+    in a long queue): no number rather than a made-up one.
+
+    >>> start_phrase(2400.0, 4000.0, now=0.0), start_phrase(2400.0, 4000.0, now=2390.0)
+    ('starts in ~40 min (by ~1 h)', 'starts in <1 min (by ~25 min)')
+    """
+    if job.state not in WAITING or job.expected_start is None:
+        return ""
+    return start_phrase(job.expected_start, job.start_p80, time.time() if now is None else now)
+
+
+def start_phrase(expected: float, p80: float | None, now: float) -> str:
+    """``"starts in ~40 min (by ~1 h)"`` for an expected start and its P80 bound (epoch s)."""
+    ahead = expected - now
+    words = f"starts in {about(ahead)}"
+    if p80 is not None:
+        bound = p80 - now
+        if bound >= 60 and about(bound) != about(ahead):
+            words += f" (by {about(bound)})"
+    return words
+
+
+def about(seconds: float) -> str:
+    """A span rounded as a person says it: ``<1 min``, ``~7 min``, ``~40 min``, ``~3 h``, ``~2 days``.
+
+    >>> [about(s) for s in (20, 400, 2400, 5400, 10800, 200000)]
+    ['<1 min', '~7 min', '~40 min', '~1.5 h', '~3 h', '~2 days']
+    """
+    minutes = seconds / 60
+    if minutes < 1:
+        return "<1 min"
+    if minutes < 10:
+        return f"~{round(minutes)} min"
+    if minutes < 55:
+        return f"~{5 * round(minutes / 5)} min"
+    hours = minutes / 60
+    if hours < 2.75:
+        half = round(hours * 2) / 2
+        return f"~{half:g} h"
+    if hours < 36:
+        return f"~{round(hours)} h"
+    return f"~{round(hours / 24)} days"
 
 
 def state_words(job: JobInfo, now: float | None = None) -> str:
     """Plain words for a state: ``"queued · #3 in line · waiting for 2 GPUs"``."""
     now = time.time() if now is None else now
     if job.state == "queued":
-        return " · ".join(part for part in ("queued", wait_words(job)) if part)
+        return " · ".join(part for part in ("queued", wait_words(job, now)) if part)
     if job.state == "running":
         return f"running · {format_duration(ran_for(job, now))}"
     if job.state == "succeeded":

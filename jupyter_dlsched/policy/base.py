@@ -372,18 +372,25 @@ class Room:
     (0, None)
     """
 
-    __slots__ = ("capacity", "whole")
+    __slots__ = ("capacity", "tried", "whole")
 
     def __init__(self, capacity: Capacity) -> None:
         self.capacity = capacity
         self.whole = capacity.free_whole_gpus
+        # placements found for this capacity, by request: a scan asks again for every job of
+        # the same shape, and a placement search is the costly part of a decision
+        self.tried: dict[Request, Placement | None] = {}
 
     def place(self, request: Request) -> Placement | None:
         if request.whole_gpus > self.whole:
             return None
-        return place(request, self.capacity)
+        if request in self.tried:
+            return self.tried[request]
+        placement = self.tried[request] = place(request, self.capacity)
+        return placement
 
     def take(self, placement: Placement) -> None:
+        self.tried.clear()
         self.capacity = self.capacity.take(placement)
         if placement.shared:
             self.whole = self.capacity.free_whole_gpus
@@ -391,6 +398,7 @@ class Room:
             self.whole -= len(placement.gpus)
 
     def give_back(self, placement: Placement) -> None:
+        self.tried.clear()
         self.capacity = self.capacity.give_back(placement)
         if placement.shared:
             self.whole = self.capacity.free_whole_gpus
@@ -399,7 +407,7 @@ class Room:
 
     def copy(self) -> Room:
         other = Room.__new__(Room)
-        other.capacity, other.whole = self.capacity, self.whole
+        other.capacity, other.whole, other.tried = self.capacity, self.whole, dict(self.tried)
         return other
 
     @property

@@ -10,6 +10,7 @@ fit (skipping a job that does not fit, unless ``skip`` is off), and, when
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Hashable, Mapping, Sequence
@@ -226,9 +227,53 @@ class RankedPolicy:
         elif self._first_fit_unless_planned(ordered, ranks, capacity, now, smallest, out):
             victims, _ = self.rank_running(running, now)
             victims, free_at = self._guard(victims, now)
-            room = GangRoom if _indexed(capacity.gpus) else Room
-            self._plan_by_rank(ordered, running, victims, capacity, out, set(), smallest, room)
+            if self._plan_reaches(ordered, victims, capacity, ranks.stopping_gpus, smallest):
+                room = GangRoom if _indexed(capacity.gpus) else Room
+                self._plan_by_rank(ordered, running, victims, capacity, out, set(), smallest, room)
+            else:
+                # the minimum run time and restart margins protect enough of the victims
+                # the index counted that no waiting job can be planned over the rest
+                self._first_fit(queued, ordered, capacity, True, out)
         out.wake_at = _earliest(ranks.wake(now), free_at)
+
+    def _plan_reaches(
+        self,
+        ordered: Sequence[QueuedJob],
+        victims: list[tuple[float, int, RunningJob]],
+        capacity: Capacity,
+        stopping_gpus: int,
+        smallest: int,
+    ) -> bool:
+        """Whether planning by rank over ``victims`` (as guarded: ``(-(rank - margin), -seq,
+        job)``) would plan some waiting job over victims, so differ from first fit.
+
+        The test of ``_first_fit_unless_planned`` with the victims that may really be
+        stopped: a job that does not fit now is planned only when the GPUs free now,
+        those of stopping jobs and those of victims ranked strictly worse than it are
+        enough (``_plan_by_rank`` keeps the others before it places the job).
+        """
+        ranked = sorted((-v[0], v[2].request.whole_gpus) for v in victims)
+        ranks = [r for r, _ in ranked]
+        worse_gpus = [0] * (len(ranked) + 1)
+        for i in range(len(ranked) - 1, -1, -1):
+            worse_gpus[i] = worse_gpus[i + 1] + ranked[i][1]
+        room = Room(capacity)
+        blocked = False
+        for job in ordered:
+            worse = worse_gpus[bisect.bisect_right(ranks, self.queued_rank(job))]
+            reachable = room.whole + stopping_gpus + worse
+            if reachable < smallest:
+                break
+            if blocked and not self.skip:
+                break
+            placement = room.place(job.request)
+            if placement is None:
+                if job.request.whole_gpus <= reachable:
+                    return True
+                blocked = True
+                continue
+            room.take(placement)
+        return False
 
     def _first_fit_unless_planned(
         self,

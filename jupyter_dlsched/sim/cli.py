@@ -114,6 +114,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="gittins keeps its built-in size prior and learns nothing from finished jobs",
     )
+    p.add_argument(
+        "--eta",
+        action="store_true",
+        help=(
+            "also forecast each job's start when it is submitted, as the live scheduler does, "
+            "and report the share of jobs that started by their P80 estimate"
+        ),
+    )
     p.add_argument("--plot", metavar="PNG", help="also save JCT CDFs and utilisation to PNG")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=run)
@@ -184,6 +192,7 @@ def _run(args: argparse.Namespace) -> int:
         time_limits=time_limits,
         resize_every=resize_every,
         speedup=speedup,
+        estimates=args.eta,
     )
     seconds = time.perf_counter() - began
     philly = jobs.format == "philly"

@@ -43,6 +43,7 @@ from ..policy.base import Policy, Resize, RunningSet
 from ..policy.elastic import RESIZE_EVERY, with_elastic
 from ..policy.speedup import Speedup, parse_speedup
 from ..resources import Capacity, GpuFree, Placement, Request
+from .eta import EtaCalibration, StartCalibration
 from .trace import TraceJob
 
 _FINISH, _RELEASE, _WAKE = 0, 1, 2
@@ -131,6 +132,8 @@ class SimResult:
     work_gpu_seconds: float = math.nan
     # every resize of an elastic job: (time, job id, GPUs before, GPUs after)
     resize_log: list[tuple[float, str, int, int]] = field(default_factory=list)
+    # start estimates made at each submission and how they came true (``estimates=True``)
+    eta: EtaCalibration | None = None
 
 
 def simulate(
@@ -145,6 +148,7 @@ def simulate(
     preemptible: bool = True,
     resize_every: float = RESIZE_EVERY,
     speedup: str | Speedup = "linear",
+    estimates: bool = False,
     **policy_params: Any,
 ) -> SimResult:
     """Replay ``jobs`` on ``gpus`` GPUs (split evenly over ``nodes``) under ``policy``.
@@ -156,12 +160,14 @@ def simulate(
     declares. A policy given by name that weighs preemptions against their
     cost (``restart_cost``) is told ``restart_overhead``. With elastic jobs in
     ``jobs`` the policy is wrapped for them (``resize_every``, ``speedup``: see
-    ``jupyter_dlsched.policy.elastic``). Same inputs, same result.
+    ``jupyter_dlsched.policy.elastic``). ``estimates``: also forecast each job's start
+    when it arrives, as the live scheduler would, and score the forecasts against the
+    replay (``SimResult.eta``; ``jupyter_dlsched.sim.eta``). Same inputs, same result.
 
-    >>> from jupyter_dlsched.sim.trace import TraceJob
-    >>> trace = [TraceJob("a", 0, 1, 10.0), TraceJob("b", 0, 1, 5.0)]
-    >>> [j.finish for j in simulate(trace, "fifo", gpus=1).jobs]
-    [10.0, 15.0]
+        >>> from jupyter_dlsched.sim.trace import TraceJob
+        >>> trace = [TraceJob("a", 0, 1, 10.0), TraceJob("b", 0, 1, 5.0)]
+        >>> [j.finish for j in simulate(trace, "fifo", gpus=1).jobs]
+        [10.0, 15.0]
     """
     chosen = get_policy(policy, **policy_params)
     if isinstance(policy, str) and "restart_cost" not in policy_params:
@@ -178,6 +184,8 @@ def simulate(
         )
     replay = _Replay(jobs, chosen, gpus, nodes, restart_overhead, grace, time_limits, preemptible)
     replay.speedup = model
+    if estimates:
+        replay.calibration = StartCalibration(chosen)
     result = replay.run()
     if getattr(chosen, "elastic", False):
         result.policy += " (elastic)"
@@ -281,6 +289,7 @@ class _Replay:
         self.calls = 0
         self._capacity: Capacity | None = None
         self._running_list: RunningSet | None = None
+        self.calibration: StartCalibration | None = None
 
     def run(self) -> SimResult:
         trace, heap = self.trace, self.heap
@@ -296,11 +305,14 @@ class _Replay:
                     self.wakes.discard(t)
                 elif token == self.token[seq]:
                     self._end_run(seq, t, finished=kind == _FINISH)
+            first = arrived
             while arrived < n and trace[arrived].submit <= t:
                 self._enqueue(arrived, preempted=False)
                 arrived += 1
             if self.finished_now:
                 self._teach()
+            if self.calibration is not None and arrived > first:
+                self._forecast([j.id for j in trace[first:arrived]], t)
             self._decide(t)
             if self.timeline[-1][1] != self.busy:
                 self.timeline.append((t, self.busy))
@@ -324,6 +336,10 @@ class _Replay:
             )
             for i, j in enumerate(trace)
         ]
+        eta = None
+        if self.calibration is not None:
+            eta = self.calibration.result
+            eta.score((o.id, o.first_start) for o in outcomes)
         return SimResult(
             self.label,
             self.n_gpus,
@@ -333,7 +349,15 @@ class _Replay:
             self.calls,
             sum(j.gpus * j.duration for j in trace),
             self.resize_log,
+            eta,
         )
+
+    def _forecast(self, new: list[str], t: float) -> None:
+        """Estimate when the jobs just submitted start, from the state the policy sees now."""
+        assert self.calibration is not None
+        gpus = tuple(self.gpu_state)
+        capacity = _PoolCapacity(gpus, (), 0, 0, gpus, self.n_gpus - self.occupied)
+        self.calibration.submitted(new, self.queue, list(self.running.values()), capacity, t)
 
     def _teach(self) -> None:
         """Tell a learning policy which jobs just finished; re-sort the queue if it re-ranks."""
@@ -555,6 +579,11 @@ class _Replay:
         if finished:
             self.remaining[seq] = 0.0
             self.finish[seq] = t
+            if self.calibration is not None:
+                trace_job = self.trace[seq]
+                self.calibration.finished(
+                    trace_job.owner, trace_job.name, trace_job.gpus, self.held[seq]
+                )
             if self.learns:
                 trace_job = self.trace[seq]
                 self.finished_now.append(

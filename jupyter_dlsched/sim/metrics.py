@@ -37,7 +37,10 @@ def jain_index(values: Sequence[float]) -> float:
 def summarize(result: SimResult) -> dict[str, Any]:
     """One table row: ``policy, jobs, avg_jct, p50_jct, p99_jct, avg_queue, makespan,
     utilisation, preemptions_per_job, fairness`` (seconds; ``fairness`` is ``None``
-    unless the trace names at least two owners).
+    unless the trace names at least two owners), and with start estimates
+    (``simulate(estimates=True)``) ``eta_p80_hit`` (share of jobs that started
+    by their P80 estimate made at submission), ``eta_median_error`` (seconds
+    between expected and real start, median) and ``eta_jobs`` (jobs estimated).
 
     ``avg_queue`` is the mean time a job spent without GPUs, before its first
     start and after every preemption. ``utilisation`` counts useful work only
@@ -54,7 +57,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     work = result.work_gpu_seconds
     if math.isnan(work):
         work = sum(j.gpus * j.duration for j in jobs)
-    return {
+    row: dict[str, Any] = {
         "policy": result.policy,
         "jobs": n,
         "avg_jct": sum(jcts) / n if n else math.nan,
@@ -66,6 +69,12 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "preemptions_per_job": sum(j.preemptions for j in jobs) / n if n else 0.0,
         "fairness": owner_fairness(jobs),
     }
+    if result.eta is not None:
+        # start estimates made at submission: the share that started by the P80 bound
+        row["eta_p80_hit"] = result.eta.hit
+        row["eta_median_error"] = result.eta.median_error
+        row["eta_jobs"] = result.eta.jobs
+    return row
 
 
 def owner_fairness(jobs: Sequence[JobOutcome]) -> float | None:

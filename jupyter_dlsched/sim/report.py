@@ -22,8 +22,10 @@ COLUMNS = (
     ("utilisation", "util", "{:.1%}"),
     ("preemptions_per_job", "preempt/job", "{:.2f}"),
     ("fairness", "fairness", "{:.3f}"),
+    ("eta_p80_hit", "start<=P80", "{:.1%}"),
+    ("eta_median_error", "ETA err {jct}", "{:.2f}"),
 )
-_TIMES = ("avg_jct", "p50_jct", "p99_jct", "avg_queue")
+_TIMES = ("avg_jct", "p50_jct", "p99_jct", "avg_queue", "eta_median_error")
 # (unit, seconds): the largest unit in which the typical figure is still at least 2
 UNITS = (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0))
 
@@ -70,7 +72,7 @@ def compare(
     """Replay ``jobs`` under each policy (a name or a policy object) and tabulate.
 
     ``options`` go to ``simulate`` (``nodes``, ``restart_overhead``, ``grace``,
-    ``time_limits``, ``preemptible``).
+    ``time_limits``, ``preemptible``, ``estimates``).
 
     >>> from jupyter_dlsched.sim.trace import TraceJob
     >>> trace = [TraceJob("long", 0, 1, 100.0), TraceJob("short", 1, 1, 1.0)]

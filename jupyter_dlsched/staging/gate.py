@@ -58,6 +58,9 @@ def staging_words(rows: Sequence[sqlite3.Row | dict[str, Any]], next_up: bool = 
 class StagingGate(PolicyGate):
     """A policy for one tick that leaves out jobs whose inputs are not staged yet."""
 
+    #: it reads the ledger on every call: a start-time forecast uses the policy it wraps
+    does_io = True
+
     def __init__(self, store: Store, policy: Policy, *, uid: int | None) -> None:
         super().__init__(policy)
         self._store = store

@@ -68,6 +68,9 @@ export interface IJob {
   exit_code: number | null;
   position: number | null;
   waiting: string | null;
+  /** When a waiting job should start (epoch seconds) and the bound 80 % start by; null or absent when not estimated. */
+  expected_start?: number | null;
+  start_p80?: number | null;
   /** A cell run in a thread of its kernel (`--inline`) rather than a job process. */
   inline?: boolean;
   /** Absent from servers older than the usage columns. */

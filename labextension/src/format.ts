@@ -86,6 +86,10 @@ export function stateWords(job: IJob, now: number): string {
       if (job.position) {
         parts.push(`#${job.position} in line`);
       }
+      const starts = startWords(job, now);
+      if (starts) {
+        parts.push(starts);
+      }
       if (job.waiting) {
         parts.push(job.waiting);
       }
@@ -106,6 +110,53 @@ export function stateWords(job: IJob, now: number): string {
     default:
       return String(job.state);
   }
+}
+
+/**
+ * When a waiting job should start, as a person says it: "starts in ~40 min (by ~1 h)";
+ * "" without an estimate (no number rather than a made-up one). Same words as words.py.
+ */
+export function startWords(job: IJob, now: number): string {
+  if (job.expected_start === null || job.expected_start === undefined) {
+    return '';
+  }
+  const ahead = job.expected_start - now;
+  let words = `starts in ${about(ahead)}`;
+  if (job.start_p80 !== null && job.start_p80 !== undefined) {
+    const bound = job.start_p80 - now;
+    if (bound >= 60 && about(bound) !== about(ahead)) {
+      words += ` (by ${about(bound)})`;
+    }
+  }
+  return words;
+}
+
+/** A span rounded as a person says it: "<1 min", "~7 min", "~40 min", "~1.5 h", "~2 days". */
+export function about(seconds: number): string {
+  const minutes = seconds / 60;
+  if (minutes < 1) {
+    return '<1 min';
+  }
+  if (minutes < 10) {
+    return `~${pyRound(minutes)} min`;
+  }
+  if (minutes < 55) {
+    return `~${5 * pyRound(minutes / 5)} min`;
+  }
+  const hours = minutes / 60;
+  if (hours < 2.75) {
+    return `~${pyRound(hours * 2) / 2} h`;
+  }
+  if (hours < 36) {
+    return `~${pyRound(hours)} h`;
+  }
+  return `~${pyRound(hours / 24)} days`;
+}
+
+/** Python's round(): halves go to the even neighbour, so both sides say the same words. */
+function pyRound(x: number): number {
+  const r = Math.round(x);
+  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
 }
 
 export function waitedFor(job: IJob, now: number): number | null {

@@ -1,0 +1,93 @@
+"""Start-time estimates of the waiting jobs, written beside their places in line.
+
+A whole-queue decision (``tick.decide``) knows the queue's order, the running
+jobs and the capacity; ``estimate`` runs the forecast (``forecast``) from
+there with run times learnt from the ledger's finished jobs, and writes each
+waiting job's ``expected_start`` and ``start_p80``. It runs when places in
+line are recomputed (something changed: a submit, an end, a priority), and
+again when a running job outlives the end the forecast assumed for it
+(``refresh_at``, handed back as a wake-up), never on a decision that only
+looks at the head of a deep queue.
+
+The work is bounded (``FORECAST_JOBS`` waiting jobs, ``FORECAST_BUDGET``
+seconds): deeper in the queue a job has no estimate (``None``), which the
+views show as no estimate rather than a wrong one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+from .forecast import RunTimes, forecast
+from .policy import Policy, QueuedJob, RunningJob
+from .resources import Capacity
+from .store import Store
+
+#: Waiting jobs simulated, the first in the queue's order.
+FORECAST_JOBS = 200
+#: Seconds (wall clock) the two forecast passes may take together.
+FORECAST_BUDGET = 0.05
+#: Finished jobs the run times are learnt from.
+RUN_TIMES_WINDOW = 2000
+#: An estimate that moved by less than this many seconds is not rewritten.
+REWRITE_FROM = 1.0
+
+Estimates = dict[str, tuple[float | None, float | None]]
+
+
+def estimate(
+    store: Store,
+    db: sqlite3.Connection,
+    *,
+    backend: str,
+    policy: Policy,
+    queued: Sequence[QueuedJob],
+    order: Sequence[str],
+    running: Sequence[RunningJob],
+    capacity: Capacity,
+    now: float,
+    written: Estimates,
+) -> float | None:
+    """Forecast the start of every job in ``queued`` (``order``: the queue's order) and write
+    the estimates that changed (``written``: what each job has now; updated in place).
+
+    Returns when to forecast again if nothing happens (a running job assumed
+    to end by then may not have), or ``None``."""
+    run_times = RunTimes(window=RUN_TIMES_WINDOW)
+    run_times.learn(store.finished_run_times(db, backend, RUN_TIMES_WINDOW))
+    by_id = {job.id: job for job in queued}
+    ordered = [by_id[job_id] for job_id in order if job_id in by_id]
+    if len(ordered) < len(by_id):
+        placed = set(order)
+        ordered += [job for job in queued if job.id not in placed]
+    made = forecast(
+        policy,
+        ordered,
+        running,
+        capacity,
+        now,
+        run_times,
+        max_jobs=FORECAST_JOBS,
+        budget_s=FORECAST_BUDGET,
+    )
+    changes: list[tuple[float | None, float | None, str]] = []
+    for job in queued:
+        found = made.estimates.get(job.id)
+        new = (found.expected, found.p80) if found is not None else (None, None)
+        old = written.get(job.id, (None, None))
+        if _moved(old, new):
+            changes.append((new[0], new[1], job.id))
+            written[job.id] = new
+    if changes:
+        store.set_start_estimates(db, changes)
+    return made.refresh_at
+
+
+def _moved(old: tuple[float | None, float | None], new: tuple[float | None, float | None]) -> bool:
+    for a, b in zip(old, new, strict=True):
+        if (a is None) != (b is None):
+            return True
+        if a is not None and b is not None and abs(a - b) >= REWRITE_FROM:
+            return True
+    return False
