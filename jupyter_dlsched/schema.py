@@ -1,6 +1,6 @@
 """The ledger's schema: job states and their state machine, the tables, and ``JobInfo``.
 
-Pure definitions; ``store.py`` does the reading and writing.
+Pure definitions; ``store/`` does the reading and writing.
 """
 
 from __future__ import annotations

@@ -323,7 +323,7 @@ def test_submit_times_follow_submit_order_even_when_the_clock_steps_back(
     """The priority policy's lanes keep each priority's jobs in submit-time order, which
     must then be submit order: a clock read before the write lock (or stepped back) must
     not give a later job an earlier time."""
-    import jupyter_dlsched.store as store_module
+    import jupyter_dlsched.store.jobs as store_module
     from jupyter_dlsched.spec import build_spec
     from jupyter_dlsched.store import Store
 

@@ -77,9 +77,9 @@ def test_ids_that_could_escape_the_spool_are_refused(tmp_path, bad):
 def test_the_schema_migrates_forward(tmp_path, monkeypatch):
     Store(tmp_path / "h")
     extra = "ALTER TABLE jobs ADD COLUMN note TEXT"
-    monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, extra])
+    monkeypatch.setattr(store_mod.ledger, "MIGRATIONS", [*store_mod.MIGRATIONS, extra])
     store = Store(tmp_path / "h")
-    assert store.get_meta("schema_version") == len(store_mod.MIGRATIONS)
+    assert store.get_meta("schema_version") == len(store_mod.ledger.MIGRATIONS)
     columns = [r[1] for r in store.db.execute("PRAGMA table_info(jobs)")]
     assert "note" in columns
 

@@ -1,0 +1,536 @@
+"""Jobs: inserting them (their files content-addressed in ``blobs``), the spool, reading
+rows, the state machine (``transition``), steering (cancel, priority, requeue), and what
+an ended job keeps (payload references, kept for ``requeue``, then collected).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import private
+from ..errors import IllegalTransition, JobNotFound
+from ..schedules import ledger as schedules
+from ..schedules.every import parse_every
+from ..schema import (
+    _ID,
+    _ID_ALPHABET,
+    STATES,
+    TERMINAL,
+    TRANSITIONS,
+    JobInfo,
+    _row_to_info,
+    source_id,
+)
+from ..spec import JobSpec
+from ..units import format_duration
+from .ledger import (
+    _keep_or_default,
+)
+from .payloads import Payloads
+
+
+class Jobs(Payloads):
+    """The ledger's jobs part of ``Store`` (see this module's docstring)."""
+
+    #: what a job asked for and what it runs: copied to the new job of a requeue
+    _SPEC_COLUMNS = (
+        "name, kind, owner, uid, origin, priority, gpus, gpu_mem, cpus, mem, deadline, "
+        "time_limit, retries, preemptible, distributed, after, backend, env, inline, files, "
+        "stage_in"
+    )
+
+    def spool(self, job_id: str) -> Path:
+        """The job's folder for payload, log and result (``JobNotFound`` for a bad id)."""
+        if not isinstance(job_id, str) or not _ID.match(job_id):
+            raise JobNotFound(job_id)
+        return self.spool_root / job_id
+
+    def make_spool(self, job_id: str, owner: int | None = None) -> Path:
+        """Create the job's folder (0700, ours, not a link) before a run writes into it.
+
+        ``owner``: a shared pool's service makes the folder the job owner's own.
+        """
+        return private.private_subfolder(self.spool(job_id), owner)
+
+    def read_spool_file(self, job_id: str, name: str) -> bytes | None:
+        """A file the job's run left (``result.pkl``, ``error.json``), checked before trusting it:
+        a regular file of ours, not a link, that no other user can write."""
+        return private.read_file(self.spool(job_id) / name)
+
+    def new_id(self) -> str:
+        """Eight characters from a 32-letter alphabet without look-alikes (40 random bits)."""
+        return "".join(_ID_ALPHABET[b % 32] for b in os.urandom(8))
+
+    def insert_job(
+        self,
+        spec: JobSpec,
+        files: dict[str, bytes],
+        *,
+        owner: str,
+        uid: int,
+        backend: str = "local",
+        job_id: str | None = None,
+        now: float | None = None,
+        inline: bool = False,
+    ) -> JobInfo:
+        """Store a validated job as ``queued`` with its files (payload, context) in one step."""
+        job_id = job_id or self.new_id()
+        self.insert_jobs(
+            [(job_id, spec, files)], owner=owner, uid=uid, backend=backend, now=now, inline=inline
+        )
+        return self.get(job_id)
+
+    def insert_jobs(
+        self,
+        jobs: Sequence[tuple[str, JobSpec, dict[str, bytes]]],
+        *,
+        owner: str,
+        uid: int,
+        backend: str = "local",
+        now: float | None = None,
+        inline: bool = False,
+    ) -> None:
+        """Store many ``(job_id, spec, files)`` in one transaction (``map`` of 10k items).
+
+        Files live in the ledger, content-addressed in ``blobs`` (a ``map``
+        stores its function and context once), not in the spool folder: creating
+        three files per job cost more than everything else a submission does.
+        """
+        for job_id, _, _ in jobs:
+            self.spool(job_id)  # validates the id
+        clock = now is None
+        now = time.time() if now is None else now
+        blobs: dict[str, bytes] = {}
+        counts: dict[str, int] = {}
+        names: list[str] = []
+        # addressed by content within one user's blobs: what a user stores is theirs alone
+        # (their quota), and nobody else's job can keep it alive
+        salt = f"{uid}:".encode()
+        for _, _, files in jobs:
+            refs = {}
+            for name, data in files.items():
+                digest = hashlib.sha256(salt + data).hexdigest()
+                blobs[digest] = data
+                counts[digest] = counts.get(digest, 0) + 1
+                refs[name] = digest
+            names.append(json.dumps(refs))
+        with self.transaction() as db:
+            if clock:
+                # submit order and submit times agree (the clock read before the write lock,
+                # or stepped back): a deep queue's lanes rely on it (tick.QueueIndex)
+                latest = db.execute("SELECT submitted FROM jobs ORDER BY seq DESC LIMIT 1")
+                row = latest.fetchone()
+                if row is not None and row[0] is not None and row[0] > now:
+                    now = float(row[0])
+            deps = sorted({dep for _, spec, _ in jobs for dep in spec.after})
+            known = {
+                r[0]
+                for i in range(0, len(deps), 500)
+                for r in db.execute(
+                    f"SELECT id FROM jobs WHERE id IN ({','.join('?' * len(deps[i : i + 500]))})",
+                    deps[i : i + 500],
+                ).fetchall()
+            }
+            missing = [d for d in deps if d not in known]
+            if missing:
+                from ..errors import SpecError
+
+                raise SpecError("after", missing[0], "the id of a job in this ledger")
+            db.executemany(
+                "INSERT OR IGNORE INTO blobs(hash, data) VALUES(?, ?)", list(blobs.items())
+            )
+            # each blob counts the files of unfinished jobs that name it (``_drop_files``)
+            db.executemany(
+                "INSERT INTO blob_refs(hash, refs, size, uid) VALUES(?, ?, ?, ?) "
+                "ON CONFLICT(hash) DO UPDATE SET refs = refs + excluded.refs, "
+                "unused_since = NULL",
+                [(digest, counts[digest], len(data), uid) for digest, data in blobs.items()],
+            )
+            db.executemany(
+                """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
+                   gpus, gpu_mem, cpus, mem, deadline, time_limit, retries, preemptible,
+                   distributed, after, backend, submitted, env, inline, files, stage_in,
+                   max_gpus, begin)
+                   VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                [
+                    (
+                        job_id,
+                        spec.name,
+                        spec.kind,
+                        owner,
+                        uid,
+                        spec.origin,
+                        spec.priority,
+                        spec.request.gpus,
+                        spec.request.gpu_mem,
+                        spec.request.cpus,
+                        spec.request.mem,
+                        spec.deadline,
+                        spec.time_limit,
+                        spec.retries,
+                        int(spec.preemptible),
+                        int(spec.distributed),
+                        json.dumps(list(spec.after)),
+                        backend,
+                        now,
+                        json.dumps(spec.env),
+                        int(inline),
+                        refs,
+                        json.dumps(spec.stage_in),
+                        spec.max_gpus,
+                        spec.begin,
+                    )
+                    for (job_id, spec, _), refs in zip(jobs, names, strict=True)
+                ],
+            )
+            for job_id, spec, _ in jobs:
+                if spec.every is not None:
+                    schedules.add(
+                        db,
+                        job_id,
+                        spec.every,
+                        parse_every(spec.every).next_after(max(now, spec.begin or now)),
+                        owner,
+                        uid,
+                        now,
+                    )
+            db.executemany(
+                "INSERT INTO job_inputs(job_id, name, source, source_id, added) VALUES(?,?,?,?,?)",
+                [
+                    (job_id, name, source, source_id(uid, source), now)
+                    for job_id, spec, _ in jobs
+                    for name, source in spec.stage_in.items()
+                ],
+            )
+            db.executemany(
+                "INSERT INTO events(job_id, time, from_state, to_state, reason) "
+                "VALUES(?,?,NULL,'queued','submitted')",
+                [(job_id, now) for job_id, _, _ in jobs],
+            )
+
+    def requeue(self, job_id: str, now: float | None = None) -> JobInfo:
+        """A new queued job with the spec of finished job ``job_id`` (what it runs, what it
+        needs, its name and owner), linked to it by ``requeue_of``; an event on the old job
+        names the new one. ``IllegalTransition`` for a job that has not ended."""
+        now = time.time() if now is None else now
+        new_id = self.new_id()
+        self.spool(new_id)
+        with self.transaction() as db:
+            row = self.state_and_priority(db, job_id)
+            if row is None:
+                raise JobNotFound(job_id)
+            if row[0] not in TERMINAL:
+                raise IllegalTransition(
+                    f"job {job_id} is {row[0]}: only a finished job (succeeded, failed, "
+                    f"cancelled, timeout, lost) can be requeued; `dlsched cancel {job_id}` "
+                    "first to run it anew"
+                )
+            kind, inline = db.execute(
+                "SELECT kind, inline FROM jobs WHERE id=?", (job_id,)
+            ).fetchone()
+            if inline or kind == "kernel":
+                from ..errors import SpecError
+
+                raise SpecError(
+                    "requeue",
+                    job_id,
+                    "a job that runs in a job process (an --inline cell runs only in the "
+                    "kernel that held it, a kernel's GPU lease with that kernel: run the cell "
+                    "or start the kernel again)",
+                )
+            latest = db.execute("SELECT submitted FROM jobs ORDER BY seq DESC LIMIT 1").fetchone()
+            if latest is not None and latest[0] is not None and latest[0] > now:
+                now = float(latest[0])  # submit order and submit times agree (see insert_jobs)
+            files = db.execute("SELECT files FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
+            hashes = sorted(set(json.loads(files or "{}").values()))
+            marks = ",".join("?" * len(hashes))
+            kept = db.execute(
+                f"SELECT COUNT(*) FROM blobs WHERE hash IN ({marks})", hashes
+            ).fetchone()[0]
+            if kept != len(hashes):
+                from ..errors import SpecError
+
+                raise SpecError(
+                    "requeue",
+                    job_id,
+                    "a job whose payload is still kept (an ended job's is kept "
+                    f"{format_duration(_keep_or_default())}, then deleted): submit it again",
+                )
+            db.execute(
+                f"INSERT INTO jobs(id, state, submitted, requeue_of, {self._SPEC_COLUMNS}) "
+                f"SELECT ?, 'queued', ?, id, {self._SPEC_COLUMNS} FROM jobs WHERE id=?",
+                (new_id, now, job_id),
+            )
+            db.executemany(  # the new job names them: kept for as long as it may run
+                "UPDATE blob_refs SET refs = refs + 1, unused_since = NULL WHERE hash=?",
+                [(h,) for h in hashes],
+            )
+            db.execute(
+                "INSERT INTO job_inputs(job_id, name, source, source_id, added) "
+                "SELECT ?, name, source, source_id, ? FROM job_inputs WHERE job_id=?",
+                (new_id, now, job_id),
+            )
+            self._event(db, new_id, None, "queued", f"submitted: requeue of {job_id}", now)
+            self._event(db, job_id, row[0], row[0], f"requeued as {new_id}", now)
+        return self.get(new_id)
+
+    def read_file(self, job_id: str, name: str) -> bytes | None:
+        """A file stored with the job at submission (``payload.pkl``, ``context.json``, ...);
+        ``None`` once the job has ended (its payload is deleted then)."""
+        rows = self.db.execute(
+            "SELECT b.data FROM jobs j JOIN blobs b ON b.hash = json_extract(j.files, ?) "
+            "WHERE j.id=?",
+            (f'$."{name}"', job_id),
+        ).fetchall()
+        return bytes(rows[0][0]) if rows else None
+
+    def get(self, job_id: str) -> JobInfo:
+        if not isinstance(job_id, str) or not _ID.match(job_id):
+            raise JobNotFound(job_id)
+        rows = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchall()
+        if not rows:
+            raise JobNotFound(job_id)
+        return _row_to_info(rows[0])
+
+    def owners(self, job_ids: Iterable[str]) -> dict[str, int]:
+        """The owner uid of each of these jobs that exists (what a shared pool's replies are
+        redacted by)."""
+        ids = list(job_ids)
+        out: dict[str, int] = {}
+        for at in range(0, len(ids), 500):
+            chunk = ids[at : at + 500]
+            marks = ",".join("?" * len(chunk))
+            for job_id, uid in self.db.execute(
+                f"SELECT id, uid FROM jobs WHERE id IN ({marks})", chunk
+            ):
+                out[job_id] = uid
+        return out
+
+    def jobs(
+        self,
+        states: Iterable[str] | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        ids: Sequence[str] | None = None,
+        newest_first: bool = False,
+    ) -> list[JobInfo]:
+        """Jobs in submit order (or newest first), filtered by state, owner or ids."""
+        clauses: list[str] = []
+        args: list[Any] = []
+        if states is not None:
+            states = list(states)
+            clauses.append(f"state IN ({','.join('?' * len(states))})")
+            args += states
+        if owner is not None:
+            clauses.append("owner=?")
+            args.append(owner)
+        if ids is not None:
+            clauses.append(f"id IN ({','.join('?' * len(ids))})")
+            args += list(ids)
+        sql = "SELECT * FROM jobs"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        sql += " ORDER BY seq DESC" if newest_first else " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ? OFFSET ?"
+            args += [int(limit), int(offset)]
+        return [_row_to_info(r) for r in self.db.execute(sql, args)]
+
+    def finished_jobs(
+        self, since: float = 0.0, owner: str | None = None, limit: int | None = None
+    ) -> list[JobInfo]:
+        """Jobs that ended at or after ``since``, the most recently ended first (``history``)."""
+        sql = "SELECT * FROM jobs WHERE finished IS NOT NULL AND finished >= ?"
+        args: list[Any] = [since]
+        if owner is not None:
+            sql += " AND owner=?"
+            args.append(owner)
+        sql += " ORDER BY finished DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        return [_row_to_info(r) for r in self.db.execute(sql, args)]
+
+    @staticmethod
+    def finished_sizes(
+        db: sqlite3.Connection, backend: str, limit: int
+    ) -> list[tuple[str, str, float, float]]:
+        """``(owner, name, attained GPU-seconds, finished)`` of the last ``limit`` jobs that
+        ran to their end on ``backend``, oldest first: what a learning policy learns from."""
+        rows = db.execute(
+            "SELECT owner, name, attained, finished FROM jobs WHERE backend=? "
+            "AND state IN ('succeeded','failed','timeout') AND finished IS NOT NULL "
+            "ORDER BY seq DESC LIMIT ?",
+            (backend, int(limit)),
+        ).fetchall()
+        return [(r[0], r[1], float(r[2] or 0.0), float(r[3])) for r in reversed(rows)]
+
+    @staticmethod
+    def finished_run_times(
+        db: sqlite3.Connection, backend: str, limit: int
+    ) -> list[tuple[str, str, float, float]]:
+        """``(owner, name, gpus, seconds run)`` of the last ``limit`` jobs that ran to their end on
+        ``backend``, oldest first (seconds: GPU-service over GPUs, else the last run's length)."""
+        rows = db.execute(
+            "SELECT owner, name, gpus, attained, started, finished FROM jobs WHERE backend=? "
+            "AND state IN ('succeeded','failed','timeout') AND finished IS NOT NULL "
+            "AND started IS NOT NULL ORDER BY seq DESC LIMIT ?",
+            (backend, int(limit)),
+        ).fetchall()
+        out = []
+        for owner, name, gpus, attained, started, finished in reversed(rows):
+            ran = (attained or 0.0) / gpus if gpus and attained else finished - started
+            out.append((owner, name, float(gpus or 0.0), float(ran)))
+        return out
+
+    def count_jobs(self) -> dict[str, int]:
+        """Number of jobs in each state."""
+        counts = {state: 0 for state in STATES}
+        for state, n in self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"):
+            counts[state] = n
+        return counts
+
+    def wait_times(self) -> list[float]:
+        """Seconds from submission to its (last) start, of every job that started."""
+        rows = self.db.execute(
+            "SELECT started - submitted FROM jobs WHERE started IS NOT NULL"
+        ).fetchall()
+        return [float(r[0]) for r in rows]
+
+    def attained_by_owner(self) -> dict[str, float]:
+        """GPU-seconds of every user's finished runs (``attained``), by owner."""
+        rows = self.db.execute("SELECT owner, SUM(attained) FROM jobs GROUP BY owner")
+        return {str(owner): float(total or 0.0) for owner, total in rows}
+
+    def count_active(self, backend: str) -> int:
+        """Jobs on ``backend`` waiting or running."""
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE backend=? AND state IN ('queued','preempted','running')",
+            (backend,),
+        ).fetchone()
+        return int(row[0])
+
+    def count_waiting(self, uid: int) -> int:
+        """Jobs of user ``uid`` waiting to start (``queued`` or ``preempted``)."""
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE uid=? AND state IN ('queued','preempted')", (uid,)
+        ).fetchone()
+        return int(row[0])
+
+    def states(self, ids: Sequence[str], db: sqlite3.Connection | None = None) -> dict[str, str]:
+        """The state of each of these jobs that exists (inside ``db``'s transaction if given)."""
+        db = self.db if db is None else db
+        ids = list(ids)
+        states: dict[str, str] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            rows = db.execute(
+                f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk
+            )
+            states.update({r[0]: r[1] for r in rows})
+        return states
+
+    @staticmethod
+    def state_and_supervisor(db: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
+        """``(state, supervisor_pid)`` of a job: whether it runs and who supervises it."""
+        row: sqlite3.Row | None = db.execute(
+            "SELECT state, supervisor_pid FROM jobs WHERE id=?", (job_id,)
+        ).fetchone()
+        return row
+
+    @staticmethod
+    def state_and_priority(db: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
+        """``(state, priority)`` of a job, ``None`` if there is no such job."""
+        row: sqlite3.Row | None = db.execute(
+            "SELECT state, priority FROM jobs WHERE id=?", (job_id,)
+        ).fetchone()
+        return row
+
+    @staticmethod
+    def submitted_at(db: sqlite3.Connection, job_id: str) -> float:
+        """When an existing job was submitted."""
+        return float(db.execute("SELECT submitted FROM jobs WHERE id=?", (job_id,)).fetchone()[0])
+
+    def transition(
+        self,
+        job_id: str,
+        to_state: str,
+        reason: str = "",
+        *,
+        expect: Iterable[str] | None = None,
+        **columns: Any,
+    ) -> JobInfo:
+        """Move a job to ``to_state`` in one transaction (``IllegalTransition`` if not allowed)."""
+        with self.transaction() as db:
+            self.transition_in(db, job_id, to_state, reason, expect=expect, **columns)
+        return self.get(job_id)
+
+    def transition_in(
+        self,
+        db: sqlite3.Connection,
+        job_id: str,
+        to_state: str,
+        reason: str = "",
+        *,
+        expect: Iterable[str] | None = None,
+        now: float | None = None,
+        event_data: dict[str, Any] | None = None,
+        **columns: Any,
+    ) -> str:
+        """The same, inside an open transaction; returns the previous state.
+
+        A job that reaches a final state can never run again: its payload goes.
+        """
+        row = db.execute("SELECT state, files FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        current = row[0]
+        if expect is not None and current not in set(expect):
+            raise IllegalTransition(
+                f"job {job_id} is {current}, expected {' or '.join(expect)} for -> {to_state}"
+            )
+        if to_state not in TRANSITIONS[current]:
+            raise IllegalTransition(f"job {job_id}: {current} -> {to_state} is not allowed")
+        columns["state"] = to_state
+        columns["reason"] = reason
+        self._update(db, job_id, columns)
+        self._event(db, job_id, current, to_state, reason, now=now, data=event_data)
+        if to_state in TERMINAL:
+            self._drop_files(db, row[1])
+        return current
+
+    @staticmethod
+    def request_cancel(db: sqlite3.Connection, job_id: str) -> None:
+        """Ask the supervisor of a running job to cancel it."""
+        db.execute("UPDATE jobs SET cancel_requested=1 WHERE id=?", (job_id,))
+
+    def set_priority(self, job_id: str, priority: int) -> None:
+        """Change a job's priority and record it as an event (``JobNotFound`` for a bad id)."""
+        with self.transaction() as db:
+            row = self.state_and_priority(db, job_id)
+            if row is None:
+                raise JobNotFound(job_id)
+            if row[0] in TERMINAL:
+                # a finished job's record is what happened; a new priority would rewrite it
+                raise IllegalTransition(
+                    f"job {job_id} already {row[0]}: a finished job's priority cannot change; "
+                    f"`dlsched requeue {job_id}` (dls.requeue) runs it again as a new job"
+                )
+            db.execute("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))
+            self._event(db, job_id, row[0], row[0], f"priority {row[1]} -> {priority}")
+
+    @staticmethod
+    def set_waiting_reason(db: sqlite3.Connection, job_id: str, words: str) -> None:
+        """Say why a job still waits, if it still does."""
+        db.execute(
+            "UPDATE jobs SET waiting=? WHERE id=? AND state IN ('queued','preempted')",
+            (words, job_id),
+        )

@@ -1,0 +1,154 @@
+"""The tick's queries (``tick.py``): its inputs, the active jobs' lean snapshot, expired
+leases, places in line, preemption requests, and allocated jobs nobody launched.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+
+from ..resources import Placement
+from .ledger import (
+    _SNAPSHOT_COLUMNS,
+)
+from .runs import Runs
+
+
+class Queue(Runs):
+    """The ledger's queue part of ``Store`` (see this module's docstring)."""
+
+    def tick_inputs(self, backend: str, now: float) -> tuple[int, int, int, str | None]:
+        """``(any waiting, any lease expired, newest event, settings)`` on ``backend``: what a
+        tick reads, in one query, to know whether deciding again is worth the write lock."""
+        waiting, expired, last_event, settings_json = self.db.execute(
+            # a running elastic job counts as waiting: idle GPUs may be its to grow into
+            "SELECT EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state IN ('queued','preempted'))"
+            " OR EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running'"
+            " AND max_gpus IS NOT NULL),"
+            " EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running' AND lease_expires < ?),"
+            " (SELECT COALESCE(MAX(seq), 0) FROM events),"
+            " (SELECT value FROM meta WHERE key='settings')",
+            (backend, backend, backend, now),
+        ).fetchall()[0]
+        return waiting, expired, last_event, settings_json
+
+    def running_job_pids(self, backend: str) -> list[int | None]:
+        """The job process of each running job on ``backend`` (``None`` until it started)."""
+        return [
+            r[0]
+            for r in self.db.execute(
+                "SELECT job_pid FROM jobs WHERE state='running' AND backend=?", (backend,)
+            ).fetchall()
+        ]
+
+    @staticmethod
+    def expired_leases(db: sqlite3.Connection, backend: str, now: float) -> list[str]:
+        """Running jobs on ``backend`` whose lease ran out before ``now``."""
+        return [
+            r[0]
+            for r in db.execute(
+                "SELECT id FROM jobs WHERE state='running' AND backend=? AND lease_expires < ?",
+                (backend, now),
+            )
+        ]
+
+    @staticmethod
+    def snapshot(db: sqlite3.Connection, backend: str) -> list[sqlite3.Row]:
+        """The waiting and running jobs on ``backend`` in submit order, with the columns a
+        policy decides on (``_SNAPSHOT_COLUMNS``): one lean read per tick."""
+        return db.execute(
+            f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? "
+            "AND state IN ('queued','preempted','running') ORDER BY seq",
+            (backend,),
+        ).fetchall()
+
+    @staticmethod
+    def snapshot_running(db: sqlite3.Connection, backend: str) -> list[sqlite3.Row]:
+        """The running jobs of ``snapshot``."""
+        return db.execute(
+            f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? AND state='running' "
+            "ORDER BY seq",
+            (backend,),
+        ).fetchall()
+
+    @staticmethod
+    def snapshot_of(db: sqlite3.Connection, backend: str, ids: Sequence[str]) -> list[sqlite3.Row]:
+        """The active jobs among ``ids``, with the columns of ``snapshot``."""
+        rows: list[sqlite3.Row] = []
+        for i in range(0, len(ids), 500):
+            part = list(ids[i : i + 500])
+            rows += db.execute(
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? "
+                f"AND state IN ('queued','preempted','running') "
+                f"AND id IN ({','.join('?' * len(part))})",
+                (backend, *part),
+            ).fetchall()
+        return rows
+
+    @staticmethod
+    def set_queue_positions(
+        db: sqlite3.Connection, changes: Iterable[tuple[int | None, str | None, str]]
+    ) -> None:
+        """Record ``(position, waiting reason, job id)`` of waiting jobs whose place changed
+        (a job that has started meanwhile keeps none)."""
+        db.executemany(
+            "UPDATE jobs SET position=?, waiting=? WHERE id=? AND state IN ('queued','preempted')",
+            changes,
+        )
+
+    @staticmethod
+    def set_start_estimates(
+        db: sqlite3.Connection, changes: Iterable[tuple[float | None, float | None, str]]
+    ) -> None:
+        """Record ``(expected start, P80 start, job id)`` of waiting jobs (``start_times``)."""
+        db.executemany(
+            "UPDATE jobs SET expected_start=?, start_p80=? WHERE id=? "
+            "AND state IN ('queued','preempted')",
+            changes,
+        )
+
+    @staticmethod
+    def request_preemption(db: sqlite3.Connection, job_id: str) -> None:
+        """Ask the supervisor of a running, preemptible job to stop it for a preemption."""
+        db.execute(
+            "UPDATE jobs SET preempt_requested=1 WHERE id=? AND state='running' AND preemptible=1",
+            (job_id,),
+        )
+
+    def request_resize(
+        self, db: sqlite3.Connection, job_id: str, placement: Placement, reason: str, now: float
+    ) -> None:
+        """Ask a running elastic job to stop (checkpoint) so it starts again on ``placement``;
+        the resize is an event in the job's history."""
+        changed = db.execute(
+            "UPDATE jobs SET preempt_requested=1, resize_to=? WHERE id=? AND state='running' "
+            "AND max_gpus IS NOT NULL AND preempt_requested=0 AND cancel_requested=0",
+            (json.dumps(placement.to_json()), job_id),
+        ).rowcount
+        if changed:
+            self._event(
+                db,
+                job_id,
+                "running",
+                "running",
+                reason,
+                now=now,
+                data={"resize": placement.to_json()},
+            )
+
+    def unlaunched(self, uid: int | None, backend: str) -> list[sqlite3.Row]:
+        """``(id, started, inline)`` of this user's (``None``: every user's) allocated jobs on
+        ``backend`` that no supervisor has claimed and nobody cancelled: the ones waiting to
+        be launched."""
+        if uid is None:
+            return self.db.execute(
+                "SELECT id, started, inline FROM jobs WHERE state='running' "
+                "AND supervisor_pid IS NULL AND backend=? AND cancel_requested=0",
+                (backend,),
+            ).fetchall()
+        return self.db.execute(
+            "SELECT id, started, inline FROM jobs WHERE state='running' AND supervisor_pid IS NULL "
+            "AND uid=? AND backend=? AND cancel_requested=0",
+            (uid, backend),
+        ).fetchall()
