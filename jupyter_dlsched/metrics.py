@@ -39,6 +39,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .history import idle_gpu_hours
 from .schema import STATES
 
 if TYPE_CHECKING:
@@ -160,6 +161,28 @@ class PoolCollector(Collector):
         for user, n in sorted(running_per_user.items()):
             active.add_metric([user], n)
         yield active
+
+        leases = GaugeMetricFamily(
+            "dlsched_kernel_leases",
+            "GPU kernels' leases (jobs of kind kernel) waiting or holding their GPUs.",
+            labels=["state"],
+        )
+        by_state = store.count_kind("kernel")
+        for state in ("queued", "running"):
+            leases.add_metric([state], by_state.get(state, 0))
+        yield leases
+        idle = GaugeMetricFamily(
+            "dlsched_kernel_idle_gpu_seconds",
+            "GPU-seconds each user's running GPU kernels have held while no cell ran.",
+            labels=["user"],
+        )
+        idle_by_user: dict[str, float] = defaultdict(float)
+        for job in running:
+            if job.kind == "kernel":
+                idle_by_user[job.owner] += 3600.0 * idle_gpu_hours(job)
+        for user, held_idle in sorted(idle_by_user.items()):
+            idle.add_metric([user], held_idle)
+        yield idle
 
 
 def _histogram(waits: Iterable[float]) -> HistogramMetricFamily:

@@ -327,11 +327,19 @@ def _zombie(pid: int) -> bool:
 def test_history_counts_a_kernels_gpu_hours_and_the_idle_part(
     pool: Scheduler, kernels: list[Kernel]
 ) -> None:
+    from jupyter_dlsched.metrics import exposition, parse
+
     kernel = Kernel("gpu").start()
     kernels.append(kernel)
     kernel.run("import time; time.sleep(1.0)")
     time.sleep(2.0)
     lease = kernel.lease
+    # Prometheus sees the lease and, once the lease reports it, the GPU time it held idle
+    wait_for(lambda: ((pool.info(lease).progress or {}).get("metrics") or {}).get("idle_gpu_h"))
+    scraped = parse(exposition(pool.store, None, time.time()).decode())
+    assert ({"state": "running"}, 1.0) in [(lb, v) for lb, v, _ in scraped["dlsched_kernel_leases"]]
+    [(labels, idle, _)] = scraped["dlsched_kernel_idle_gpu_seconds"]
+    assert labels == {"user": pool.owner} and idle > 0
     folder = Path(kernel.manager.provisioner.folder)  # type: ignore[union-attr,arg-type]
     kernel.shutdown()
     wait_for(lambda: state(pool, lease) == "succeeded", timeout=30)

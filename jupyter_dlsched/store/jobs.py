@@ -391,6 +391,15 @@ class Jobs(Payloads):
             out.append((owner, name, float(gpus or 0.0), float(ran)))
         return out
 
+    def count_kind(self, kind: str) -> dict[str, int]:
+        """Unfinished jobs of one kind (``kernel``: GPU kernels' leases), by state."""
+        rows = self.db.execute(
+            "SELECT state, COUNT(*) FROM jobs WHERE kind=? "
+            "AND state IN ('queued','running','preempted') GROUP BY state",
+            (kind,),
+        )
+        return {state: n for state, n in rows}
+
     def count_jobs(self) -> dict[str, int]:
         """Number of jobs in each state."""
         counts = {state: 0 for state in STATES}
