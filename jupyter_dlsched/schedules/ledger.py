@@ -1,4 +1,4 @@
-"""The ``schedules`` table (schema version 8): one row a schedule, all of its SQL here.
+"""The ``schedules`` table (schema version 9): one row a schedule, all of its SQL here.
 
 A schedule copies its *template*, the job submitted with ``--every`` (its first run):
 what it runs, what it needs, its owner. The template's payload blobs are counted as in

@@ -205,7 +205,7 @@ def test_identical_jobs_in_a_fifo_line_start_exactly_when_estimated():
     assert eta.estimates["b16"].expected == 500.0 + 16 * 100.0
 
 
-PHILLY = Path(__file__).parents[2] / "shared/traces/philly.csv"
+PHILLY = Path(__file__).parents[3] / "shared/traces/philly.csv"
 
 
 @pytest.mark.skipif(not PHILLY.exists(), reason="the Philly trace is not next to the checkout")

@@ -560,7 +560,7 @@ def strip_colours(text: str) -> str:
 # 11. the notebooks open unmodified: their kernelspec is what the installed kernel says
 
 
-NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)

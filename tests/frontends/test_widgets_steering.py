@@ -15,7 +15,7 @@ from jupyter_dlsched.widgets import format as fmt
 from jupyter_dlsched.widgets.dashboard import DASHBOARD_MIME, WIDGET_MIME, QueueRow
 from jupyter_dlsched.widgets.live import refresher
 
-STEER_TS = Path(__file__).parents[1] / "labextension" / "src" / "steer.ts"
+STEER_TS = Path(__file__).parents[2] / "labextension" / "src" / "steer.ts"
 
 
 def live(**changes) -> JobInfo:

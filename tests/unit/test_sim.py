@@ -25,7 +25,7 @@ from jupyter_dlsched.sim import (
     summarize,
 )
 
-PHILLY = Path(__file__).parents[2] / "shared/traces/philly.csv"
+PHILLY = Path(__file__).parents[3] / "shared/traces/philly.csv"
 
 
 def finishes(result) -> dict[str, float]:

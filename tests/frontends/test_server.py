@@ -597,7 +597,7 @@ async def test_the_openapi_file_describes_exactly_the_registered_routes(
 
 
 def test_the_extension_is_enabled_by_the_shipped_config() -> None:
-    config = Path(__file__).parents[1] / "jupyter-config" / "server-config" / "jupyter_dlsched.json"
+    config = Path(__file__).parents[2] / "jupyter-config" / "server-config" / "jupyter_dlsched.json"
     enabled = json.loads(config.read_text())["ServerApp"]["jpserver_extensions"]
 
     assert enabled == {"jupyter_dlsched": True}

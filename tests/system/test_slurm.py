@@ -301,7 +301,7 @@ def test_command_job_of_another_unix_user_runs_as_that_user(
     # the other user cannot run this virtual environment's interpreter (it lives in
     # root's home), so it runs Debian's with this package and its dependencies on the path
     site = next(p for p in sys.path if p.endswith("site-packages"))
-    package = str(Path(__file__).resolve().parents[1])
+    package = str(Path(__file__).resolve().parents[2])
     probe = other_user.run(
         "import sys; sys.path[:0] = sys.argv[1:]; import jupyter_dlsched.scheduler, submitit",
         package,

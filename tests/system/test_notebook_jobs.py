@@ -215,7 +215,7 @@ def test_the_example_notebook_runs_another_notebook_as_a_job(home, tmp_path, mon
     from nbclient import NotebookClient
 
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
-    examples = Path(__file__).resolve().parent.parent / "notebooks"
+    examples = Path(__file__).resolve().parent.parent.parent / "notebooks"
     for name in ("notebook_jobs.ipynb", "report.ipynb"):
         (tmp_path / name).write_bytes((examples / name).read_bytes())
     nb = nbformat.read(tmp_path / "notebook_jobs.ipynb", as_version=4)

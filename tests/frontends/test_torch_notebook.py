@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 
-NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "torch_training.ipynb"
+NOTEBOOK = Path(__file__).parent.parent.parent / "notebooks" / "torch_training.ipynb"
 
 
 def test_the_torch_training_notebook_trains_is_preempted_and_resumes(home, tmp_path, monkeypatch):
