@@ -59,6 +59,15 @@ async def until(predicate: Any, timeout: float = 60) -> Any:
     raise AssertionError(f"not met within {timeout} s")
 
 
+async def kernel_leases_scraped(jp_fetch: Any) -> dict[str, float]:
+    """``dlsched_kernel_leases`` by state, as Prometheus scrapes it from the server."""
+    from jupyter_dlsched.metrics import parse
+
+    response = await jp_fetch("dlsched", "metrics")
+    families = parse(response.body.decode())
+    return {labels["state"]: value for labels, value, _ in families["dlsched_kernel_leases"]}
+
+
 async def kernel_lease(jp_fetch: Any) -> dict[str, Any] | None:
     jobs = await api(jp_fetch, "dlsched", "api", "v1", "jobs")
     leases = [j for j in jobs["jobs"] if j["kind"] == "kernel"]
@@ -80,6 +89,7 @@ async def test_a_notebooks_gpu_kernel_is_a_lease_in_rest_kept_by_the_restarter(
     assert lease["state"] == "running"
     assert lease["name"] == "kernel · sweep.ipynb"
     assert lease["origin"].endswith("sweep.ipynb")
+    assert (await kernel_leases_scraped(jp_fetch)).get("running") == 1
 
     manager = jp_serverapp.kernel_manager.get_kernel(kernel_id)
     old_pid = manager.provisioner.pid
@@ -100,3 +110,4 @@ async def test_a_notebooks_gpu_kernel_is_a_lease_in_rest_kept_by_the_restarter(
         return bool(job["state"] == "succeeded")
 
     await until(ended, timeout=60)
+    assert (await kernel_leases_scraped(jp_fetch)).get("running", 0) == 0
