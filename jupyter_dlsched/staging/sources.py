@@ -1,20 +1,24 @@
-"""Where staged data comes from: a local path, or any URL ``fsspec`` can open.
+"""Where staged data comes from: a local path, an ``http(s)://`` file, or any URL ``fsspec``
+can open.
 
 A source lists its files (relative path, size, and a stamp that changes when
-the content does: modification time for local files; ETag, checksum or
-modification time for ``fsspec``), and the listing's fingerprint names the
-cache entry, so a source that changes gets a new entry. ``fsspec`` is imported
-only for URLs.
+the content does: modification time for local files; ETag or Last-Modified
+for HTTP; ETag, checksum or modification time for ``fsspec``), and the
+listing's fingerprint names the cache entry, so a source that changes gets a
+new entry. ``fsspec`` is imported only for the URLs it reads.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import stat
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from ..errors import DlschedError
 
@@ -130,11 +134,125 @@ def _stamp(info: dict[str, Any]) -> str:
     return ""
 
 
-Source = LocalSource | FsspecSource
+# An ``http://`` or ``https://`` file, read with compression where it pays.
+#
+# Compressing pays only where the bytes cross a slow link, and only the far end can
+# compress before the link: so the stager asks the server for it (``Accept-Encoding:
+# zstd``, which servers that support it answer: Caddy's ``encode zstd``, nginx's zstd
+# module) when a sample shows the data compresses, and not otherwise. The sample is the
+# file's first MiB, read plainly: if zstd (level 3) shrinks it to at most :data:`WORTH`
+# of its size, the file is asked for again compressed, else the plain response is read
+# on. A server that ignores the ask answers plainly, which is read as it comes. Decoding
+# stops at the listed size, so a response that inflates beyond it fails the copy rather
+# than filling the disk.
+
+#: Bytes of each file read plainly to decide whether asking for zstd pays.
+SAMPLE = 1 << 20
+#: Ask for zstd when a sample compresses to this share of its size or less.
+WORTH = 0.8
+_TIMEOUT = 60.0
+
+
+def compresses(sample: bytes) -> bool:
+    """Whether zstd shrinks ``sample`` enough that a compressed transfer pays."""
+    zstd = _zstd()
+    if zstd is None or not sample:
+        return False
+    return len(zstd.ZstdCompressor(level=3).compress(sample)) <= WORTH * len(sample)
+
+
+def _zstd() -> Any:
+    try:
+        import zstandard
+    except ImportError:  # without it every file is read plainly
+        return None
+    return zstandard
+
+
+class HttpSource:
+    """One file at an ``http(s)://`` URL; its stamp is the ETag or Last-Modified."""
+
+    def __init__(self, url: str, *, compress: bool = True) -> None:
+        self.text = url
+        self.url = url
+        self.compress = compress
+        self.basename = url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0] or "data"
+        #: How each file was transferred (``"zstd"`` or ``"plain"``): what the sample decided.
+        self.encodings: dict[str, str] = {}
+
+    def listing(self) -> list[SourceFile]:
+        with self._request("HEAD", {}) as response:
+            size = response.headers.get("Content-Length")
+            if size is None:
+                raise StagingFailed(f"{self.url} does not say its size (no Content-Length)")
+            for key in ("ETag", "Last-Modified"):
+                if response.headers.get(key):
+                    stamp = f"{key}={response.headers[key]}"
+                    break
+            else:
+                stamp = ""
+            return [SourceFile("", int(size), stamp)]
+
+    def open(self, rel: str) -> IO[bytes]:
+        plain = self._request("GET", {"Accept-Encoding": "identity"})
+        sample = plain.read(SAMPLE)
+        if self.compress and len(sample) == SAMPLE and compresses(sample):
+            squeezed = self._request("GET", {"Accept-Encoding": "zstd"})
+            if squeezed.headers.get("Content-Encoding", "").strip().lower() == "zstd":
+                plain.close()
+                self.encodings[rel] = "zstd"
+                reader = _zstd().ZstdDecompressor().stream_reader(squeezed, closefd=True)
+                return cast(IO[bytes], reader)
+            squeezed.close()  # the server ignored the ask: read on plainly
+        self.encodings[rel] = "plain"
+        return cast(IO[bytes], _Chained(sample, plain))
+
+    def _request(self, method: str, headers: dict[str, str]) -> Any:
+        request = urllib.request.Request(self.url, method=method, headers=headers)
+        try:
+            return urllib.request.urlopen(request, timeout=_TIMEOUT)  # noqa: S310 - http(s) only
+        except urllib.error.HTTPError as error:
+            raise StagingFailed(
+                f"cannot read {self.url}: HTTP {error.code} {error.reason}"
+            ) from None
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise StagingFailed(f"cannot read {self.url}: {reason}") from None
+
+
+class _Chained(io.RawIOBase):
+    """The sample already read, then the rest of the same response."""
+
+    def __init__(self, head: bytes, rest: Any) -> None:
+        self._head = head
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            head, self._head = self._head, b""
+            return head
+        data: bytes = self._rest.read(n)
+        return data
+
+    def close(self) -> None:
+        self._rest.close()
+        super().close()
+
+
+Source = LocalSource | FsspecSource | HttpSource
 
 
 def open_source(text: str) -> Source:
-    """The source a ``stage_in`` value names (``spec.parse_stage_in`` made paths absolute)."""
+    """The source a ``stage_in`` value names (``spec.parse_stage_in`` made paths absolute).
+
+    An ``http(s)://`` URL of a file is read by :class:`HttpSource` (compressed where that
+    pays); one of a folder (ending in ``/``) by ``fsspec``, which lists its links.
+    """
+    if text.startswith(("http://", "https://")) and not text.endswith("/"):
+        return HttpSource(text)
     if "://" in text:
         return FsspecSource(text)
     return LocalSource(text)

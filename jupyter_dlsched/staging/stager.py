@@ -269,6 +269,7 @@ def _stage_once(
     cache.remove(folder, final)  # a copy no entry names (its recording was interrupted)
     os.rename(tmp, final)
     seconds = max(time.monotonic() - began, 1e-3)
+    zstd = "zstd" in getattr(src, "encodings", {}).values()  # how HttpSource read it
     checksum = hashlib.sha256("".join(f"{p}\0{d}\n" for p, d in digests).encode()).hexdigest()
     entry = {
         "source": source,
@@ -284,7 +285,7 @@ def _stage_once(
         entry=entry,
         reason=lambda name: (
             f"{name} staged: {format_size(total)} in {seconds:.1f} s "
-            f"({format_rate(total / seconds)})"
+            f"({format_rate(total / seconds)}{', zstd in transfer' if zstd else ''})"
         ),
         owner=owner,
     )
@@ -342,6 +343,8 @@ def _copy(
                     while view:
                         view = view[os.write(fd, view) :]
                     size += len(chunk)
+                    if size > f.size:  # e.g. a compressed answer that inflates past its size
+                        break
                     progress.add(len(chunk))
         finally:
             os.close(fd)
