@@ -31,7 +31,7 @@ from .handle import JobHandle, gather
 from .pool import GpuInfo, PoolInfo
 from .runtime import DataNotStaged, checkpoint_requested, data, progress
 from .scheduler import Scheduler
-from .schedules.ledger import ScheduleInfo
+from .schedules.info import ScheduleInfo
 from .store import JobInfo
 
 

@@ -66,9 +66,7 @@ class InlineRunner:
         store = self.port.store
         now = time.time()
         ttl = self.port.settings.lease_ttl
-        with store.transaction() as db:
-            claimed = store.claim_running(db, job_id, os.getpid(), socket.gethostname(), now + ttl)
-        if not claimed:
+        if not store.claim_inline_run(job_id, os.getpid(), socket.gethostname(), now + ttl):
             with self._lock:
                 self.threads.pop(job_id, None)
             return
@@ -109,8 +107,7 @@ class InlineRunner:
         # it runs once, in this kernel's thread: nothing is left to run a retry with
         end = RunEnd(to, why, retry=False)
         try:
-            with store.transaction() as db:
-                store.finish_run(db, info, end)
+            store.end_run(info, end)
         except (IllegalTransition, JobNotFound):
             pass
         with self._lock:
@@ -127,8 +124,7 @@ class InlineRunner:
         store = self.port.store
         now = time.time()
         ttl = self.port.settings.lease_ttl
-        with store.transaction() as db:
-            store.renew_leases(db, running, os.getpid(), now + ttl)
+        store.renew_held_leases(running, os.getpid(), now + ttl)
         for job_id, thread in running.items():
             if job_id in self.stopping:
                 continue

@@ -33,7 +33,7 @@ from .inline import InlineRunner
 from .options import RESOURCE_ARGS
 from .policy import Policy, get_policy
 from .pool import PoolInfo, idle_capacity, probe, remembered_simulation
-from .schedules.ledger import ScheduleInfo
+from .schedules.info import ScheduleInfo
 from .schedules.requests import answer as schedule_request
 from .settings import Settings, check_resize_every
 from .spec import MAX_NAME, build_spec, parse_priority, pickle_payload

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DlschedError, LedgerUnavailable, PermissionDenied, SpecError
 from ..local.launcher import code_stamp
 from ..metrics import CONTENT_TYPE
-from ..schedules.ledger import count as schedule_count
 from ..schedules.requests import answer as schedule_request
 from ..schema import WAITING
 from ..store import payload_keep
@@ -373,7 +372,7 @@ class Agent(Requests, Forking):
         counts = self._store.count_jobs()
         if any(counts.get(s, 0) for s in WAITING) or self._store.count_active("ray"):
             return True
-        return bool(schedule_count(self._store.db))  # a schedule's next run is waiting
+        return bool(self._store.schedule_count())  # a schedule's next run is waiting
 
     # -- connections ------------------------------------------------------------------------
 

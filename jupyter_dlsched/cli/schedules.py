@@ -6,7 +6,7 @@ import argparse
 import time
 from datetime import datetime
 
-from ..schedules.ledger import ScheduleInfo
+from ..schedules.info import ScheduleInfo
 from ..units import format_duration
 from .common import EXIT_OK, _print_json, _scheduler
 

@@ -2,9 +2,9 @@
 
 Called at the start of every tick of a process that decides on the ledger (the pool
 agent's loop, which ticks at least once a second; a ``Scheduler`` without an agent).
-A tick is claimed with a conditional update first, so two processes that tick at once
-make one run, not two. A schedule that fell behind (no agent was running) makes one
-run, not one for every tick it missed.
+A tick is claimed with a conditional update first (``Store.claim_schedule_tick``), so
+two processes that tick at once make one run, not two. A schedule that fell behind (no
+agent was running) makes one run, not one for every tick it missed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import DlschedError
-from . import ledger
 from .every import parse_every
 
 if TYPE_CHECKING:
@@ -28,31 +27,29 @@ _STILL_GOING = ("queued", "running", "preempted")
 def fire_due(store: Store, now: float | None = None) -> list[str]:
     """Make the runs of the schedules whose tick has come; the new jobs' ids."""
     now = time.time() if now is None else now
-    due = ledger.due(store.db, now)
     made: list[str] = []
-    for schedule_id, every_text, template, last_job in due:
+    for schedule in store.due_schedules(now):
         try:
-            following = parse_every(every_text).next_after(now)
+            following = parse_every(schedule.every).next_after(now)
         except DlschedError:
             following = now + 86400.0  # a row this code cannot read: try again tomorrow
-        with store.transaction() as db:
-            if not ledger.claim(db, schedule_id, now, following):
-                continue  # another process handled this tick
-            going = ledger.job_state(db, last_job) in _STILL_GOING
-        if going:
-            with store.transaction() as db:
-                ledger.fired(db, schedule_id, following, None)
+        claimed, last_state = store.claim_schedule_tick(schedule.id, now, following)
+        if not claimed:
+            continue  # another process handled this tick
+        if last_state in _STILL_GOING:
+            store.record_schedule_skip(schedule.id)
             continue
         try:
-            run = store.requeue(template, now=now)
+            run = store.requeue(schedule.template, now=now)
         except DlschedError as error:
             log.warning(
-                "schedule %s removed: its job %s cannot run again: %s", schedule_id, template, error
+                "schedule %s removed: its job %s cannot run again: %s",
+                schedule.id,
+                schedule.template,
+                error,
             )
-            with store.transaction() as db:
-                ledger.remove(db, schedule_id, now)
+            store.remove_schedule(schedule.id, now=now)
             continue
-        with store.transaction() as db:
-            ledger.fired(db, schedule_id, following, run.id)
+        store.record_schedule_run(schedule.id, run.id)
         made.append(run.id)
     return made

@@ -4,11 +4,9 @@ their own schedules; an admin every one."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PermissionDenied, SpecError
-from . import ledger
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -20,18 +18,16 @@ def answer(store: Store, msg: dict[str, Any], *, uid: int, admin: bool) -> dict[
     """``{"schedules": [...]}``, or with ``remove``: ``{"schedule": ...}`` (the removed one)."""
     remove = msg.get("remove")
     if remove is None:
-        rows = ledger.listed(store.db, None if admin else uid)
+        rows = store.schedules(None if admin else uid)
         return {"schedules": [s.to_json() for s in rows]}
     if not isinstance(remove, str):
         raise SpecError("schedule", remove, UNKNOWN)
-    with store.transaction() as db:
-        found = ledger.get(db, remove)
-        if found is None or (found.uid != uid and not admin):
-            if found is not None:
-                raise PermissionDenied(
-                    f"schedule {remove} belongs to {found.owner}: only its owner or a pool "
-                    "admin may remove it"
-                )
-            raise SpecError("schedule", remove, UNKNOWN)
-        ledger.remove(db, remove, time.time())
+    found = store.remove_schedule(remove, uid=None if admin else uid)
+    if found is None:
+        raise SpecError("schedule", remove, UNKNOWN)
+    if found.uid != uid and not admin:
+        raise PermissionDenied(
+            f"schedule {remove} belongs to {found.owner}: only its owner or a pool "
+            "admin may remove it"
+        )
     return {"schedule": found.to_json()}

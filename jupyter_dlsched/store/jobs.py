@@ -16,7 +16,6 @@ from typing import Any
 
 from .. import private
 from ..errors import IllegalTransition, JobNotFound
-from ..schedules import ledger as schedules
 from ..schedules.every import parse_every
 from ..schema import (
     _ID,
@@ -192,7 +191,7 @@ class Jobs(Payloads):
             )
             for job_id, spec, _ in jobs:
                 if spec.every is not None:
-                    schedules.add(
+                    self._add_schedule(
                         db,
                         job_id,
                         spec.every,

@@ -9,15 +9,14 @@ import json
 import sqlite3
 import time
 
-from ..schedules import ledger as schedules
-from .events import Events
 from .ledger import (
     _keep_or_default,
     payload_keep,
 )
+from .schedules import Schedules
 
 
-class Payloads(Events):
+class Payloads(Schedules):
     """The ledger's payloads part of ``Store`` (see this module's docstring)."""
 
     @staticmethod
@@ -71,7 +70,7 @@ class Payloads(Events):
                 "MIN(j.uid) FROM jobs j, json_each(j.files) f "
                 "WHERE j.state IN ('queued','running','preempted') GROUP BY f.value"
             )
-            schedules.pin_all(db)  # a schedule's job is run again: its payload is in use
+            self._pin_all_templates(db)  # a schedule's job is run again: its payload is in use
             db.execute(
                 "INSERT OR IGNORE INTO blob_refs(hash, refs, size, uid, unused_since) "
                 "SELECT f.value, 0, 0, MIN(j.uid), MAX(j.finished) FROM jobs j, "

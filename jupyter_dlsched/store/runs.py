@@ -87,6 +87,12 @@ class Runs(Jobs):
         self.transition_in(db, job.id, to, why, expect=["running"], now=now, **{**ruled, **columns})
         return to
 
+    def end_run(self, job: JobInfo, end: RunEnd, now: float | None = None, **columns: Any) -> str:
+        """``finish_run`` in a transaction of its own, for a runner with nothing else to
+        write with it (an inline job's thread); the state the job moved to."""
+        with self.transaction() as db:
+            return self.finish_run(db, job, end, now, **columns)
+
     def claim(self, job: JobInfo, lease_ttl: float) -> JobInfo | None:
         """Take an allocated job for this process: the one claim every runner makes.
 
@@ -100,6 +106,12 @@ class Runs(Jobs):
                 (os.getpid(), socket.gethostname(), time.time() + lease_ttl, job.id, job.attempts),
             ).rowcount
         return self.get(job.id) if claimed else None
+
+    def claim_inline_run(self, job_id: str, pid: int, host: str, until: float) -> bool:
+        """``claim_running`` in a transaction of its own: an inline job's thread takes its
+        job; whether this claim won."""
+        with self.transaction() as db:
+            return self.claim_running(db, job_id, pid, host, until)
 
     @staticmethod
     def claim_running(
@@ -158,6 +170,11 @@ class Runs(Jobs):
             "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' AND supervisor_pid=?",
             [(until, job_id, pid) for job_id in job_ids],
         )
+
+    def renew_held_leases(self, job_ids: Iterable[str], pid: int, until: float) -> None:
+        """``renew_leases`` in a transaction of its own (the inline runner's beat)."""
+        with self.transaction() as db:
+            self.renew_leases(db, job_ids, pid, until)
 
     @staticmethod
     def renew_attempt_lease(

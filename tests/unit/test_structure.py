@@ -191,3 +191,70 @@ def test_the_job_process_chain_and_backends_never_hold_the_client():
     allowed = [f"{ROOT}.{a} imports {ROOT}.{b}" for a, b in COMPOSES_A_SCHEDULER.items()]
     assert [f for f in found if f not in allowed] == []
     assert all(a in found for a in allowed), "the allow-list names an import that is gone"
+
+
+#: Modules outside ``store/`` that still open a ledger transaction themselves and write in
+#: it; each is to call a ``Store`` method that owns its transaction instead (#23). The list
+#: can only shrink: a module that no longer does is to be taken off it.
+OPENS_A_TRANSACTION = (
+    "backends.ray",
+    "backends.ray_monitor",
+    "backends.slurm_follow",
+    "backends.slurm_monitor",
+    "backends.slurm_record",
+    "deciding",
+    "local.supervisor",
+    "scheduler",
+)
+
+
+def transaction_openers(tree: ast.AST) -> list[int]:
+    """Lines of ``tree`` that call ``something.transaction(...)``, in order."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "transaction"
+    )
+
+
+def modules_opening_transactions() -> dict[str, list[int]]:
+    """Each module outside ``store/`` that calls ``.transaction(``, with the lines."""
+    found: dict[str, list[int]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if layer(name, ("store",)):
+            continue
+        lines = transaction_openers(ast.parse(path.read_text(), str(path)))
+        if lines:
+            found[name.removeprefix(f"{ROOT}.")] = lines
+    return found
+
+
+def test_the_transaction_rule_sees_a_call_in_a_with_and_nothing_else():
+    code = (
+        "with store.transaction() as db:\n"
+        "    pass\n"
+        "with self.store.transaction(cancel=True) as db:\n"
+        "    pass\n"
+        "store.transactions()\n"
+        "transaction = 1\n"
+    )
+    assert transaction_openers(ast.parse(code)) == [1, 3]
+    assert "deciding" in modules_opening_transactions()
+    assert not any(layer(f"{ROOT}.{m}", ("store",)) for m in modules_opening_transactions())
+
+
+def test_only_the_ledger_opens_its_transactions():
+    """What a change writes and which transaction it is in are the ledger's: a module
+    outside ``store/`` calls a ``Store`` method named for what it does. The modules that
+    still open one themselves are listed, and the list stays true."""
+    found = modules_opening_transactions()
+    new = {m: lines for m, lines in found.items() if m not in OPENS_A_TRANSACTION}
+    assert new == {}, (
+        f"a module outside store/ opens a ledger transaction (module: lines): {new}; "
+        "give the Store part that owns those rows a method that opens it"
+    )
+    gone = [m for m in OPENS_A_TRANSACTION if m not in found]
+    assert gone == [], f"these open no transaction any more: take them off the list: {gone}"
