@@ -55,6 +55,8 @@ class OwnerSource:
         self.text = text
         self.uid = uid
         self.basename = os.path.basename(text.rstrip("/")) or "data"
+        #: How each file crossed, as the reader says at its end (``HttpSource.encodings``).
+        self.encodings: dict[str, str] = {}
         parent, child = socket.socketpair()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child's exit status is what is checked
@@ -77,7 +79,7 @@ class OwnerSource:
 
     def open(self, rel: str) -> IO[bytes]:
         self._ask({"op": "open", "path": rel})
-        return _Stream(self._sock)  # type: ignore[return-value]
+        return _Stream(self._sock, self.encodings, rel)  # type: ignore[return-value]
 
     def close(self) -> None:
         self._sock.close()
@@ -91,9 +93,11 @@ class OwnerSource:
 class _Stream:
     """One file's bytes as the reader sends them (``read`` until ``b""``)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, encodings: dict[str, str], rel: str) -> None:
         self._sock = sock
         self._done = False
+        self._encodings = encodings
+        self._rel = rel
 
     def read(self, n: int = -1) -> bytes:
         if self._done:
@@ -104,6 +108,8 @@ class _Stream:
             tail: dict[str, Any] = json.loads(_recv(self._sock))
             if "error" in tail:
                 raise StagingFailed(str(tail["error"]))
+            if tail.get("encoding"):
+                self._encodings[self._rel] = str(tail["encoding"])
         return data
 
     def __enter__(self) -> _Stream:
@@ -126,8 +132,14 @@ def _serve(sock: socket.socket, text: str, uid: int) -> None:
                     os.close(fd)
                 except OSError:
                     pass
-        from ..local.jobproc import become
+        # what http(s) sources need is imported while the service's Python is readable
+        # (the owner may not read it): a host name's lookup, and zstd
+        import encodings.idna  # noqa: F401
 
+        from ..local.jobproc import become
+        from .sources import _zstd
+
+        _zstd()
         env: dict[str, str] = {}
         become(uid, env)  # exits the process rather than read anything as root
         os.environ.clear()
@@ -159,8 +171,12 @@ def _serve(sock: socket.socket, text: str, uid: int) -> None:
                 with reader:
                     while chunk := reader.read(CHUNK):
                         _send(sock, chunk)
+                # how an http(s) file crossed (HttpSource), for the stager's event
+                tail["encoding"] = getattr(source, "encodings", {}).get(request.get("path", ""))
             except OSError as error:
                 tail = {"error": f"cannot read {text}: {error.strerror or error}"}
+            except Exception as error:  # e.g. a compressed answer that does not decode
+                tail = {"error": f"cannot read {text}: {error}"}
             _send(sock, b"")
             _send(sock, json.dumps(tail).encode())
     except BaseException:

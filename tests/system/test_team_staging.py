@@ -143,3 +143,39 @@ def test_a_users_cache_quota_evicts_their_own_entries_and_never_anothers(team_us
         finally:
             subprocess.run(["rm", "-rf", *folders], check=False)
             assert all(not os.path.exists(f) for f in folders)
+
+
+HTTP_OWNER = r"""
+import json, sys
+import jupyter_dlsched as dls
+
+def size():
+    import jupyter_dlsched as dls
+    return dls.data("train").stat().st_size
+
+h = dls.Scheduler(loop=False).submit(size, stage_in={"train": sys.argv[1]}, name="a-http")
+print(json.dumps([h.result(timeout=120), h.id]))
+"""
+
+
+def test_a_users_http_input_crosses_compressed_through_their_reader(team_users, tmp_path):
+    import random
+
+    from benchmarks.http_source import serving
+
+    a, _ = team_users
+    www = tmp_path / "www"
+    www.mkdir()
+    rng = random.Random(3)
+    text = "".join(f"{rng.random():.6f},{rng.random():.6f}\n" for _ in range(200_000))
+    (www / "train.csv").write_text(text)
+    with serving(www) as server, shared_pool() as service:
+        done = service.as_user(a, HTTP_OWNER, server.url("train.csv"))
+        assert done.returncode == 0, done.stderr + service.log.read_text()[-3000:]
+        got, job_id = json.loads(done.stdout)
+        assert got == len(text)
+        assert [enc for _, enc in server.seen] == ["plain", "zstd"]
+        from jupyter_dlsched.agent.client import AgentClient
+
+        events = AgentClient(str(service.socket)).call("events", id=job_id)
+        assert "zstd in transfer" in json.dumps(events["events"]), events
