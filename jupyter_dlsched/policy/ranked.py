@@ -187,7 +187,9 @@ class RankedPolicy:
                 victims = [v for v in victims if v[2].id not in protected]
             first = ordered[0]
             best = -math.inf if first.id in promoted else self.queued_rank(first)
-            if victims and best < max(-v[0] for v in victims):
+            # the GPUs of stopping jobs are free in the plan: a waiting job they make room for
+            # keeps them, where first fit would start a worse job there only to stop it
+            if (victims and best < max(-v[0] for v in victims)) or any(r.stopping for r in running):
                 smallest = smallest_size(queued) if lean else 0
                 self._plan_by_rank(ordered, running, victims, capacity, out, promoted, smallest)
             else:
@@ -221,8 +223,9 @@ class RankedPolicy:
         smallest = smallest_size(queued)
         free_at: float | None = None
         # the index counts every victim; the minimum run time and restart margins only
-        # protect more of them, so where it says nobody would be stopped, nobody is
-        if ranks.worse(self.queued_rank(ordered[0]), now)[0] == 0:
+        # protect more of them, so where it says nobody would be stopped and nobody is
+        # stopping (whose GPUs a waiting job may be planned on), first fit is the plan
+        if ranks.stopping_gpus == 0 and ranks.worse(self.queued_rank(ordered[0]), now)[0] == 0:
             self._first_fit(queued, ordered, capacity, True, out)
         elif self._first_fit_unless_planned(ordered, ranks, capacity, now, smallest, out):
             victims, _ = self.rank_running(running, now)
