@@ -30,7 +30,12 @@ _current: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVa
 _last_write: dict[str, float] = {}
 _stores: dict[str, Any] = {}
 _lock = threading.Lock()
-_sigterm_seen = threading.Event()
+# set by the SIGTERM handler: a plain flag, not a threading.Event. The supervisor sends a
+# job's processes SIGTERM twice (each process, then its group), and Python may run the
+# handler again inside the first run of it; Event.set takes a lock, so that second run
+# waited forever on the first's lock, the job never saved, and it was killed at the end of
+# its grace period (a rank that hung also held the others in their next collective)
+_sigterm_seen = False
 PROGRESS_MIN_INTERVAL = 0.2
 
 
@@ -182,7 +187,7 @@ def checkpoint_requested() -> bool:
                 break
     """
     _install_sigterm_flag()
-    if _sigterm_seen.is_set():
+    if _sigterm_seen:
         return True
     job = current_job()
     if job is None:
@@ -200,5 +205,11 @@ def _install_sigterm_flag() -> None:
         return
     if os.environ.get(JOB_ID_ENV) is None:
         return
-    signal.signal(signal.SIGTERM, lambda *_: _sigterm_seen.set())
+    signal.signal(signal.SIGTERM, _on_sigterm)
     _installed = True
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Only sets the flag: safe to run again inside itself (it takes no lock)."""
+    global _sigterm_seen
+    _sigterm_seen = True

@@ -68,12 +68,6 @@ def hold(seconds: float) -> None:
     time.sleep(seconds)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known, intermittent on a loaded 2-core machine: the first shrink of a DDP elastic "
-    "job sometimes ends its first attempt without the checkpoint (its log has no 'checkpoint "
-    "saved' line), so the next attempt starts again at step 0; under investigation (#25)",
-)
 def test_a_ddp_elastic_job_resized_2_1_2_ends_with_the_rigid_runs_model(home, tmp_path):
     total = 120
     with Scheduler(home, lease_ttl=5, grace=20, resize_every=1, resize_cost=0.1) as s:
