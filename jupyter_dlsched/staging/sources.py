@@ -172,10 +172,9 @@ def _zstd() -> Any:
 class HttpSource:
     """One file at an ``http(s)://`` URL; its stamp is the ETag or Last-Modified."""
 
-    def __init__(self, url: str, *, compress: bool = True) -> None:
+    def __init__(self, url: str) -> None:
         self.text = url
         self.url = url
-        self.compress = compress
         self.basename = url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0] or "data"
         #: How each file was transferred (``"zstd"`` or ``"plain"``): what the sample decided.
         self.encodings: dict[str, str] = {}
@@ -196,7 +195,7 @@ class HttpSource:
     def open(self, rel: str) -> IO[bytes]:
         plain = self._request("GET", {"Accept-Encoding": "identity"})
         sample = plain.read(SAMPLE)
-        if self.compress and len(sample) == SAMPLE and compresses(sample):
+        if len(sample) == SAMPLE and compresses(sample):
             squeezed = self._request("GET", {"Accept-Encoding": "zstd"})
             if squeezed.headers.get("Content-Encoding", "").strip().lower() == "zstd":
                 plain.close()
