@@ -48,6 +48,15 @@ class InlineRunner:
         with self._lock:
             self.pending[job_id] = fn
 
+    def launch_allocated(self) -> None:
+        """Start the threads of this process's inline jobs that have been allocated."""
+        if not self.pending:
+            return
+        store = self.port.store
+        for job_id, _started, inline in store.unlaunched(os.getuid(), "local"):
+            if inline and job_id in self.pending:
+                self.launch(store.get(job_id))
+
     def launch(self, job: JobInfo) -> bool:
         """Start the thread of an allocated inline job of this process (False if not ours)."""
         with self._lock:

@@ -1,9 +1,10 @@
-"""What the parts a scheduler owns need of it: its ledger, folder, pool and wake-up.
+"""What the parts an engine or a scheduler owns need of it: ledger, folder, pool, wake-up.
 
 A backend, its monitor threads and the inline runner hold a ``Port``, never the whole
-``Scheduler``: they record jobs in the ledger, read the pool's shape and wake the loop
-that decides, and nothing else. The ``Scheduler`` is one port; anything with these
-four members (and whether an agent decides for it) is another.
+``Engine`` or ``Scheduler``: they record jobs in the ledger, read the pool's shape and
+wake the loop that decides, and nothing else. An ``Engine`` is its backend's port; a
+``Scheduler`` is the port of its inline runner (and of the client side of a backend
+an agent decides for).
 """
 
 from __future__ import annotations

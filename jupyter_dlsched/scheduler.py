@@ -1,44 +1,41 @@
 """The scheduler: what callers use to submit, steer and read jobs, and get their results.
 
-A ``Scheduler`` is one participant in the machine's queue: by default a client
-of the pool agent (``agent/``), else it writes the ledger itself. How it
-decides and launches (``tick``) and its background loop (``start``, ``close``,
-``wake``) are in ``deciding.py``; this module holds its settings and the
-pool's inventory, the submit paths, steering, and decoding results.
+A ``Scheduler`` is a client only. Whatever decides — this user's pool agent
+(``agent/``, the default), a shared pool's service, or an engine in this very
+process (``engine/``: ``agent=False``, the SLURM backend, a policy object) — it
+reaches over one link with one set of calls: submit, cancel, priority, requeue,
+status, tick, settings and the state changes its loop (``following.py``) reads to
+resolve handles. It holds the link, the pool's inventory as the ledger has it,
+the submit paths, steering, and decoding results.
 """
 
 from __future__ import annotations
 
-import copy
 import getpass
 import json
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from ._version import __version__
 from .agent.link import AgentLink, connect
 from .backends import Backend, make_backend
-from .deciding import Deciding
-from .errors import JobNotFound, SpecError, raised_here
+from .engine import Engine, EngineLink
+from .errors import SpecError, raised_here
+from .following import Follower
 from .handle import JobHandle, Watching
 from .inline import InlineRunner
 from .options import RESOURCE_ARGS
-from .policy import Policy, get_policy
-from .pool import PoolInfo, idle_capacity, probe, remembered_simulation
+from .policy import Decisions, Policy
+from .pool import PoolInfo
+from .pool_view import pool_shape, pool_with_jobs
 from .schedules.info import ScheduleInfo
-from .schedules.requests import answer as schedule_request
 from .settings import Settings, check_resize_every
-from .spec import MAX_NAME, build_spec, parse_priority, pickle_payload
-from .store import WAITING, JobInfo, Store
-from .sweep import member_name, member_suffixes
+from .spec import pickle_payload
+from .store import JobInfo, Store
+from .sweep import member_suffixes
 
 # variables that describe the submitting kernel, not the job
 _ENV_DROP = (
@@ -76,21 +73,7 @@ def submit_context() -> dict[str, Any]:
     }
 
 
-def _job_of(pid: int, by_pid: dict[int, str]) -> str | None:
-    """The job a GPU process belongs to: its own pid, or any ancestor's (a rank, a data
-    loader worker, a process the job started), is a job's or its supervisor's."""
-    if pid in by_pid:
-        return by_pid[pid]
-    try:
-        for parent in psutil.Process(pid).parents():
-            if parent.pid in by_pid:
-                return by_pid[parent.pid]
-    except psutil.Error:
-        pass
-    return None
-
-
-class Scheduler(Deciding, Watching):
+class Scheduler(Watching):
     """One participant in the machine's shared queue.
 
     >>> s = Scheduler(home="/tmp/dls-demo")  # doctest: +SKIP
@@ -125,14 +108,14 @@ class Scheduler(Deciding, Watching):
         socket_path: str | os.PathLike[str] | None = None,
         **backend_options: Any,
     ) -> None:
-        self.link: AgentLink | None = None
         backend_name = backend if backend is not None else os.environ.get("DLSCHED_BACKEND")
         in_process = policy is not None and not isinstance(policy, str)
+        agent_link: AgentLink | None = None
         if backend_name in (None, "local") and not in_process and not backend_options:
-            self.link = connect(home, socket_path=socket_path, agent=agent)
+            agent_link = connect(home, socket_path=socket_path, agent=agent)
         elif backend_name == "ray" and not in_process and socket_path is None:
             # Ray jobs are run by this user's agent's Ray driver: they outlive this process
-            self.link = connect(home, agent=agent, shared_pool=False)
+            agent_link = connect(home, agent=agent, shared_pool=False)
         elif socket_path is not None or agent:
             raise SpecError(
                 "agent",
@@ -143,121 +126,137 @@ class Scheduler(Deciding, Watching):
                 else "the local or ray backend and a policy by name (a pool agent runs the "
                 "policy in its own process)",
             )
-        self._policy_object: Policy | None = None
-        if self.link is not None:
-            self.store = self.link.ledger()
-            self.home = self.store.home
-            self.link.settings(
-                policy=policy,
-                lease_ttl=lease_ttl,
-                grace=grace,
-                policy_params=policy_params,
-                resize_every=check_resize_every(resize_every),
-                resize_cost=check_resize_every(resize_cost, "resize_cost"),
-            )
-        else:
-            self.store = Store(home)
-            self.home = self.store.home
-            self._write_settings(
-                policy,
-                lease_ttl,
-                grace,
-                policy_params,
-                resize_every=resize_every,
-                resize_cost=resize_cost,
-            )
-        if cache_dir is not None or cache_max is not None:
-            self.configure_cache(folder=cache_dir, max_size=cache_max)
-        self.backend = make_backend(backend_name or "local", self, **backend_options)
-        if self.link is not None and self.backend.name == "ray":
-            if probe_pool or self.store.get_meta("inventory:ray") is None:
-                self.link.join_ray(**self.backend.driver_options())  # type: ignore[attr-defined]
-        self.inventory_key = (
-            "inventory" if self.backend.name == "local" else f"inventory:{self.backend.name}"
-        )
-        if self.link is None and (probe_pool or self.store.get_meta(self.inventory_key) is None):
-            self.refresh_inventory()
         self.owner = getpass.getuser()
         self.uid = os.getuid()
-        self._watched: dict[str, list[JobHandle]] = {}
-        super().__init__()  # what deciding keeps: the last decision, the loop's thread
-        self._inline = InlineRunner(self)
-        self._watch_lock = threading.Lock()
-        self._event_seq = self._last_event_seq()
-        if loop:
-            self.start()
-
-    # -- settings and pool ---------------------------------------------------------------
-
-    def _write_settings(
-        self,
-        policy: str | Policy | None,
-        lease_ttl: float | None,
-        grace: float | None,
-        policy_params: dict[str, Any] | None,
-        resize_every: float | None = None,
-        resize_cost: float | None = None,
-    ) -> None:
-        if policy is not None and not isinstance(policy, str):
-            self._policy_object = policy
-            policy = None
-        if policy is not None:
-            get_policy(policy, **(policy_params or {}))  # fail now on a bad name or parameter
-        stored = self.store.get_meta("settings", None)
-        settings = dict(stored or {})
-        if stored is None:
-            settings.update(
-                {"policy": os.environ.get("DLSCHED_POLICY", "priority"), "policy_params": {}}
-            )
-            env_resize = os.environ.get("DLSCHED_RESIZE_EVERY")
-            if env_resize is not None:  # a new ledger's default, as DLSCHED_POLICY
-                settings["resize_every"] = check_resize_every(env_resize, "DLSCHED_RESIZE_EVERY")
-        updates = {
+        settings: dict[str, Any] = {
             "policy": policy,
-            "policy_params": policy_params if policy is not None else None,
             "lease_ttl": lease_ttl,
             "grace": grace,
+            "policy_params": policy_params,
             "resize_every": check_resize_every(resize_every),
             "resize_cost": check_resize_every(resize_cost, "resize_cost"),
         }
-        changed = stored is None
-        for key, value in updates.items():
-            if value is not None and settings.get(key) != value:
-                settings[key] = value
-                changed = True
-        if changed:
-            self.store.set_meta("settings", settings)
+        if agent_link is not None:
+            agent_link.settings(**settings)
+            self._attach(agent_link, make_backend(backend_name or "local", self, **backend_options))
+        else:
+            # no agent: an engine in this process decides, behind the same kind of link
+            engine = Engine(
+                Store(home), backend_name or "local", probe_pool=False, **backend_options
+            )
+            engine.write_settings(**settings)
+            if probe_pool or engine.store.get_meta(engine.inventory_key) is None:
+                engine.refresh_inventory()
+            self._attach(EngineLink(engine, owner=self.owner, uid=self.uid), engine.backend)
+        if cache_dir is not None or cache_max is not None:
+            self.configure_cache(folder=cache_dir, max_size=cache_max)
+        if isinstance(self.link, AgentLink) and self.backend.name == "ray":
+            if probe_pool or self.store.get_meta("inventory:ray") is None:
+                self.link.join_ray(**self.backend.driver_options())  # type: ignore[attr-defined]
+        if loop:
+            self.start()
+
+    @classmethod
+    def of_engine(cls, engine: Engine, *, loop: bool = False) -> Scheduler:
+        """A client of an engine composed elsewhere in this process (the pool agent's own,
+        in a test or a benchmark): it decides with that engine's parts, limits and
+        launching included.
+
+        >>> s = Scheduler.of_engine(agent.sched)  # doctest: +SKIP
+        """
+        self = cls.__new__(cls)
+        self.owner = getpass.getuser()
+        self.uid = os.getuid()
+        self._attach(EngineLink(engine, owner=self.owner, uid=self.uid), engine.backend)
+        if loop:
+            self.start()
+        return self
+
+    def _attach(self, link: AgentLink | EngineLink, backend: Backend) -> None:
+        """Take ``link`` as this scheduler's one way to the pool, and ``backend`` as its own."""
+        self.link = link
+        self.store = link.ledger()
+        self.home = self.store.home
+        self.backend = backend
+        self.inventory_key = "inventory" if backend.name == "local" else f"inventory:{backend.name}"
+        self._watched: dict[str, list[JobHandle]] = {}
+        self._inline = InlineRunner(self)
+        self._watch_lock = threading.Lock()
+        self._event_seq = self.store.last_event_seq()
+        self._follower = Follower(link, self._resolve_rows, self._inline, self._event_seq)
+
+    # -- settings and pool ---------------------------------------------------------------
 
     @property
     def settings(self) -> Settings:
         return Settings.load(self.store)
 
     def policy(self) -> Policy:
-        if self._policy_object is not None:
-            return self._policy_object
-        decides = self.backend.policy()
-        if decides is not None:
-            return decides
+        """What decides this scheduler's jobs (the agent's policy is its own)."""
+        if isinstance(self.link, EngineLink):
+            return self.link.engine.policy()
+        from .policy import get_policy
+
         s = self.settings
         return get_policy(s.policy, **(s.policy_params or {}))
 
     def refresh_inventory(self) -> dict[str, Any]:
-        """Probe the machine (or cluster) and store its shape in the ledger."""
-        if self.link is not None:
-            return dict(self.store.get_meta(self.inventory_key) or {})  # the agent probes
-        inventory = self.backend.inventory()
-        if self.store.get_meta(self.inventory_key) != inventory:
-            self.store.set_meta(self.inventory_key, inventory)
-        return inventory
+        """Probe the machine (or cluster) and store its shape in the ledger (whoever decides
+        probes it: through an agent, the inventory it stored)."""
+        if isinstance(self.link, EngineLink):
+            return self.link.engine.refresh_inventory()
+        return dict(self.store.get_meta(self.inventory_key) or {})
 
     @property
     def through_agent(self) -> bool:
         """Whether a pool agent decides and launches for this scheduler (its backend's port)."""
-        return self.link is not None
+        return self.link.through_agent
 
     @property
     def inventory(self) -> dict[str, Any]:
         return dict(self.store.get_meta(self.inventory_key) or self.refresh_inventory())
+
+    @property
+    def shared(self) -> bool:
+        """Whether this is a client of a pool every user of the machine shares (a service)."""
+        return self.link.shared
+
+    def ask_service(self, op: str, **msg: Any) -> dict[str, Any]:
+        """A request only a shared pool's service answers (its metrics, its samples)."""
+        if not isinstance(self.link, AgentLink) or not self.link.shared:
+            raise SpecError("op", op, "a request to a shared pool's service (this pool is yours)")
+        return dict(self.link.client.call(op, **msg))
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> Decisions | None:
+        """Ask for a decision now, and start this process's inline jobs it allocated; the
+        decisions when this process's engine made them (``now`` is for replays and tests)."""
+        decisions = self.link.tick(now)
+        self._inline.launch_allocated()
+        return decisions
+
+    @property
+    def looping(self) -> bool:
+        """True while the background loop runs in this process."""
+        return self._follower.looping
+
+    def start(self) -> None:
+        """Start the background loop (``loop=True`` does this for you)."""
+        self._follower.start()
+
+    def close(self) -> None:
+        """Stop the background loop; jobs keep running and the queue lives on in the ledger."""
+        self._follower.close()
+        self.backend.close()
+        self.link.close()
+
+    def wake(self) -> None:
+        """Ask for a decision soon (the backend's threads do when resources came free)."""
+        if isinstance(self.link, EngineLink):
+            self.link.wake()
+        else:
+            self.link.tick()
 
     def configure_cache(
         self,
@@ -286,8 +285,8 @@ class Scheduler(Deciding, Watching):
         """
         from .staging import cache_info
 
-        if self.link is not None and self.link.shared:
-            return dict(self.link.client.call("cache")["cache"])
+        if isinstance(self.link, AgentLink) and self.link.shared:
+            return self.link.cache()
         return cache_info(self.store)
 
     # -- submitting ------------------------------------------------------------------------
@@ -390,47 +389,21 @@ class Scheduler(Deciding, Watching):
         unknown = set(resources) - set(RESOURCE_ARGS)
         if unknown:
             raise SpecError(sorted(unknown)[0], resources[sorted(unknown)[0]], "a known option")
-        if self.link is not None:
-            files["context.json"] = json.dumps(submit_context()).encode()
-            [job_id] = self.link.submit(
-                kind,
-                [files],
-                default_name=default_name,
-                origin=origin_text or origin(),
-                options=resources,
-                inline=inline_fn is not None,
-                backend=self.backend.name,
-            )
-            if inline_fn is not None:
-                self._inline.register(job_id, inline_fn)
-                self._wake.set()
-            handle = JobHandle(self, job_id)
-            self._watch(handle, check=False)
-            return handle
-        spec = build_spec(
-            capacity=idle_capacity(self.inventory),
-            kind=kind,
+        files["context.json"] = json.dumps(submit_context()).encode()
+        [job_id] = self.link.submit(
+            kind,
+            [files],
             default_name=default_name,
             origin=origin_text or origin(),
-            **resources,
+            options=resources,
+            inline=inline_fn is not None,
+            backend=self.backend.name,
         )
-        self.backend.check(spec)
-        files["context.json"] = json.dumps(submit_context()).encode()
-        job_id = self.store.new_id()
         if inline_fn is not None:
             self._inline.register(job_id, inline_fn)
-        info = self.store.insert_job(
-            spec,
-            files,
-            owner=self.owner,
-            uid=self.uid,
-            backend=self.backend.name,
-            job_id=job_id,
-            inline=inline_fn is not None,
-        )
-        handle = JobHandle(self, info.id)
+            self._inline.launch_allocated()  # a decision may have come before the register
+        handle = JobHandle(self, job_id)
         self._watch(handle, check=False)
-        self.wake()
         return handle
 
     @raised_here
@@ -446,54 +419,26 @@ class Scheduler(Deciding, Watching):
             raise SpecError(key, resources[key], "a known option")
         items = list(items)
         suffixes = member_suffixes(fn, items)  # "[2] lr=0.01": members told apart
-        if self.link is not None:
-            fn_pickle = pickle_payload({"fn": fn})
-            context = json.dumps(submit_context()).encode()
-            ids = self.link.submit(
-                "function",
-                [
-                    {
-                        "payload.pkl": pickle_payload({"fn_pickle": fn_pickle, "args": (item,)}),
-                        "context.json": context,
-                    }
-                    for item in items
-                ],
-                default_name=getattr(fn, "__name__", type(fn).__name__),
-                origin=origin(),
-                options=resources,
-                backend=self.backend.name,
-                suffixes=suffixes,
-            )
-            linked = [JobHandle(self, job_id) for job_id in ids]
-            for handle in linked:
-                self._watch(handle, check=False)
-            return linked
-        spec = build_spec(
-            capacity=idle_capacity(self.inventory),
-            kind="function",
-            default_name=getattr(fn, "__name__", type(fn).__name__),
-            origin=origin(),
-            **resources,
-        )
-        self.backend.check(spec)
         fn_pickle = pickle_payload({"fn": fn})
         context = json.dumps(submit_context()).encode()
-        batch = [
-            (
-                self.store.new_id(),
-                replace(spec, name=member_name(spec.name, suffix, MAX_NAME)),
+        ids = self.link.submit(
+            "function",
+            [
                 {
                     "payload.pkl": pickle_payload({"fn_pickle": fn_pickle, "args": (item,)}),
                     "context.json": context,
-                },
-            )
-            for item, suffix in zip(items, suffixes, strict=True)
-        ]
-        self.store.insert_jobs(batch, owner=self.owner, uid=self.uid, backend=self.backend.name)
-        handles = [JobHandle(self, job_id) for job_id, _, _ in batch]
+                }
+                for item in items
+            ],
+            default_name=getattr(fn, "__name__", type(fn).__name__),
+            origin=origin(),
+            options=resources,
+            backend=self.backend.name,
+            suffixes=suffixes,
+        )
+        handles = [JobHandle(self, job_id) for job_id in ids]
         for handle in handles:
             self._watch(handle, check=False)
-        self.wake()
         return handles
 
     # -- reading and steering --------------------------------------------------------------
@@ -524,35 +469,11 @@ class Scheduler(Deciding, Watching):
 
     def cancel(self, job_id: str) -> JobInfo:
         """Cancel a job: queued ones end now, running ones are stopped by their supervisor."""
-        if self.link is not None:
-            return self.link.cancel(job_id)
-        now = time.time()
-        with self.store.transaction(cancel=True) as db:
-            row = self.store.state_and_supervisor(db, job_id)
-            if row is None:
-                raise JobNotFound(job_id)
-            state, supervisor = row
-            if state in WAITING or (
-                state == "running" and supervisor is None and self.backend.name == "local"
-            ):
-                self.store.transition_in(
-                    db, job_id, "cancelled", "cancelled by user", now=now, finished=now
-                )
-            elif state == "running":
-                self.store.request_cancel(db, job_id)
-        info = self.store.get(job_id)
-        if info.state == "running":
-            self.backend.cancel(info)
-        self.wake()
-        return info
+        return self.link.cancel(job_id)
 
     def set_priority(self, job_id: str, priority: int | str) -> JobInfo:
         """Change a job's priority (``"high"`` or an integer); takes effect at the next tick."""
-        if self.link is not None:
-            return self.link.set_priority(job_id, priority)
-        self.store.set_priority(job_id, parse_priority(priority))
-        self.wake()
-        return self.store.get(job_id)
+        return self.link.set_priority(job_id, priority)
 
     @raised_here
     def requeue(self, job_id: str) -> JobHandle:
@@ -570,11 +491,7 @@ class Scheduler(Deciding, Watching):
 
     def requeue_job(self, job_id: str) -> JobInfo:
         """``requeue`` answering the new job's row (what the agent and REST send back)."""
-        if self.link is not None:
-            return self.link.requeue(job_id)
-        info = self.store.requeue(job_id)
-        self.wake()
-        return info
+        return self.link.requeue(job_id)
 
     def schedules(self) -> list[ScheduleInfo]:
         """The schedules made with ``every=`` (yours; an admin's: all), next to run first.
@@ -591,77 +508,21 @@ class Scheduler(Deciding, Watching):
         return ScheduleInfo(**self._schedule_request({"remove": schedule_id})["schedule"])
 
     def _schedule_request(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if self.link is not None:
-            return dict(self.link.client.call("schedules", **msg))
-        return schedule_request(self.store, msg, uid=self.uid, admin=True)
+        return self.link.schedules(msg)
 
     def pool(self) -> PoolInfo:
         """The machine now, with each GPU's jobs and the memory the scheduler granted."""
         if self.backend.name != "local":
             return self.backend.pool()
-        # the pool's simulated GPUs are the ledger's, not this caller's environment; the probe
-        # is cached and shared: never mutate it
-        simulate = remembered_simulation(self.inventory)
-        info = copy.deepcopy(probe(usage=True, simulate=simulate))
-        running = self.store.jobs(states=["running"])
-        by_pid = {j.job_pid: j.id for j in running if j.job_pid}
-        by_pid.update({j.supervisor_pid: j.id for j in running if j.supervisor_pid})
-        for gpu in info.gpus:
-            gpu.jobs = []
-            for p in gpu.processes:
-                p.job_id = _job_of(p.pid, by_pid)
-        for job in running:
-            if not job.placement:
-                continue
-            for index, granted in zip(job.placement.gpus, job.placement.gpu_mem, strict=False):
-                if index < len(info.gpus):
-                    gpu = info.gpus[index]
-                    gpu.jobs.append(job.id)
-                    if gpu.simulated:
-                        gpu.mem_used += granted
-        for gpu in info.gpus:
-            if gpu.simulated:
-                # nothing measures a simulated GPU: its memory in use is what was allocated,
-                # and it has no utilisation reading (views say "allocated", never "util")
-                gpu.util = None
-        return info
+        return pool_with_jobs(self.store, self.inventory)
 
     def status(self) -> dict[str, Any]:
         """Counts by state and the pool's shape, for the CLI, REST and status bar."""
-        if self.link is not None:
-            status = self.link.status()
-            if self.backend.name != "local":
-                status.update(self._shape())  # the agent's own pool is the local one
-            return status
-        return {
-            "version": __version__,
-            "home": str(self.home),
-            "backend": self.backend.name,
-            "policy": getattr(self.policy(), "name", str(self.settings.policy)),
-            "counts": self.store.count_jobs(),
-            **self._shape(),
-        }
-
-    def _shape(self) -> dict[str, Any]:
-        """This backend's name and pool: GPUs (total, busy, simulated), CPUs, memory."""
-        inventory = self.inventory
-        running = self.store.jobs(states=["running"])
-        busy = {
-            i
-            for j in running
-            if j.placement and j.backend == self.backend.name
-            for i in j.placement.gpus
-        }
-        return {
-            "backend": self.backend.name,
-            "gpus": {
-                "total": len(inventory.get("gpus", [])),
-                "busy": len(busy),
-                "simulated": sum(1 for g in inventory.get("gpus", []) if g.get("simulated")),
-            },
-            "cpus": inventory.get("cpus"),
-            "mem_total": inventory.get("mem_total"),
-        }
+        status = self.link.status()
+        if isinstance(self.link, AgentLink) and self.backend.name != "local":
+            # the agent's own pool is the local one
+            status.update(pool_shape(self.store, self.inventory, self.backend.name))
+        return status
 
     def __enter__(self) -> Scheduler:
         return self

@@ -22,7 +22,7 @@ from .connections import Connections
 log = logging.getLogger("jupyter_dlsched.agent")
 
 if TYPE_CHECKING:
-    from .deciding import AgentScheduler
+    from ..engine import Engine
     from .scrape import ScrapeEndpoint
 
 #: Seconds after a launch before the next spare supervisor is forked.
@@ -52,7 +52,7 @@ class Forking:
         _spare_after: float
         _dirty: bool
         _stopping: bool
-        sched: AgentScheduler | None
+        sched: Engine | None
 
         @property
         def address(self) -> str | bytes: ...

@@ -60,6 +60,8 @@ def connect(
 class AgentLink:
     """A scheduler's requests to its agent (``hello`` says which pool it is)."""
 
+    through_agent = True
+
     def __init__(self, client: AgentClient, *, shared: bool = False, store: Any = None) -> None:
         self.client = client
         self.shared = shared
@@ -199,8 +201,18 @@ class AgentLink:
     def status(self) -> dict[str, Any]:
         return dict(self.client.call("status")["status"])
 
-    def tick(self) -> None:
+    def tick(self, now: float | None = None) -> None:
+        """Ask the agent for a decision (``now`` is for an engine in this process: the agent
+        reads its own clock)."""
         self.client.call("tick")
+
+    def schedules(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """List the schedules, or remove one (``{"remove": id}``), as the agent allows."""
+        return dict(self.client.call("schedules", **msg))
+
+    def cache(self) -> dict[str, Any]:
+        """The staging cache as the agent shows it to this user."""
+        return dict(self.client.call("cache")["cache"])
 
     def settings(self, **values: Any) -> None:
         if any(v is not None for v in values.values()):

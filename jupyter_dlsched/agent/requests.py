@@ -13,25 +13,22 @@ import json
 import math
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..backends.base import refuse_stage_in
 from ..errors import JobNotFound, PermissionDenied, SpecError
-from ..pool import idle_capacity
 from ..schema import JobInfo, info_to_json
-from ..spec import MAX_NAME, build_spec, check_text
-from ..sweep import member_name
+from ..spec import check_text
 from ..words import PRIORITY_WORDS
 from .config import ServiceConfig
 from .connections import Connections, Peer
 from .protocol import ProtocolError
 
 if TYPE_CHECKING:
+    from ..engine import Engine
     from ..sampling import Sampler
-    from .deciding import AgentScheduler
     from .ray_keeper import RayKeeper
 
 #: Longest a ``changes`` request waits for a state change before answering empty.
@@ -149,7 +146,7 @@ class Requests:
         code: str
         config: ServiceConfig | None
         conns: Connections
-        sched: AgentScheduler | None
+        sched: Engine | None
         sampler: Sampler | None
         ray: RayKeeper
         _dirty: bool
@@ -192,45 +189,38 @@ class Requests:
         backend = msg.get("backend") or "local"
         if backend != "local" and self.shared:
             raise SpecError("backend", backend, "the local backend in a shared pool")
-        if backend == "ray":
-            self.ray.check_options(msg)
-            inventory = self.ray.inventory()
-        elif backend == "local":
-            inventory = self.sched.inventory
-        else:
+        if backend not in ("local", "ray"):
             raise SpecError("backend", backend, '"local" or "ray" through a pool agent')
-        spec = build_spec(
-            capacity=idle_capacity(inventory),
-            kind=str(msg.get("kind", "function")),
-            default_name=str(msg.get("default_name", "job")),
-            origin=str(msg.get("origin", "")),
-            **options,
-        )
-        if backend == "ray":
-            if inline:
-                raise SpecError("inline", True, "no --inline with the ray backend")
-            refuse_stage_in("ray", spec)
-        self._check_priority(peer, spec.priority)
         jobs = msg.get("jobs")
         if not isinstance(jobs, list) or not jobs:
             raise ProtocolError("a submit request without jobs")
-        self._check_queued(peer, len(jobs))
-        batch = []
-        for item in jobs:
-            files = _job_files(item, blobs)
-            named = spec
-            if item.get("suffix"):  # a sweep member: "train[2] lr=0.01"
-                suffix = check_text(str(item["suffix"]), "name")
-                named = replace(spec, name=member_name(spec.name, suffix, MAX_NAME))
-            batch.append((self._store.new_id(), named, files))
-        self._check_payload(peer, batch)
-        self._store.insert_jobs(
-            batch, owner=peer.user, uid=peer.uid, backend=backend, inline=inline
+        ray = backend == "ray"
+        if ray:
+            self.ray.check_options(msg)
+            if inline:
+                raise SpecError("inline", True, "no --inline with the ray backend")
+        batch = self.sched.prepare(
+            str(msg.get("kind", "function")),
+            [_job_files(item, blobs) for item in jobs],
+            default_name=str(msg.get("default_name", "job")),
+            origin=str(msg.get("origin", "")),
+            options=options,
+            suffixes=[
+                check_text(str(item["suffix"]), "name") if item.get("suffix") else None
+                for item in jobs
+            ],
+            inventory=self.ray.inventory() if ray else None,
+            check=(lambda spec: refuse_stage_in("ray", spec)) if ray else None,
         )
-        self._dirty = True
-        if backend == "ray":
+        self._check_priority(peer, batch[0][1].priority)
+        self._check_queued(peer, len(batch))
+        self._check_payload(peer, batch)
+        ids = self.sched.insert(
+            batch, owner=peer.user, uid=peer.uid, inline=inline, backend=backend
+        )
+        if ray:
             self.ray.keep()
-        return {"ids": [job_id for job_id, _, _ in batch]}
+        return {"ids": ids}
 
     def _check_priority(self, peer: Peer, priority: int) -> None:
         if peer.admin or self.config is None:
@@ -310,7 +300,7 @@ class Requests:
         info = self._owned(peer, msg.get("id"), "requeue")
         self._check_queued(peer, 1)
         self._dirty = True
-        return {"job": info_to_json(self.sched.requeue_job(info.id))}
+        return {"job": info_to_json(self.sched.requeue(info.id))}
 
     def _get(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         job_id = msg.get("id")
@@ -453,7 +443,7 @@ class Requests:
         assert self.sched is not None
         if self.shared and not peer.admin:
             raise PermissionDenied("only a pool admin may change the pool's policy or leases")
-        self.sched._write_settings(
+        self.sched.write_settings(
             msg.get("policy"),
             msg.get("lease_ttl"),
             msg.get("grace"),

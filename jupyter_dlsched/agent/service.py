@@ -48,7 +48,7 @@ from ..store import payload_keep
 from .client import IDLE_EXIT, trusted_server_uids, user_address
 from .config import ServiceConfig
 from .connections import Connections, Peer
-from .deciding import AgentScheduler
+from .deciding import agent_engine
 from .forking import Forking, _set_name
 from .protocol import ProtocolError, error_reply
 from .ray_keeper import RayKeeper
@@ -56,6 +56,7 @@ from .requests import Requests
 from .scrape import ScrapeEndpoint
 
 if TYPE_CHECKING:
+    from ..engine import Engine
     from ..sampling import Sampler
 from .visibility import Viewer, redact
 
@@ -125,7 +126,7 @@ class Agent(Requests, Forking):
             who=self._who,
             refuse=self._refuse_uid,
         )
-        self.sched: AgentScheduler | None = None
+        self.sched: Engine | None = None
         self._dirty = True
         self._stopping = False
         self._address: str | bytes | None = None
@@ -237,7 +238,7 @@ class Agent(Requests, Forking):
             options = {"policy": self.config.policy, "policy_params": params}
         if self.shared:
             _check_reachable(self.home)  # before anything is created in it
-        self.sched = AgentScheduler(self, self.home, **options)
+        self.sched = agent_engine(self, self.home, **options)
         if self.shared:
             from ..sampling import Sampler
 

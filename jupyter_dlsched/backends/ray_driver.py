@@ -17,6 +17,7 @@ after the ledger, as the agent does, and the agent asks that socket whether it l
 from __future__ import annotations
 
 import argparse
+import getpass
 import hashlib
 import logging
 import os
@@ -67,7 +68,7 @@ def driver_alive(home: str | os.PathLike[str]) -> bool:
 
 def serve(home: str | os.PathLike[str], idle_exit: float) -> int:
     """Run the Ray jobs of ``home`` until none has waited or run for ``idle_exit`` seconds."""
-    from ..scheduler import Scheduler
+    from ..engine import Engine, EngineLink
     from ..store import Store
 
     holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -86,27 +87,30 @@ def serve(home: str | os.PathLike[str], idle_exit: float) -> int:
     store = Store(home)
     store.set_meta("ray_driver_pid", os.getpid())
     options = store.get_meta(OPTIONS_KEY) or {}
-    store.close()
     address = options.get("address")
     try:
-        with Scheduler(
-            home,
-            backend="ray",
-            agent=False,
+        with Engine(
+            store,
+            "ray",
             address=address,
             gpu_mem=options.get("gpu_mem"),
             init_options=options.get("init_options") or {},
-        ) as s:
-            s.store.set_meta(JOINED_KEY, options)  # after the inventory: this cluster's
+        ) as engine:
+            engine.write_settings()  # a new ledger's defaults
+            link = EngineLink(engine, owner=getpass.getuser(), uid=os.getuid())
+            store.set_meta(JOINED_KEY, options)  # after the inventory: this cluster's
             log.info("dlsched ray driver: %s joined %s", home, address or "Ray's default cluster")
             busy_at = time.monotonic()
+            seen = store.last_event_seq()
             while not stopping:
                 _answer(holder)
-                if s.store.count_active("ray"):
+                if store.count_active("ray"):
                     busy_at = time.monotonic()
                 elif time.monotonic() - busy_at > idle_exit:
                     break
-                time.sleep(0.2)
+                changes = link.changes(seen, 0.2)  # the engine decides while this waits
+                if changes:
+                    seen = changes[-1][0]
     finally:
         holder.close()
     return 0

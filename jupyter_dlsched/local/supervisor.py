@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .. import private
 from ..agent.client import AgentClient, agent_wanted, notify, user_address
+from ..engine import Engine
 from ..errors import (
     DlschedError,
     IllegalTransition,
@@ -33,7 +34,6 @@ from ..errors import (
     UnsafeStateFolder,
 )
 from ..runtime import STOP_FILE
-from ..scheduler import Scheduler
 from ..settings import Settings
 from ..store import JobInfo, RunEnd, Store, disk_full
 from ..units import format_size
@@ -437,8 +437,8 @@ def tick_after(home: str | os.PathLike[str]) -> None:
         return  # the state folder was removed while the job ran: nothing to schedule
     try:
         # the ledger directly: this supervisor belongs to a pool run without an agent
-        with Scheduler(home, backend="local", loop=False, probe_pool=False, agent=False) as sched:
-            sched.tick()
+        with Engine(Store(home), "local", probe_pool=False) as engine:
+            engine.tick()
     except LedgerUnavailable:
         pass  # disk full: the next participant with room ticks
     except Exception:

@@ -90,7 +90,7 @@ class ServerState:
         self.history_retention = history_retention
         self.user = getpass.getuser()
         #: a pool shared by every user of the machine (its ledger is the service's)
-        self.shared = bool(scheduler.link is not None and scheduler.link.shared)
+        self.shared = scheduler.shared
         self.sampler = Sampler(
             self.store, self.read_pool, interval=sample_interval, retention=history_retention
         )
@@ -138,8 +138,7 @@ class ServerState:
     def metrics(self) -> bytes:
         """The pool's Prometheus metrics (a shared pool's come from its service)."""
         if self.shared:
-            assert self.scheduler.link is not None
-            return str(self.scheduler.link.client.call("metrics")["text"]).encode()
+            return str(self.scheduler.ask_service("metrics")["text"]).encode()
         from ..metrics import exposition
 
         pool = self.read_pool()
@@ -231,8 +230,7 @@ class ServerState:
         """Utilisation rows in ``[since, until]``, each source thinned evenly to fit ``max_rows``
         (``Store.thinned_samples``: thinned in SQLite, never loaded whole into the server)."""
         if self.shared:  # recorded by the pool's service
-            assert self.scheduler.link is not None
-            reply = self.scheduler.link.client.call(
+            reply = self.scheduler.ask_service(
                 "samples", since=since, until=until, source=source, max_rows=max_rows
             )
             return list(reply["samples"])

@@ -23,6 +23,7 @@ from ..schema import (
     STATES,
     TERMINAL,
     TRANSITIONS,
+    WAITING,
     JobInfo,
     _row_to_info,
     source_id,
@@ -519,6 +520,26 @@ class Jobs(Payloads):
     def request_cancel(db: sqlite3.Connection, job_id: str) -> None:
         """Ask the supervisor of a running job to cancel it."""
         db.execute("UPDATE jobs SET cancel_requested=1 WHERE id=?", (job_id,))
+
+    def cancel(self, job_id: str, *, unsupervised_ends: bool, now: float | None = None) -> None:
+        """Cancel a job in one transaction: a waiting one ends now; a running one is asked
+        to stop (its supervisor or backend ends it), or ends now when nobody supervises it
+        and ``unsupervised_ends`` (a local job allocated but not claimed yet). Works on a
+        full disk (the ledger's reserve); ``JobNotFound`` for a bad id."""
+        now = time.time() if now is None else now
+        with self.transaction(cancel=True) as db:
+            row = self.state_and_supervisor(db, job_id)
+            if row is None:
+                raise JobNotFound(job_id)
+            state, supervisor = row
+            if state in WAITING or (
+                state == "running" and supervisor is None and unsupervised_ends
+            ):
+                self.transition_in(
+                    db, job_id, "cancelled", "cancelled by user", now=now, finished=now
+                )
+            elif state == "running":
+                self.request_cancel(db, job_id)
 
     def set_priority(self, job_id: str, priority: int) -> None:
         """Change a job's priority and record it as an event (``JobNotFound`` for a bad id)."""

@@ -263,11 +263,12 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
     tmp_path: Path, small_head: None
 ) -> None:
     from jupyter_dlsched.agent.service import Agent
+    from jupyter_dlsched.scheduler import Scheduler
 
     agent = Agent(tmp_path / "home")
     agent.open()
-    s = agent.sched
-    assert s is not None
+    assert agent.sched is not None
+    s = Scheduler.of_engine(agent.sched)  # a client of the agent's own engine
     try:
         holders = [s.submit_command(["sleep", "600"], gpus=1, cpus=1) for _ in range(2)]
         s.tick(now=time.time())

@@ -12,14 +12,10 @@ PACKAGE = Path(jupyter_dlsched.__file__).parent
 ROOT = "jupyter_dlsched"
 #: What people call: they reach the pool through the ``Scheduler`` client only.
 FRONT_ENDS = ("cli", "magics", "cell_jobs", "cells", "widgets", "server")
-#: The ledger's internals, the deciding half and the job-process chain.
-BELOW_THE_CLIENT = ("store", "tick", "deciding", "local")
+#: The ledger's internals, the engine (what decides) and the job-process chain.
+BELOW_THE_CLIENT = ("store", "tick", "engine", "local")
 #: The client and what hangs on it.
-CLIENT = ("scheduler", "default", "handle")
-#: Where ``local/`` or ``backends/`` still compose a direct-path ``Scheduler`` to decide (the
-#: supervisor's one decision after its job, in a pool without an agent; the Ray driver):
-#: the engine step (#23) gives them an engine of their own instead.
-COMPOSES_A_SCHEDULER = {"local.supervisor": "scheduler", "backends.ray_driver": "scheduler"}
+CLIENT = ("scheduler", "default", "handle", "following")
 
 Graph = dict[str, set[str]]
 
@@ -182,15 +178,34 @@ def test_front_ends_reach_the_pool_through_the_client_only():
 def test_policies_decide_from_their_inputs_only():
     """A policy sees queued and running jobs and the capacity; it reads no ledger or pool,
     which is what lets the simulator replay it."""
-    below = ("store", "pool", "scheduler", "agent", "local", "backends", "tick", "deciding")
+    below = ("store", "pool", "scheduler", "agent", "local", "backends", "tick", "engine")
     assert offending(("policy",), below) == []
 
 
 def test_the_job_process_chain_and_backends_never_hold_the_client():
-    found = offending(("local", "backends"), (*CLIENT, ROOT))
-    allowed = [f"{ROOT}.{a} imports {ROOT}.{b}" for a, b in COMPOSES_A_SCHEDULER.items()]
-    assert [f for f in found if f not in allowed] == []
-    assert all(a in found for a in allowed), "the allow-list names an import that is gone"
+    """They hold a ``port.Port``; where they decide (a supervisor after its job, the Ray
+    driver) they compose an ``Engine``."""
+    assert offending(("local", "backends"), (*CLIENT, ROOT)) == []
+
+
+def test_the_engine_knows_no_client_agent_or_front_end():
+    """Whoever decides composes an engine and plugs in its own parts (the agent its
+    limits and forks); the engine imports none of them, nor the client that reaches it."""
+    assert offending(("engine",), (*CLIENT, ROOT, "agent", *FRONT_ENDS)) == []
+
+
+def test_no_one_but_the_client_holds_an_engine_link_or_reads_a_link_s_insides():
+    """A ``Scheduler`` has one link (the Ray driver drives its engine through one too);
+    front ends ask the ``Scheduler``, never its link."""
+    holders = sorted(
+        module_name(path)
+        for path in PACKAGE.rglob("*.py")
+        if "EngineLink" in path.read_text() and not layer(module_name(path), ("engine",))
+    )
+    assert holders == [f"{ROOT}.backends.ray_driver", f"{ROOT}.scheduler"]
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if layer(module_name(path), FRONT_ENDS):
+            assert ".link." not in path.read_text(), f"{path.name} reaches into a link"
 
 
 #: Modules outside ``store/`` that still open a ledger transaction themselves and write in
@@ -202,9 +217,8 @@ OPENS_A_TRANSACTION = (
     "backends.slurm_follow",
     "backends.slurm_monitor",
     "backends.slurm_record",
-    "deciding",
+    "engine.core",
     "local.supervisor",
-    "scheduler",
 )
 
 
@@ -242,7 +256,7 @@ def test_the_transaction_rule_sees_a_call_in_a_with_and_nothing_else():
         "transaction = 1\n"
     )
     assert transaction_openers(ast.parse(code)) == [1, 3]
-    assert "deciding" in modules_opening_transactions()
+    assert "engine.core" in modules_opening_transactions()
     assert not any(layer(f"{ROOT}.{m}", ("store",)) for m in modules_opening_transactions())
 
 
