@@ -241,14 +241,14 @@ def job_exception(
 
 class Watching:
     """A ``Scheduler``'s side of its handles: resolve them as their jobs end (from the
-    state changes its loop reads), load their results and exceptions."""
+    state changes its loop, ``following.Follower``, reads), load their results and
+    exceptions."""
 
     if TYPE_CHECKING:
         store: Any
         _inline: InlineRunner
         _watched: dict[str, list[JobHandle]]
         _watch_lock: threading.Lock
-        _event_seq: int
 
     def _watch(self, handle: JobHandle, check: bool = True) -> None:
         """Have the loop resolve ``handle`` when its job ends (futures' wait/as_completed)."""
@@ -265,13 +265,6 @@ class Watching:
                 handles = self._watched.get(handle.id, [])
                 if handle in handles:
                     handles.remove(handle)
-
-    def _resolve_watched(self) -> None:
-        rows = self.store.state_changes_since(self._event_seq)
-        if not rows:
-            return
-        self._event_seq = rows[-1][0]
-        self._resolve_rows(rows)
 
     def _resolve_rows(self, rows: Sequence[Any]) -> None:
         finished = {r[1] for r in rows if r[2] in TERMINAL}

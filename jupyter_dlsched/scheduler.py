@@ -182,8 +182,8 @@ class Scheduler(Watching):
         self._watched: dict[str, list[JobHandle]] = {}
         self._inline = InlineRunner(self)
         self._watch_lock = threading.Lock()
-        self._event_seq = self.store.last_event_seq()
-        self._follower = Follower(link, self._resolve_rows, self._inline, self._event_seq)
+        since = self.store.last_event_seq()
+        self._follower = Follower(link, self._resolve_rows, self._inline, since)
 
     # -- settings and pool ---------------------------------------------------------------
 
