@@ -9,10 +9,13 @@ an agent decides for).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from .policy import Decisions
+    from .schema import JobInfo
     from .settings import Settings
     from .store import Store
 
@@ -46,3 +49,58 @@ class InlinePort(Port, Protocol):
     @property
     def settings(self) -> Settings:
         """The ledger's settings."""
+
+
+class Link(Protocol):
+    """A ``Scheduler``'s one way to whatever decides: ``agent.link.AgentLink`` (a pool
+    agent over its socket) and ``engine.link.EngineLink`` (an engine in this process)."""
+
+    #: whether the pool is every user's of the machine (a service)
+    shared: bool
+    #: whether an agent decides (the ``Port.through_agent`` of the scheduler's backend)
+    through_agent: bool
+
+    def ledger(self) -> Any:
+        """The ledger as this client reads it (a shared pool's through its service)."""
+
+    def submit(
+        self,
+        kind: str,
+        jobs: Sequence[dict[str, bytes]],
+        *,
+        default_name: str,
+        origin: str,
+        options: dict[str, Any],
+        inline: bool = False,
+        backend: str = "local",
+        suffixes: Sequence[str] | None = None,
+    ) -> list[str]:
+        """Queue ``jobs`` (each its files) with the same options; their ids."""
+
+    def cancel(self, job_id: str) -> JobInfo: ...
+
+    def set_priority(self, job_id: str, priority: int | str) -> JobInfo: ...
+
+    def requeue(self, job_id: str) -> JobInfo: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def tick(self, now: float | None = None) -> Decisions | None:
+        """Ask for a decision now (``now`` only for an engine in this process)."""
+
+    def settings(self, **values: Any) -> None:
+        """Write the ledger's settings given (unset ones keep theirs)."""
+
+    def wake(self) -> None:
+        """Ask for a decision soon."""
+
+    def schedules(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """List the schedules, or remove one (``{"remove": id}``)."""
+
+    def changes(self, since: int, wait: float) -> list[tuple[int, str, str]]:
+        """State changes after event ``since``, waiting up to ``wait`` seconds for one."""
+
+    def interrupt(self) -> None:
+        """End a ``changes`` wait now."""
+
+    def close(self) -> None: ...

@@ -31,6 +31,7 @@ from .options import RESOURCE_ARGS
 from .policy import Decisions, Policy
 from .pool import PoolInfo
 from .pool_view import pool_shape, pool_with_jobs
+from .port import Link
 from .schedules.info import ScheduleInfo
 from .settings import Settings, check_resize_every
 from .spec import pickle_payload
@@ -172,9 +173,9 @@ class Scheduler(Watching):
             self.start()
         return self
 
-    def _attach(self, link: AgentLink | EngineLink, backend: Backend) -> None:
+    def _attach(self, link: Link, backend: Backend) -> None:
         """Take ``link`` as this scheduler's one way to the pool, and ``backend`` as its own."""
-        self.link = link
+        self.link: Link = link
         self.store = link.ledger()
         self.home = self.store.home
         self.backend = backend
@@ -253,10 +254,7 @@ class Scheduler(Watching):
 
     def wake(self) -> None:
         """Ask for a decision soon (the backend's threads do when resources came free)."""
-        if isinstance(self.link, EngineLink):
-            self.link.wake()
-        else:
-            self.link.tick()
+        self.link.wake()
 
     def configure_cache(
         self,

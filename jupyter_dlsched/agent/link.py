@@ -206,6 +206,10 @@ class AgentLink:
         reads its own clock)."""
         self.client.call("tick")
 
+    def wake(self) -> None:
+        """Ask the agent for a decision (it takes it at the end of its loop turn)."""
+        self.client.call("tick")
+
     def schedules(self, msg: dict[str, Any]) -> dict[str, Any]:
         """List the schedules, or remove one (``{"remove": id}``), as the agent allows."""
         return dict(self.client.call("schedules", **msg))
