@@ -350,7 +350,9 @@ class QueueIndex:
     it would have decided over the whole queue; one that runs out of jobs
     first is asked again with the whole queue. Places in line and reasons
     come from the whole-queue decisions, taken at most every ``PLACES_EVERY``
-    seconds (or ten times as long as one takes) while heads are decided.
+    seconds (or ten times as long as one takes) while heads are decided; one
+    that settles on the head reads the rest of the line from the lanes
+    (``line``, ``places_from``) instead of asking the policy about every job.
     """
 
     #: Offered jobs from which a decision looks at the head of the queue only.
@@ -565,16 +567,13 @@ class QueueIndex:
             if job_id in started:
                 continue
             place += 1
-            why = said.get(job_id)
-            if why is None:
-                why = explain(job)
-            new = (place, why)
+            why = said.get(job_id) or explain(job)
             old = places.get(job_id)
             if old is None:
                 old = self.place(job_id, self.waiting[job_id])
-            if old != new:
+            if old[0] != place or old[1] != why:
                 changed.append((place, why, job_id))
-                places[job_id] = new
+                places[job_id] = (place, why)
         for job_id, row in self.pending.items():
             new_pending = (None, blocked.get(job_id))
             if self.place(job_id, row) != new_pending:

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from jupyter_dlsched.agent.config import Limits, ServiceConfig
 from jupyter_dlsched.agent.limits import LimitsGate
 from jupyter_dlsched.placement import place
-from jupyter_dlsched.policy.elastic import with_elastic
 from jupyter_dlsched.policy import (
     Decisions,
     PresortedQueue,
@@ -29,6 +28,7 @@ from jupyter_dlsched.policy import (
     RunningJob,
     get_policy,
 )
+from jupyter_dlsched.policy.elastic import with_elastic
 from jupyter_dlsched.resources import Capacity, Request
 from jupyter_dlsched.tick import QueueIndex
 
