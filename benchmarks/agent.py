@@ -238,12 +238,14 @@ def decision_times(root: Path, n: int, repeats: int = 8) -> list[tuple[float, bo
     the start), not of launching."""
     from jupyter_dlsched import tick as tick_steps
     from jupyter_dlsched.agent.service import Agent
+    from jupyter_dlsched.scheduler import Scheduler
 
     with core.simulated("1x16GiB"):
         agent = Agent(root / f"decide-{n}")
         agent.open()
-        s = agent.sched
-        assert s is not None
+        engine = agent.sched
+        assert engine is not None and engine._index is not None
+        s = Scheduler.of_engine(engine)  # a client of the agent's own engine
         decide = tick_steps.decide
         timed: list[tuple[float, bool, bool]] = []
 
@@ -271,7 +273,7 @@ def decision_times(root: Path, n: int, repeats: int = 8) -> list[tuple[float, bo
                 s.tick()
                 time.sleep(0.001)
             # and one whole-queue decision, as when places in line are due (made due here)
-            s._index._places_at = 0.0
+            engine._index._places_at = 0.0
             s.tick(now=time.time())
         finally:
             tick_steps.decide = decide
