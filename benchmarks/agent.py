@@ -238,19 +238,23 @@ def decision_times(root: Path, n: int, repeats: int = 8) -> list[tuple[float, bo
     the start), not of launching."""
     from jupyter_dlsched import tick as tick_steps
     from jupyter_dlsched.agent.service import Agent
+    from jupyter_dlsched.scheduler import Scheduler
 
     with core.simulated("1x16GiB"):
         agent = Agent(root / f"decide-{n}")
         agent.open()
-        s = agent.sched
-        assert s is not None
+        engine = agent.sched
+        assert engine is not None and engine._index is not None
+        s = Scheduler.of_engine(engine)  # a client of the agent's own engine
         decide = tick_steps.decide
         timed: list[tuple[float, bool, bool]] = []
 
         def timed_decide(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             decisions = decide(*args, **kwargs)
-            timed.append((time.perf_counter() - t0, decisions.settled, bool(decisions.starts)))
+            # a head decision leaves places in line for later; a whole-queue one (over every
+            # job, or on the head with the rest of the line read from the lanes) works them out
+            timed.append((time.perf_counter() - t0, not decisions.placed, bool(decisions.starts)))
             return decisions
 
         try:
@@ -269,7 +273,7 @@ def decision_times(root: Path, n: int, repeats: int = 8) -> list[tuple[float, bo
                 s.tick()
                 time.sleep(0.001)
             # and one whole-queue decision, as when places in line are due (made due here)
-            s._index._places_at = 0.0
+            engine._index._places_at = 0.0
             s.tick(now=time.time())
         finally:
             tick_steps.decide = decide

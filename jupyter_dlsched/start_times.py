@@ -36,34 +36,42 @@ REWRITE_FROM = 1.0
 Estimates = dict[str, tuple[float | None, float | None]]
 
 
+def in_order(queued: Sequence[QueuedJob], order: Sequence[str]) -> list[QueuedJob]:
+    """``queued`` in ``order`` (a decision's ``order``), any job it leaves out after."""
+    by_id = {job.id: job for job in queued}
+    ordered = [by_id[job_id] for job_id in order if job_id in by_id]
+    if len(ordered) < len(by_id):
+        placed = set(order)
+        ordered += [job for job in queued if job.id not in placed]
+    return ordered
+
+
 def estimate(
     store: Store,
     db: sqlite3.Connection,
     *,
     backend: str,
     policy: Policy,
-    queued: Sequence[QueuedJob],
-    order: Sequence[str],
+    ordered: Sequence[QueuedJob],
     running: Sequence[RunningJob],
     capacity: Capacity,
     now: float,
     written: Estimates,
 ) -> float | None:
-    """Forecast the start of every job in ``queued`` (``order``: the queue's order) and write
-    the estimates that changed (``written``: what each job has now; updated in place).
+    """Forecast the start of the jobs waiting in ``ordered`` (the queue, in its order) and
+    write the estimates that changed (``written``: the estimates each job has now, none
+    for a job left out; updated in place).
 
-    Returns when to forecast again if nothing happens (a running job assumed
-    to end by then may not have), or ``None``."""
+    Only the first ``FORECAST_JOBS`` can get an estimate, so only they and the jobs
+    that had one are looked at: the cost does not grow with the queue. Returns when
+    to forecast again if nothing happens (a running job assumed to end by then may
+    not have), or ``None``."""
     run_times = RunTimes(window=RUN_TIMES_WINDOW)
     run_times.learn(store.finished_run_times(db, backend, RUN_TIMES_WINDOW))
-    by_id = {job.id: job for job in queued}
-    ordered = [by_id[job_id] for job_id in order if job_id in by_id]
-    if len(ordered) < len(by_id):
-        placed = set(order)
-        ordered += [job for job in queued if job.id not in placed]
+    chosen = ordered[:FORECAST_JOBS]
     made = forecast(
         policy,
-        ordered,
+        chosen,
         running,
         capacity,
         now,
@@ -72,13 +80,19 @@ def estimate(
         budget_s=FORECAST_BUDGET,
     )
     changes: list[tuple[float | None, float | None, str]] = []
-    for job in queued:
+    for job in chosen:
         found = made.estimates.get(job.id)
         new = (found.expected, found.p80) if found is not None else (None, None)
-        old = written.get(job.id, (None, None))
-        if _moved(old, new):
+        if _moved(written.get(job.id, (None, None)), new):
             changes.append((new[0], new[1], job.id))
-            written[job.id] = new
+            if found is None:
+                del written[job.id]
+            else:
+                written[job.id] = new
+    looked = {job.id for job in chosen}
+    for job_id in [j for j in written if j not in looked]:
+        changes.append((None, None, job_id))  # further back in line now: no estimate
+        del written[job_id]
     if changes:
         store.set_start_estimates(db, changes)
     return made.refresh_at

@@ -11,12 +11,13 @@ import json
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import start_times
 from .policy import Decisions, FinishedJob, Policy, PresortedQueue, QueuedJob, RunningJob
+from .policy.base import passes_through
 from .resources import Capacity, GpuFree, Placement, Request
 from .store import TERMINAL, JobInfo, RunEnd, Store
 from .when import begin_words
@@ -75,20 +76,39 @@ def decide(
         running = [r for r in snapshot if r["state"] == "running"]
     active = [_running(r, now) for r in running if r["placement"]]
     capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
+    learnt = False
     if index is not None:
+        wanted = index.places_wanted(now)
         head = index.head(policy, now)
         if head is not None:
+            if wanted:
+                _learn(store, db, backend, policy)  # as a decision over the whole queue would
+                learnt = True
             decisions = policy(head, active, capacity, now)
             if decisions.settled or len(head) == len(index.offered):
-                _commit(store, db, decisions, index.waiting, lease_ttl, now)
-                index.stale()
-                if deferred is not None:
-                    deferred[:] = []
-                due = index.places_due()
-                if decisions.wake_at is None or due < decisions.wake_at:
-                    decisions.wake_at = due
-                _wake_for_begin(decisions, index.pending.values(), now)
-                return decisions
+                if not wanted:
+                    _commit(store, db, decisions, index.waiting, lease_ttl, now)
+                    index.stale()
+                    if deferred is not None:
+                        deferred[:] = []
+                    due = index.places_due()
+                    if decisions.wake_at is None or due < decisions.wake_at:
+                        decisions.wake_at = due
+                    _wake_for_begin(decisions, index.pending.values(), now)
+                    return decisions
+                line = index.line(policy, decisions, head, active, capacity, now)
+                if line is not None:
+                    _commit(store, db, decisions, index.waiting, lease_ttl, now)
+                    in_line, explain = line
+                    _estimate(
+                        store, db, backend, policy, in_line, decisions, active, capacity, now, index
+                    )
+                    changed = index.places_from(in_line, explain, decisions, blocked)
+                    index.placed(time.perf_counter() - started)
+                    _write_places(store, db, changed, deferred)
+                    _wake_for_begin(decisions, index.pending.values(), now)
+                    decisions.placed = True
+                    return decisions
         waiting = index.in_submit_order()
         queued = [index.queued(row) for row in waiting if row["id"] in index.offered]
         rows = index.waiting
@@ -96,41 +116,30 @@ def decide(
         waiting = [r for r in snapshot if r["state"] != "running"]
         queued, blocked = _ready(store, db, waiting, now)
         rows = {r["id"]: r for r in waiting}
-    learn = getattr(policy, "learn", None)
-    if callable(learn):
-        # a learning policy (gittins) ranks by the sizes of jobs that ran to their end here
-        window = int(getattr(policy, "window", 2000))
-        learn(
-            [
-                FinishedJob(owner, name, size, finished)
-                for owner, name, size, finished in store.finished_sizes(db, backend, window)
-            ],
-            replace=True,
-        )
+    if not learnt:
+        _learn(store, db, backend, policy)
     decisions = policy(queued, active, capacity, now)
     _commit(store, db, decisions, rows, lease_ttl, now)
     # every waiting job's start-time estimate, from the same snapshot and the queue's order
-    written = (
-        index.estimates
-        if index is not None
-        else {r["id"]: (r["expected_start"], r["start_p80"]) for r in waiting}
-    )
-    refresh = start_times.estimate(
+    _estimate(
         store,
         db,
-        backend=backend,
-        policy=policy,
-        queued=queued,
-        order=decisions.order,
-        running=active,
-        capacity=capacity,
-        now=now,
-        written=written,
+        backend,
+        policy,
+        start_times.in_order(queued, decisions.order),
+        decisions,
+        active,
+        capacity,
+        now,
+        index,
+        written=None
+        if index is not None
+        else {
+            r["id"]: (r["expected_start"], r["start_p80"])
+            for r in waiting
+            if r["expected_start"] is not None or r["start_p80"] is not None
+        },
     )
-    if index is not None:
-        index.refresh_at = refresh if refresh is not None else float("inf")
-    if refresh is not None and (decisions.wake_at is None or refresh < decisions.wake_at):
-        decisions.wake_at = refresh  # a running job may outlive its assumed end: look again
     started_ids = {s.job_id for s in decisions.starts}
     order = [j for j in decisions.order if j not in started_ids]
     positions = {job_id: i + 1 for i, job_id in enumerate(order)}
@@ -149,12 +158,70 @@ def decide(
             changed.append((pos, reason, job_id))
     if index is not None:
         index.placed(time.perf_counter() - started)
+    _write_places(store, db, changed, deferred)
+    _wake_for_begin(decisions, waiting, now)
+    decisions.placed = True
+    return decisions
+
+
+def _learn(store: Store, db: sqlite3.Connection, backend: str, policy: Policy) -> None:
+    """Teach a learning policy (gittins; priority's backfill estimates) the sizes of the jobs
+    that ran to their end here."""
+    learn = getattr(policy, "learn", None)
+    if callable(learn):
+        window = int(getattr(policy, "window", 2000))
+        learn(
+            [
+                FinishedJob(owner, name, size, finished)
+                for owner, name, size, finished in store.finished_sizes(db, backend, window)
+            ],
+            replace=True,
+        )
+
+
+def _estimate(
+    store: Store,
+    db: sqlite3.Connection,
+    backend: str,
+    policy: Policy,
+    ordered: Sequence[QueuedJob],
+    decisions: Decisions,
+    active: list[RunningJob],
+    capacity: Capacity,
+    now: float,
+    index: QueueIndex | None,
+    written: start_times.Estimates | None = None,
+) -> None:
+    """Every waiting job's start-time estimate, from the decision's snapshot and the queue's
+    order (``ordered``: the queue in that order); wake when they may go stale."""
+    refresh = start_times.estimate(
+        store,
+        db,
+        backend=backend,
+        policy=policy,
+        ordered=ordered,
+        running=active,
+        capacity=capacity,
+        now=now,
+        written=index.estimates if index is not None else (written or {}),
+    )
+    if index is not None:
+        index.refresh_at = refresh if refresh is not None else float("inf")
+    if refresh is not None and (decisions.wake_at is None or refresh < decisions.wake_at):
+        decisions.wake_at = refresh  # a running job may outlive its assumed end: look again
+
+
+def _write_places(
+    store: Store,
+    db: sqlite3.Connection,
+    changed: list[tuple[int | None, str | None, str]],
+    deferred: list[tuple[int | None, str | None, str]] | None,
+) -> None:
+    """Write the places in line that changed in this transaction, or hand them to the caller."""
     if deferred is not None:
         deferred[:] = changed
     else:
         store.set_queue_positions(db, changed)
-    _wake_for_begin(decisions, waiting, now)
-    return decisions
 
 
 def _wake_for_begin(decisions: Decisions, waiting: Iterable[sqlite3.Row], now: float) -> None:
@@ -283,7 +350,9 @@ class QueueIndex:
     it would have decided over the whole queue; one that runs out of jobs
     first is asked again with the whole queue. Places in line and reasons
     come from the whole-queue decisions, taken at most every ``PLACES_EVERY``
-    seconds (or ten times as long as one takes) while heads are decided.
+    seconds (or ten times as long as one takes) while heads are decided; one
+    that settles on the head reads the rest of the line from the lanes
+    (``line``, ``places_from``) instead of asking the policy about every job.
     """
 
     #: Offered jobs from which a decision looks at the head of the queue only.
@@ -305,6 +374,8 @@ class QueueIndex:
         #: waiting jobs with a dependency not known to have succeeded
         self.pending: dict[str, sqlite3.Row] = {}
         self.shapes: Counter[Request] = Counter()
+        #: offered jobs stopped for an elastic resize, which restart wherever they wait
+        self.resuming = 0
         self._shapes: frozenset[Request] | None = None  # of ``shapes``, until one comes or goes
         self._layout: Any = None
         self._lanes: dict[Any, _Lane] = {}
@@ -367,6 +438,8 @@ class QueueIndex:
 
     def _offer(self, job: QueuedJob) -> None:
         self.offered[job.id] = job
+        if job.resume_on is not None:
+            self.resuming += 1
         if not self.shapes[job.request]:
             self._shapes = None
         self.shapes[job.request] += 1
@@ -379,6 +452,8 @@ class QueueIndex:
             kept.add(key, job)
 
     def _withdraw(self, job: QueuedJob) -> None:
+        if job.resume_on is not None:
+            self.resuming -= 1
         self.shapes[job.request] -= 1
         if self.shapes[job.request] <= 0:
             del self.shapes[job.request]
@@ -419,14 +494,7 @@ class QueueIndex:
     def head(self, policy: Policy, now: float) -> PresortedQueue | None:
         """The head of the queue to decide on (see the class), or ``None``: decide on all."""
         layout = getattr(policy, "lane_layout", None)
-        if (
-            len(self.offered) < self.HEAD_FROM
-            or not callable(layout)
-            or (
-                (self._stale or now >= self.refresh_at)
-                and time.monotonic() >= self.places_due_monotonic()
-            )
-        ):
+        if len(self.offered) < self.HEAD_FROM or not callable(layout):
             return None
         if policy.head({}, now, 0) is None:  # type: ignore[attr-defined]
             return None  # it preempts or learns: it looks at the whole queue, keep no lanes
@@ -441,6 +509,77 @@ class QueueIndex:
                 self._shapes = frozenset(self.shapes)
             queue.shapes = self._shapes
         return queue
+
+    def places_wanted(self, now: float) -> bool:
+        """Whether this decision should also work out every waiting job's place in line:
+        something changed since they were, or the estimates went stale, and they are due."""
+        return (self._stale or now >= self.refresh_at) and (
+            time.monotonic() >= self.places_due_monotonic()
+        )
+
+    def line(
+        self,
+        policy: Policy,
+        decided: Decisions,
+        head: Sequence[QueuedJob],
+        running: list[RunningJob],
+        capacity: Capacity,
+        now: float,
+    ) -> tuple[Sequence[QueuedJob], Callable[[QueuedJob], str]] | None:
+        """The whole queue in the order a decision over it would give, and why a waiting
+        job ``decided`` did not look at waits (``policy.line``), read from the lanes; or
+        ``None`` where only a decision over the whole queue can say.
+
+        ``decided`` is ``policy``'s settled decision on ``head``: it started what the
+        whole queue would have started, so the policy's lanes say the rest, if no gate
+        around the policy held a job back or changed what it decided
+        (``passes_through``), and no job waits to resume an elastic run (it would start
+        at once wherever it is in line)."""
+        line = getattr(policy, "line", None)
+        if not decided.settled or self.resuming or not callable(line) or self._layout is None:
+            return None
+        if not passes_through(policy, decided, head, running):
+            return None
+        left = capacity
+        for start in decided.starts:
+            left = left.take(start.placement)
+        lanes = {lane: kept.jobs for lane, kept in self._lanes.items()}
+        made = line(lanes, decided, head, running, left, now)
+        return None if made is None else (made[0], made[1])
+
+    def places_from(
+        self,
+        order: Sequence[QueuedJob],
+        explain: Callable[[QueuedJob], str],
+        decided: Decisions,
+        blocked: Mapping[str, str],
+    ) -> list[tuple[int | None, str | None, str]]:
+        """Each waiting job's place in line and reason after ``decided``, from the whole
+        queue's ``order`` (``line``): ``(place, reason, job id)`` of those that changed
+        since last computed, which are kept as the ones computed now."""
+        started = {s.job_id for s in decided.starts}
+        said = decided.waiting
+        places = self.places
+        changed: list[tuple[int | None, str | None, str]] = []
+        place = 0
+        for job in order:
+            job_id = job.id
+            if job_id in started:
+                continue
+            place += 1
+            why = said.get(job_id) or explain(job)
+            old = places.get(job_id)
+            if old is None:
+                old = self.place(job_id, self.waiting[job_id])
+            if old[0] != place or old[1] != why:
+                changed.append((place, why, job_id))
+                places[job_id] = (place, why)
+        for job_id, row in self.pending.items():
+            new_pending = (None, blocked.get(job_id))
+            if self.place(job_id, row) != new_pending:
+                changed.append((None, new_pending[1], job_id))
+                places[job_id] = new_pending
+        return changed
 
     def _build_lanes(self, policy: Any) -> None:
         placed: dict[Any, list[tuple[Any, QueuedJob]]] = {}

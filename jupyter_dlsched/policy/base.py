@@ -166,6 +166,9 @@ class Decisions:
     settled: bool = False
     # Elastic jobs to restart on other GPUs (``jupyter_dlsched.policy.elastic``)
     resizes: list[Resize] = field(default_factory=list)
+    # Every waiting job's place in line and reason were worked out with this decision (a
+    # decision over the whole queue, or one on its head with the rest read from the lanes)
+    placed: bool = False
 
 
 class Policy(Protocol):
@@ -207,6 +210,29 @@ class PolicyGate:
         if name == "_policy":  # not set yet (a copy being made): no recursion
             raise AttributeError(name)
         return getattr(self._policy, name)
+
+    def passes_through(
+        self,
+        decisions: Decisions,
+        queued: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+    ) -> bool:
+        """Whether ``decisions`` (this gate's, on ``queued``: the head of a deep queue) are
+        the wrapped policy's own, and the gate would have held no job of the whole queue back: then
+        places in line may be read from the policy's lanes (``QueueIndex``). A gate that
+        cannot tell says no, and places come from a decision over the whole queue."""
+        return False
+
+
+def passes_through(
+    policy: Policy,
+    decisions: Decisions,
+    queued: Sequence[QueuedJob],
+    running: Sequence[RunningJob],
+) -> bool:
+    """``PolicyGate.passes_through`` for any policy: a bare policy decides alone."""
+    check = getattr(type(policy), "passes_through", None)
+    return check is None or bool(check(policy, decisions, queued, running))
 
 
 def describe_shortfall(request: Request, capacity: Capacity) -> str:

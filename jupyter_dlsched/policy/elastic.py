@@ -50,6 +50,7 @@ from .base import (
     RunningJob,
     Start,
     narrowed,
+    passes_through,
 )
 from .speedup import Speedup, parse_speedup
 
@@ -106,6 +107,20 @@ class ElasticPolicy(PolicyGate):
         self._restart_cost = float(seconds)
         if hasattr(self._policy, "restart_cost"):
             self._policy.restart_cost = seconds
+
+    def passes_through(
+        self,
+        decisions: Decisions,
+        queued: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+    ) -> bool:
+        """No elastic job runs, none started, none waits to resume: the wrapped policy's
+        decisions, on the capacity it was given (see ``PolicyGate.passes_through``)."""
+        if any(j.min_gpus is not None for j in running):
+            return False
+        if any(j.max_gpus is not None or j.resume_on is not None for j in queued):
+            return False
+        return passes_through(self._policy, decisions, queued, running)
 
     def __call__(
         self,

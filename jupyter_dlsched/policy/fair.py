@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
+from operator import attrgetter
 from typing import Any
 
 from ..resources import Capacity, Request
@@ -111,6 +112,52 @@ class FairPolicy:
         cut = frozenset(owner for owner, owned in lanes.items() if len(owned) > k)
         return PresortedQueue(jobs, key=submit_order, in_order=True, cut=cut)
 
+    def line(
+        self,
+        lanes: Mapping[Hashable, Sequence[QueuedJob]],
+        decided: Decisions,
+        head: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        left: Capacity,
+        now: float,
+    ) -> tuple[Sequence[QueuedJob], Callable[[QueuedJob], str]]:
+        """The whole queue in the order a decision over it gives (``Decisions.order``: the
+        starts, then the owners' jobs by their share once those started, then submit
+        order), and why a waiting job ``decided`` did not look at waits, after ``decided``:
+        a settled decision on ``head``, which left ``left`` free."""
+        totals = _totals(left)
+        usage: dict[str, list[float]] = {}
+        for r in running:
+            _add(usage, r.owner, r.request, r.placement.cpu_share)
+        by_id = {j.id: j for j in head}
+        for s in decided.starts:
+            job = by_id[s.job_id]
+            _add(usage, job.owner, job.request, s.placement.cpu_share)
+        shares: dict[float, list[Sequence[QueuedJob]]] = {}
+        for owner, jobs in lanes.items():
+            shares.setdefault(self._share(str(owner), usage, totals, now), []).append(jobs)
+        order = [by_id[s.job_id] for s in decided.starts]
+        started = {s.job_id for s in decided.starts}
+        for level in sorted(shares):
+            same = shares[level]
+            merged = same[0] if len(same) == 1 else sorted(chain(*same), key=attrgetter("seq"))
+            order.extend([j for j in merged if j.id not in started] if started else merged)
+        return order, lambda job: describe_shortfall(job.request, left)
+
+    def _share(
+        self,
+        owner: str,
+        usage: dict[str, list[float]],
+        totals: tuple[float, float, float],
+        now: float,
+    ) -> float:
+        """``owner``'s weighted dominant share: what its jobs hold now and its decayed past."""
+        used = usage.get(owner, [0.0, 0.0, 0.0])
+        now_share = max(u / t for u, t in zip(used, totals, strict=True))
+        scale = totals[0] * self.half_life if self.half_life else 0.0
+        past = self.used(owner, now) / scale if scale and owner in self._used else 0.0
+        return (now_share + past) / self.weight(owner)
+
     def __call__(
         self,
         queued: Sequence[QueuedJob],
@@ -127,11 +174,7 @@ class FairPolicy:
         if shapes is not None and nothing_fits(room, shapes):
             out.settled = True
             return out
-        totals = (
-            float(len(capacity.gpus)) or 1.0,
-            float(capacity.cpus_total) or 1.0,
-            float(capacity.mem_total) or 1.0,
-        )
+        totals = _totals(capacity)
         usage: dict[str, list[float]] = {}
         for r in running:
             _add(usage, r.owner, r.request, r.placement.cpu_share)
@@ -145,14 +188,8 @@ class FairPolicy:
             # others behind it that this call cannot see: it may not settle
             shapes = None
 
-        # the past, in the unit of the share: every GPU held for one half-life is 1
-        scale = totals[0] * self.half_life if self.half_life else 0.0
-        past = {o: self.used(o, now) / scale for o in self._used} if scale else {}
-
         def share(owner: str) -> float:
-            used = usage.get(owner, [0.0, 0.0, 0.0])
-            now_share = max(u / t for u, t in zip(used, totals, strict=True))
-            return (now_share + past.get(owner, 0.0)) / self.weight(owner)
+            return self._share(owner, usage, totals, now)
 
         heap = [(share(o), jobs[0].seq, o) for o, jobs in by_owner.items()]
         heapq.heapify(heap)
@@ -182,14 +219,24 @@ class FairPolicy:
                 break  # the next of this owner's jobs is behind the head: not settled
         if not lean:
             started = {s.job_id for s in out.starts}
+            final = {owner: share(owner) for owner in by_owner}
             rest = sorted(
                 (j for j in ordered if j.id not in started),
-                key=lambda j: (share(j.owner), j.seq),
+                key=lambda j: (final[j.owner], j.seq),
             )
             out.order = [s.job_id for s in out.starts] + [j.id for j in rest]
             for job in rest:
                 out.waiting[job.id] = describe_shortfall(job.request, room.capacity)
         return out
+
+
+def _totals(capacity: Capacity) -> tuple[float, float, float]:
+    """The pool's GPUs, CPU cores and memory: what a dominant share is a fraction of."""
+    return (
+        float(len(capacity.gpus)) or 1.0,
+        float(capacity.cpus_total) or 1.0,
+        float(capacity.mem_total) or 1.0,
+    )
 
 
 def _add(usage: dict[str, list[float]], owner: str, request: Request, cpus: float) -> None:

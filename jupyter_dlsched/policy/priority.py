@@ -11,11 +11,13 @@ reservation leaves free, so a blocked big job is never delayed by small ones.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import islice
+from itertools import chain, islice
+from operator import attrgetter
 from typing import Any
 
 from ..placement import place
@@ -147,6 +149,82 @@ class PriorityPolicy:
         if lanes.get(_DEADLINE_LANE):
             streams.append(heapq.nsmallest(k, lanes[_DEADLINE_LANE], key=key))
         return PresortedQueue(islice(heapq.merge(*streams, key=key), k), key=key, in_order=True)
+
+    def line(
+        self,
+        lanes: Mapping[Hashable, Sequence[QueuedJob]],
+        decided: Decisions,
+        head: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        left: Capacity,
+        now: float,
+    ) -> tuple[Sequence[QueuedJob], Callable[[QueuedJob], str]] | None:
+        """The whole queue in this policy's order at ``now`` (``Decisions.order`` of a
+        decision over it), and why a waiting job ``decided`` did not look at waits: a
+        settled decision on the head, which left ``left`` free, so nothing further fits.
+        Without backfill, jobs behind the first blocked one wait for it. ``None`` with
+        preemption on (see ``head``)."""
+        if self.preempt:
+            return None
+        order = self._merged(lanes, now)
+        if self.backfill:
+            return order, lambda job: describe_shortfall(job.request, left)
+        started = {s.job_id for s in decided.starts}
+        ahead: set[str] = set()  # up to the first job blocked long enough to hold the line
+        first: QueuedJob | None = None
+        for job in order:
+            ahead.add(job.id)
+            if job.id not in started and now - job.submitted >= self.reserve_after:
+                first = job
+                break
+        behind = "" if first is None else f"behind {first.id} (higher in line)"
+
+        def explain(job: QueuedJob) -> str:
+            return describe_shortfall(job.request, left) if job.id in ahead else behind
+
+        return order, explain
+
+    def _merged(self, lanes: Mapping[Hashable, Sequence[QueuedJob]], now: float) -> list[QueuedJob]:
+        """Every job of the lanes in ``sort_key`` order at ``now``, without a key per job.
+
+        Along a lane of one base priority the effective priority only falls (the jobs
+        further on have waited less), so each lane is a few runs of one effective
+        priority, found by bisection; runs of equal priority from different lanes merge
+        by submit order, and jobs with deadlines go first within their priority."""
+
+        def rank(job: QueuedJob) -> float:
+            return -self.effective_priority(job, now)
+
+        runs: dict[float, list[Sequence[QueuedJob]]] = {}
+        for lane, jobs in lanes.items():
+            if lane == _DEADLINE_LANE:
+                continue
+            i = 0
+            while i < len(jobs):
+                level = rank(jobs[i])
+                j = (
+                    len(jobs)
+                    if self.aging_interval <= 0
+                    else bisect.bisect_right(jobs, level, lo=i, key=rank)
+                )
+                runs.setdefault(level, []).append(jobs[i:j] if i or j < len(jobs) else jobs)
+                i = j
+        due: dict[float, list[QueuedJob]] = {}
+        for job in lanes.get(_DEADLINE_LANE, ()):
+            due.setdefault(rank(job), []).append(job)
+        order: list[QueuedJob] = []
+        for level in sorted(runs.keys() | due.keys()):
+            early = sorted(due.get(level, ()), key=lambda j: self.sort_key(j, now))
+            late = [j for j in early if j.deadline == math.inf]  # ties with no deadline
+            order.extend(j for j in early if j.deadline != math.inf)
+            same = runs.get(level, [])
+            if late:
+                same = [*same, late]
+            if len(same) == 1:
+                order.extend(same[0])
+            elif same:
+                order.extend(sorted(chain.from_iterable(same), key=attrgetter("seq")))
+        return order
 
     def __call__(
         self,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
@@ -148,6 +148,34 @@ class RankedPolicy:
         ):
             return None
         return PresortedQueue(islice(lanes.get((), ()), k), key=self.queue_key, in_order=True)
+
+    def line(
+        self,
+        lanes: Mapping[Hashable, Sequence[QueuedJob]],
+        decided: Decisions,
+        head: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        left: Capacity,
+        now: float,
+    ) -> tuple[Sequence[QueuedJob], Callable[[QueuedJob], str]] | None:
+        """The whole queue in the order a decision over it would give (``Decisions.order``),
+        and why a waiting job it did not look at waits, after ``decided``: a settled
+        decision on the head of the queue, which left ``left`` free. A ranked queue's lane
+        is its order; what blocks a strict queue is its first waiting job.
+        ``None`` where ``head`` offers none."""
+        if self.head({}, now, 0) is None:
+            return None
+        order = lanes.get((), ())
+        if self.skip:
+            return order, lambda job: describe_shortfall(job.request, left)
+        started = {s.job_id for s in decided.starts}
+        first = next((job for job in order if job.id not in started), None)
+        behind = "" if first is None else self.blocked_reason(first)
+
+        def explain(job: QueuedJob) -> str:
+            return describe_shortfall(job.request, left) if job is first else behind
+
+        return order, explain
 
     def blocked_reason(self, head: QueuedJob) -> str:
         return f"behind {head.id} (first in line)"

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..policy import Decisions, Policy, QueuedJob, RunningJob
-from ..policy.base import PolicyGate, narrowed
+from ..policy.base import PolicyGate, narrowed, passes_through
 from ..resources import Capacity
 from ..store import Store
 
@@ -88,6 +88,18 @@ class StagingGate(PolicyGate):
         if started:
             self._store.touch_cache(db, started, now)
         return decisions
+
+    def passes_through(
+        self,
+        decisions: Decisions,
+        queued: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+    ) -> bool:
+        """No waiting job has an input left to stage: this tick held nothing back
+        (``PolicyGate.passes_through``)."""
+        if self._store.waiting_inputs(self._store.db):
+            return False
+        return passes_through(self._policy, decisions, queued, running)
 
     def _gate(
         self,

@@ -28,6 +28,7 @@ from jupyter_dlsched.policy import (
     RunningJob,
     get_policy,
 )
+from jupyter_dlsched.policy.elastic import with_elastic
 from jupyter_dlsched.resources import Capacity, Request
 from jupyter_dlsched.tick import QueueIndex
 
@@ -165,6 +166,96 @@ def test_per_user_limits_keep_a_settled_head_decision_exact(
         assert starts(quick) == starts(whole)
 
 
+def index_of(jobs: list[QueuedJob], k: int) -> QueueIndex:
+    """A ``QueueIndex`` holding ``jobs`` as the agent's would (rows as the ledger gives them,
+    no place in line yet), deciding on heads of ``k`` from any depth."""
+    index = QueueIndex()
+    index.HEAD_FROM, index.HEAD = 1, k
+    index._add(
+        [
+            {
+                "id": j.id,
+                "seq": j.seq,
+                "submitted": j.submitted,
+                "gpus": j.request.gpus,
+                "gpu_mem": j.request.gpu_mem,
+                "cpus": j.request.cpus,
+                "mem": j.request.mem,
+                "priority": j.priority,
+                "owner": j.owner,
+                "deadline": j.deadline,
+                "time_limit": j.time_limit,
+                "preemptible": j.preemptible,
+                "attained": j.attained,
+                "preemptions": j.preemptions,
+                "name": j.name,
+                "max_gpus": j.max_gpus,
+                "resize_to": None,
+                "after": "[]",
+                "begin": None,
+                "position": None,
+                "waiting": None,
+            }
+            for j in sorted(jobs, key=lambda j: j.seq)
+        ]  # type: ignore[misc]
+    )
+    return index
+
+
+def places(decisions: Decisions) -> dict[str, tuple[int | None, str | None]]:
+    """Each waiting job's place in line and reason, as a decision over the whole queue says."""
+    started = {s.job_id for s in decisions.starts}
+    line = [job_id for job_id in decisions.order if job_id not in started]
+    return {job_id: (n, decisions.waiting.get(job_id)) for n, job_id in enumerate(line, 1)}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=queues(),
+    which=st.sampled_from(POLICIES),
+    k=st.integers(1, 8),
+    elastic=st.booleans(),
+)
+def test_places_read_from_the_lanes_are_those_of_a_decision_over_the_whole_queue(
+    case: tuple[list[QueuedJob], list[RunningJob], Capacity, float],
+    which: tuple[str, dict[str, Any]],
+    k: int,
+    elastic: bool,
+) -> None:
+    jobs, running, capacity, now = case
+    policy = get_policy(which[0], **which[1])
+    if elastic:  # as the local pool runs every policy
+        policy = with_elastic(policy)
+    whole = policy(sorted(jobs, key=lambda j: j.seq), running, capacity, now)
+    index = index_of(jobs, k)
+    head = index.head(policy, now)
+    assert head is not None
+    quick = policy(head, running, capacity, now)
+    line = index.line(policy, quick, head, running, capacity, now)
+    if not quick.settled:
+        assert line is None  # only a settled decision tells the rest of the line
+        return
+    assert line is not None
+    index.places_from(*line, quick, {})
+    assert index.places == places(whole)
+    # a second decision with nothing changed writes nothing
+    assert index.places_from(*line, quick, {}) == []
+
+
+def test_a_gate_that_may_hold_jobs_back_leaves_places_to_the_whole_queue() -> None:
+    config = ServiceConfig(limits=Limits(max_gpus=1))
+    policy = LimitsGate(get_policy("priority"), config)
+    now = 10_000.0
+    capacity = Capacity.empty(n_gpus=1, gpu_mem=16 * GIB, cpus=8, mem=64 * GIB)
+    held, capacity = _running_on(capacity, "r", "ana")
+    jobs = [QueuedJob(f"j{i}", i, now, SHAPES[0], owner="ana") for i in range(10)]
+    index = index_of(jobs, 3)
+    head = index.head(policy, now)
+    assert head is not None
+    quick = policy(head, [held], capacity, now)
+    assert quick.settled and index.line(policy, quick, head, [held], capacity, now) is None
+
+
 def test_an_owner_whose_head_jobs_are_all_held_back_keeps_a_fair_head_from_settling() -> None:
     # bo's first jobs ask for more GPUs than bo may hold; the one behind them does not
     config = ServiceConfig(limits=Limits(max_gpus=2))
@@ -276,7 +367,7 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
         urgent = s.submit(noop, -1, gpus=1, cpus=1, priority="high")
         time.sleep(0.2)  # past ten times the last whole-queue decision's time
         first = s.tick(now=time.time())  # places are out of date and due: the whole queue
-        assert first is not None and not first.settled and not first.starts
+        assert first is not None and first.placed and not first.starts
         places = {j.id: j.position for j in s.jobs(state="queued")}
         assert places[urgent.id] == 1 and places[low[0].id] == 2
         assert sorted(places.values()) == list(range(1, 42))
@@ -286,7 +377,7 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
         s.cancel(holders[0].id)
         _until_free(s, holders[0].id)
         decision = s.tick(now=time.time())
-        assert decision is not None and decision.settled
+        assert decision is not None and decision.settled and not decision.placed
         assert [d.job_id for d in decision.starts] == [urgent.id]
         # places were not rewritten by it (the next whole-queue decision does that)
         assert s.info(low[0].id).position == 2
@@ -295,7 +386,7 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
         QueueIndex.PLACES_EVERY = 0.0
         time.sleep(0.2)
         again = s.tick(now=time.time())
-        assert again is not None and not again.settled
+        assert again is not None and again.placed
         # (the urgent job may have ended meanwhile and the next low one started)
         places = {j.id: j.position for j in s.jobs(state="queued")}
         waiting = [h.id for h in low if h.id in places]
