@@ -16,7 +16,7 @@ target is a ratio against a peer measured in the same run, or a bound.
   the job's ``running`` event in the ledger, one job at a time, through the
   agent and directly;
 * decision: a full decision of the agent's own scheduler (its queue kept in
-  memory, ``tick.QueueIndex``) with 10,000 and 100,000 one-GPU jobs queued
+  memory, ``engine.queue_index.QueueIndex``) with 10,000 and 100,000 one-GPU jobs queued
   behind a job that holds the only GPU: the median of eight;
 * queue drain: the same ``python3 -c`` jobs as ``core.py`` (each appends its
   start time to a file) queued through the agent on one simulated GPU behind a
@@ -234,10 +234,10 @@ def decision_times(root: Path, n: int, repeats: int = 8) -> list[tuple[float, bo
     decides), then, the holder cancelled, as each job ends and the next starts, until
     ``4 * repeats`` have started, then one whole-queue decision (places in line). Each as
     ``(seconds, on the head only, started a job)``;
-    the seconds are those of ``tick.decide`` (reading what changed, the policy, writing
+    the seconds are those of ``engine.tick.decide`` (reading what changed, the policy, writing
     the start), not of launching."""
-    from jupyter_dlsched import tick as tick_steps
     from jupyter_dlsched.agent.service import Agent
+    from jupyter_dlsched.engine import tick as tick_steps
     from jupyter_dlsched.scheduler import Scheduler
 
     with core.simulated("1x16GiB"):

@@ -2,7 +2,7 @@
 
     python benchmarks/start_times.py [--queued 10000] [--repeat 5]
 
-On plain data (no ledger), the way ``tick.decide`` calls it: 8 GPUs busy
+On plain data (no ledger), the way ``engine.tick.decide`` calls it: 8 GPUs busy
 with jobs of learnt run times, ``--queued`` jobs waiting (1, 2 or 4 GPUs,
 three owners, names from a small set), run times learnt from 2,000 finished
 jobs. For each built-in live policy it prints the time of one forecast

@@ -1,6 +1,6 @@
 """Start-time estimates of the waiting jobs, written beside their places in line.
 
-A whole-queue decision (``tick.decide``) knows the queue's order, the running
+A whole-queue decision (``engine.tick.decide``) knows the queue's order, the running
 jobs and the capacity; ``estimate`` runs the forecast (``forecast``) from
 there with run times learnt from the ledger's finished jobs, and writes each
 waiting job's ``expected_start`` and ``start_p80``. It runs when places in

@@ -27,7 +27,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import tick as tick_steps
 from .._version import __version__
 from ..backends import Backend, make_backend
 from ..errors import SpecError
@@ -42,7 +41,9 @@ from ..spec import MAX_NAME, JobSpec, build_spec, parse_priority
 from ..staging import StagingGate
 from ..store import JobInfo, Store
 from ..sweep import member_name
+from . import tick as tick_steps
 from .launching import Launching, OwnJobs
+from .queue_index import QueueIndex
 
 if TYPE_CHECKING:
     from ..pool import PoolInfo
@@ -101,7 +102,7 @@ class Engine:
         )
         self._decided_on: tuple[int, str | None] = (-1, None)
         self._decide_again = 0.0
-        self._index: tick_steps.QueueIndex | None = tick_steps.QueueIndex() if keep_index else None
+        self._index: QueueIndex | None = QueueIndex() if keep_index else None
         self._positions_at_once = positions_at_once
         self._positions: dict[str, tuple[int | None, str | None]] = {}
         self._positions_at = 0.0
@@ -299,7 +300,7 @@ class Engine:
             return self._tick(now)
         except BaseException:
             if self._index is not None:
-                self._index = tick_steps.QueueIndex()  # read everything again after a failure
+                self._index = QueueIndex()  # read everything again after a failure
             raise
 
     def _tick(self, fixed_now: float | None) -> Decisions | None:

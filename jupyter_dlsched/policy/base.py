@@ -184,7 +184,7 @@ class Policy(Protocol):
     remaining run time, which only the simulator has), and the three of a
     policy whose decisions a caller may take on the head of a deep queue
     (``lane_layout()``, ``lane(job)``, ``head(lanes, now, k)``; see
-    ``jupyter_dlsched.tick.QueueIndex``).
+    ``jupyter_dlsched.engine.queue_index.QueueIndex``).
     """
 
     name: str

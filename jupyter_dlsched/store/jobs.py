@@ -124,7 +124,7 @@ class Jobs(Payloads):
         with self.transaction() as db:
             if clock:
                 # submit order and submit times agree (the clock read before the write lock,
-                # or stepped back): a deep queue's lanes rely on it (tick.QueueIndex)
+                # or stepped back): a deep queue's lanes rely on it (engine.queue_index.QueueIndex)
                 latest = db.execute("SELECT submitted FROM jobs ORDER BY seq DESC LIMIT 1")
                 row = latest.fetchone()
                 if row is not None and row[0] is not None and row[0] > now:

@@ -1,4 +1,4 @@
-"""The tick's queries (``tick.py``): its inputs, the active jobs' lean snapshot, expired
+"""The tick's queries (``engine/tick.py``): its inputs, the active jobs' lean snapshot, expired
 leases, places in line, preemption requests, and allocated jobs nobody launched.
 """
 

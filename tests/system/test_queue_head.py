@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from jupyter_dlsched.agent.config import Limits, ServiceConfig
 from jupyter_dlsched.agent.limits import LimitsGate
+from jupyter_dlsched.engine.queue_index import QueueIndex
 from jupyter_dlsched.placement import place
 from jupyter_dlsched.policy import (
     Decisions,
@@ -30,7 +31,6 @@ from jupyter_dlsched.policy import (
 )
 from jupyter_dlsched.policy.elastic import with_elastic
 from jupyter_dlsched.resources import Capacity, Request
-from jupyter_dlsched.tick import QueueIndex
 
 GIB = 2**30
 

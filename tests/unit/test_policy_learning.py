@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import pytest
 
-from jupyter_dlsched import tick
+from jupyter_dlsched.engine import tick
 from jupyter_dlsched.placement import place
 from jupyter_dlsched.policy import (
     FinishedJob,

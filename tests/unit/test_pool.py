@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from jupyter_dlsched.engine.tick import idle_capacity_minus
 from jupyter_dlsched.scheduler import Scheduler
-from jupyter_dlsched.tick import idle_capacity_minus
 
 # the module, not ``dls.pool()``, which shadows it as an attribute of the package
 pool = importlib.import_module("jupyter_dlsched.pool")

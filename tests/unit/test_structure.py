@@ -13,7 +13,7 @@ ROOT = "jupyter_dlsched"
 #: What people call: they reach the pool through the ``Scheduler`` client only.
 FRONT_ENDS = ("cli", "magics", "cell_jobs", "cells", "widgets", "server")
 #: The ledger's internals, the engine (what decides) and the job-process chain.
-BELOW_THE_CLIENT = ("store", "tick", "engine", "local")
+BELOW_THE_CLIENT = ("store", "engine", "local")
 #: The client and what hangs on it.
 CLIENT = ("scheduler", "default", "handle", "following")
 
@@ -178,7 +178,7 @@ def test_front_ends_reach_the_pool_through_the_client_only():
 def test_policies_decide_from_their_inputs_only():
     """A policy sees queued and running jobs and the capacity; it reads no ledger or pool,
     which is what lets the simulator replay it."""
-    below = ("store", "pool", "scheduler", "agent", "local", "backends", "tick", "engine")
+    below = ("store", "pool", "scheduler", "agent", "local", "backends", "engine")
     assert offending(("policy",), below) == []
 
 

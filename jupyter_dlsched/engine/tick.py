@@ -1,0 +1,308 @@
+"""One decision inside one transaction: reap leases, snapshot, ask the policy, commit.
+
+``Engine.tick`` (``core.py``) opens the transaction and launches what started; this
+module holds the steps, reading the ledger with one lean query. The waiting jobs the
+agent keeps between decisions are ``queue_index.QueueIndex``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import start_times
+from ..policy import Decisions, FinishedJob, Policy, QueuedJob, RunningJob
+from ..resources import Capacity, GpuFree, Placement
+from ..store import JobInfo, RunEnd, Store
+from .queue_index import QueueIndex, _blocked, _dependency_states, _queued, _running
+
+CLAIM_GRACE = 30.0  # seconds an allocated job may wait for its supervisor to claim it
+
+
+@dataclass
+class TickResult:
+    decisions: Decisions | None = None
+    reaped: list[JobInfo] = field(default_factory=list)
+
+
+def reap(store: Store, db: sqlite3.Connection, backend: str, now: float) -> list[JobInfo]:
+    """Move running jobs whose lease expired on: cancelled, requeued for a retry, or lost."""
+    reaped = []
+    for job_id in store.expired_leases(db, backend, now):
+        info = store.get(job_id)
+        if info.cancel_requested:
+            end = RunEnd("cancelled")
+        else:
+            end = RunEnd("lost", "lost (lease expired): its supervisor stopped renewing it")
+        store.finish_run(db, info, end, now, supervisor_pid=None)
+        reaped.append(info)
+    return reaped
+
+
+def decide(
+    store: Store,
+    db: sqlite3.Connection,
+    *,
+    backend: str,
+    policy: Policy,
+    inventory: dict[str, Any],
+    external_gpu_mem: dict[int, int],
+    lease_ttl: float,
+    now: float,
+    deferred: list[tuple[int | None, str | None, str]] | None = None,
+    index: QueueIndex | None = None,
+) -> Decisions:
+    """Snapshot the active jobs, run the policy, commit its starts, preemptions and reasons.
+
+    ``deferred``: a list to receive the waiting jobs' new positions and reasons
+    instead of writing them here, so the caller can launch what started first
+    (with a deep queue every start moves every waiting job up one place).
+    ``index``: the waiting jobs kept from the previous decision (the pool agent's),
+    so only the rows of jobs that changed since are read again, and with a deep
+    queue a decision looks only at its head (``QueueIndex.head``)."""
+    started = time.perf_counter()
+    blocked: dict[str, str] = {}
+    if index is not None:
+        running = index.read(store, db, backend)
+        blocked = index.resolve_dependencies(store, db, now)
+    else:
+        snapshot = store.snapshot(db, backend)
+        running = [r for r in snapshot if r["state"] == "running"]
+    active = [_running(r, now) for r in running if r["placement"]]
+    capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
+    learnt = False
+    if index is not None:
+        wanted = index.places_wanted(now)
+        head = index.head(policy, now)
+        if head is not None:
+            if wanted:
+                _learn(store, db, backend, policy)  # as a decision over the whole queue would
+                learnt = True
+            decisions = policy(head, active, capacity, now)
+            if decisions.settled or len(head) == len(index.offered):
+                if not wanted:
+                    _commit(store, db, decisions, index.waiting, lease_ttl, now)
+                    index.stale()
+                    if deferred is not None:
+                        deferred[:] = []
+                    due = index.places_due()
+                    if decisions.wake_at is None or due < decisions.wake_at:
+                        decisions.wake_at = due
+                    _wake_for_begin(decisions, index.pending.values(), now)
+                    return decisions
+                line = index.line(policy, decisions, head, active, capacity, now)
+                if line is not None:
+                    _commit(store, db, decisions, index.waiting, lease_ttl, now)
+                    in_line, explain = line
+                    _estimate(
+                        store, db, backend, policy, in_line, decisions, active, capacity, now, index
+                    )
+                    changed = index.places_from(in_line, explain, decisions, blocked)
+                    index.placed(time.perf_counter() - started)
+                    _write_places(store, db, changed, deferred)
+                    _wake_for_begin(decisions, index.pending.values(), now)
+                    decisions.placed = True
+                    return decisions
+        waiting = index.in_submit_order()
+        queued = [index.queued(row) for row in waiting if row["id"] in index.offered]
+        rows = index.waiting
+    else:
+        waiting = [r for r in snapshot if r["state"] != "running"]
+        queued, blocked = _ready(store, db, waiting, now)
+        rows = {r["id"]: r for r in waiting}
+    if not learnt:
+        _learn(store, db, backend, policy)
+    decisions = policy(queued, active, capacity, now)
+    _commit(store, db, decisions, rows, lease_ttl, now)
+    # every waiting job's start-time estimate, from the same snapshot and the queue's order
+    _estimate(
+        store,
+        db,
+        backend,
+        policy,
+        start_times.in_order(queued, decisions.order),
+        decisions,
+        active,
+        capacity,
+        now,
+        index,
+        written=None
+        if index is not None
+        else {
+            r["id"]: (r["expected_start"], r["start_p80"])
+            for r in waiting
+            if r["expected_start"] is not None or r["start_p80"] is not None
+        },
+    )
+    started_ids = {s.job_id for s in decisions.starts}
+    order = [j for j in decisions.order if j not in started_ids]
+    positions = {job_id: i + 1 for i, job_id in enumerate(order)}
+    reasons = {**decisions.waiting, **blocked}
+    changed = []
+    for row in waiting:
+        job_id = row["id"]
+        if job_id in started_ids:
+            continue
+        pos, reason = positions.get(job_id), reasons.get(job_id)
+        if index is not None:
+            if index.place(job_id, row) != (pos, reason):
+                changed.append((pos, reason, job_id))
+                index.places[job_id] = (pos, reason)
+        elif row["position"] != pos or row["waiting"] != reason:
+            changed.append((pos, reason, job_id))
+    if index is not None:
+        index.placed(time.perf_counter() - started)
+    _write_places(store, db, changed, deferred)
+    _wake_for_begin(decisions, waiting, now)
+    decisions.placed = True
+    return decisions
+
+
+def _learn(store: Store, db: sqlite3.Connection, backend: str, policy: Policy) -> None:
+    """Teach a learning policy (gittins; priority's backfill estimates) the sizes of the jobs
+    that ran to their end here."""
+    learn = getattr(policy, "learn", None)
+    if callable(learn):
+        window = int(getattr(policy, "window", 2000))
+        learn(
+            [
+                FinishedJob(owner, name, size, finished)
+                for owner, name, size, finished in store.finished_sizes(db, backend, window)
+            ],
+            replace=True,
+        )
+
+
+def _estimate(
+    store: Store,
+    db: sqlite3.Connection,
+    backend: str,
+    policy: Policy,
+    ordered: Sequence[QueuedJob],
+    decisions: Decisions,
+    active: list[RunningJob],
+    capacity: Capacity,
+    now: float,
+    index: QueueIndex | None,
+    written: start_times.Estimates | None = None,
+) -> None:
+    """Every waiting job's start-time estimate, from the decision's snapshot and the queue's
+    order (``ordered``: the queue in that order); wake when they may go stale."""
+    refresh = start_times.estimate(
+        store,
+        db,
+        backend=backend,
+        policy=policy,
+        ordered=ordered,
+        running=active,
+        capacity=capacity,
+        now=now,
+        written=index.estimates if index is not None else (written or {}),
+    )
+    if index is not None:
+        index.refresh_at = refresh if refresh is not None else float("inf")
+    if refresh is not None and (decisions.wake_at is None or refresh < decisions.wake_at):
+        decisions.wake_at = refresh  # a running job may outlive its assumed end: look again
+
+
+def _write_places(
+    store: Store,
+    db: sqlite3.Connection,
+    changed: list[tuple[int | None, str | None, str]],
+    deferred: list[tuple[int | None, str | None, str]] | None,
+) -> None:
+    """Write the places in line that changed in this transaction, or hand them to the caller."""
+    if deferred is not None:
+        deferred[:] = changed
+    else:
+        store.set_queue_positions(db, changed)
+
+
+def _wake_for_begin(decisions: Decisions, waiting: Iterable[sqlite3.Row], now: float) -> None:
+    """Decide again when the first ``begin`` still ahead comes (nothing else may change)."""
+    ahead = [r["begin"] for r in waiting if r["begin"] is not None and r["begin"] > now]
+    if ahead and (decisions.wake_at is None or min(ahead) < decisions.wake_at):
+        decisions.wake_at = min(ahead)
+
+
+def _ready(
+    store: Store, db: sqlite3.Connection, waiting: list[sqlite3.Row], now: float
+) -> tuple[list[QueuedJob], dict[str, str]]:
+    """The waiting jobs whose dependencies have succeeded, and the others' reasons (a job
+    whose dependency failed fails here)."""
+    dep_states = _dependency_states(store, db, waiting)
+    queued: list[QueuedJob] = []
+    blocked: dict[str, str] = {}
+    for row in waiting:
+        why = _blocked(store, db, row, dep_states, now)
+        if why is None:
+            queued.append(_queued(row))
+        elif why:
+            blocked[row["id"]] = why
+    return queued, blocked
+
+
+def _commit(
+    store: Store,
+    db: sqlite3.Connection,
+    decisions: Decisions,
+    rows: Mapping[str, sqlite3.Row],
+    lease_ttl: float,
+    now: float,
+) -> None:
+    """Write a decision's starts and preemptions (``rows``: the waiting jobs' rows by id)."""
+    for start in decisions.starts:
+        store.transition_in(
+            db,
+            start.job_id,
+            "running",
+            "",
+            now=now,
+            event_data={"placement": start.placement.to_json()},
+            placement=start.placement,
+            started=now,
+            attempts=rows[start.job_id]["attempts"] + 1,
+            # time to claim: a supervisor's interpreter start can be slow on a busy machine
+            lease_expires=now + max(lease_ttl, CLAIM_GRACE),
+            supervisor_pid=None,
+            job_pid=None,
+            host=None,
+            cancel_requested=0,
+            preempt_requested=0,
+            resize_to=None,
+            exit_code=None,
+            term_signal=None,
+            position=None,
+            waiting=None,
+        )
+    for preempt in decisions.preempts:
+        store.request_preemption(db, preempt.job_id)
+    for resize in decisions.resizes:
+        store.request_resize(db, resize.job_id, resize.placement, resize.reason, now)
+
+
+def idle_capacity_minus(
+    inventory: dict[str, Any], held: list[Placement], external: dict[int, int]
+) -> Capacity:
+    """The pool's capacity less what running jobs hold and outside processes use."""
+    capacity = Capacity(
+        gpus=tuple(
+            GpuFree(
+                g["index"],
+                g["mem_total"],
+                max(0, g["mem_total"] - external.get(g["index"], 0)),
+                0,
+                g.get("group"),
+            )
+            for g in inventory.get("gpus", [])
+        ),
+        cpu_load=(0.0,) * int(inventory.get("cpus", 1)),
+        mem_free=int(inventory.get("mem_total", 0)),
+        mem_total=int(inventory.get("mem_total", 0)),
+    )
+    for placement in held:
+        capacity = capacity.take(placement)
+    return capacity
