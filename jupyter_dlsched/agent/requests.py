@@ -457,8 +457,11 @@ class Requests:
         if peer.uid != self.uid:
             # the pool's own supervisors only (they run as the agent's user)
             raise PermissionDenied("only a job's supervisor says when its result is written")
-        if not isinstance(job_id, str) or self._store.get(job_id).state != "running":
-            return {"noted": False}
+        if not isinstance(job_id, str):
+            raise JobNotFound(job_id)
+        info = self._store.get(job_id)
+        if info.state != "running" or info.cancel_requested or info.preempt_requested:
+            return {"noted": False}  # a job being stopped: its end says what it gave
         self.written.add(job_id)
         return {"noted": True}
 

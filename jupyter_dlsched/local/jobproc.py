@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import private
-from ..runtime import DATA_ENV_PREFIX, run_payload
+from ..runtime import DATA_ENV_PREFIX, STOP_FILE, run_payload
 from ..store import JobInfo, Store
 from .containment import Containment
 
@@ -203,6 +203,14 @@ def tells_result(job: JobInfo, as_user: int | None = None) -> bool:
 SAY_RESULT_WAIT = 0.005
 
 
+def _stopped(folder: Path) -> bool:
+    """Whether this job was asked to stop (preempted, cancelled, out of time): a value it
+    returned then is not its result until its end says so."""
+    from .. import runtime
+
+    return runtime._sigterm_seen or (folder / STOP_FILE).exists()
+
+
 def say_result(address: str | bytes, job_id: str) -> None:
     """Tell the pool agent at ``address`` that this job's result is written (its output is
     flushed), so its client reads it before this process has been torn down. Nothing is
@@ -296,7 +304,7 @@ def _run_job(
         try:
             sys.stdout.flush()
             sys.stderr.flush()
-            if code == 0 and result_to is not None:
+            if code == 0 and result_to is not None and not _stopped(folder):
                 say_result(result_to, job.id)
         finally:
             os._exit(code)
