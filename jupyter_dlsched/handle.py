@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .agent.protocol import RESULT_WRITTEN
 from .errors import (
     DlschedError,
     JobError,
@@ -57,8 +56,6 @@ class HandleOwner(Protocol):
 
     def _load_result(self, job_id: str) -> Any: ...
 
-    def _written_result(self, job_id: str) -> Any: ...
-
     def _job_exception(self, info: JobInfo) -> BaseException: ...
 
 
@@ -70,11 +67,6 @@ class JobHandle(concurrent.futures.Future):
     ('running', [0])
     >>> h.result(timeout=3600)  # doctest: +SKIP
     0.913
-
-    Through a pool agent, ``result()`` returns as soon as the job's process has written
-    its return value, when the agent says so (``agent/results.py``): the job may then
-    still be ``running`` for a few milliseconds while its process exits and its end is
-    recorded. ``wait()``, ``done()`` and ``state`` are the job's end, as the ledger says.
     """
 
     def __init__(self, scheduler: HandleOwner, job_id: str) -> None:
@@ -84,8 +76,6 @@ class JobHandle(concurrent.futures.Future):
         self._resolve_lock = threading.Lock()
         self._resolved = False
         self._value: Any = _NOTHING
-        #: the agent said the job's result is written (it may not have ended yet)
-        self._written = False
 
     # -- what the ledger says ------------------------------------------------------------
 
@@ -137,36 +127,18 @@ class JobHandle(concurrent.futures.Future):
 
     def wait(self, timeout: float | None = None) -> JobInfo:
         """Block until the job has finished (or ``timeout`` seconds); returns its row."""
-        self._await(timeout)
-        return self.info()
-
-    def _await(self, timeout: float | None, early: bool = False) -> Any:
-        """Block until the job has finished (or ``timeout`` seconds). ``early``: or until
-        its result, said to be written before its end, could be read: that value is
-        returned (else ``_NOTHING``)."""
         self._scheduler._watch(self)
         if not super().done():
             self._check()  # the ledger may already say it ended before the loop noticed
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._condition:
             while not super().done():
-                if early and self._written:
-                    self._written = False  # read once: a note without a result is not news
-                    self._condition.release()
-                    try:
-                        value = self._scheduler._written_result(self.id)
-                    finally:
-                        self._condition.acquire()
-                    if value is not _NOTHING:
-                        self._value = value
-                        return value
-                    continue
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
                 # the scheduler loop resolves us; the short wait also covers a missed wake-up
                 self._condition.wait(0.5 if left is None else min(0.5, left))
-                if not super().done() and not (early and self._written):
+                if not super().done():
                     self._condition.release()
                     try:
                         if not self._scheduler.looping:
@@ -174,14 +146,11 @@ class JobHandle(concurrent.futures.Future):
                         self._check()
                     finally:
                         self._condition.acquire()
-        return _NOTHING
+        return self.info()
 
     def result(self, timeout: float | None = None) -> Any:
         """The job's return value; raises what the job raised (with its remote traceback)."""
-        if self._value is not _NOTHING:
-            return self._value
-        if self._await(timeout, early=True) is not _NOTHING:
-            return self._value
+        self.wait(timeout)
         if not super().done():
             raise concurrent.futures.TimeoutError(f"job {self.id} still {self.state}")
         if super().cancelled():
@@ -206,13 +175,6 @@ class JobHandle(concurrent.futures.Future):
         super().add_done_callback(fn)
 
     # -- resolution (called by the scheduler loop or by a check) ---------------------------
-
-    def _result_is_written(self) -> None:
-        """The agent says the job's result is written, ahead of its end: ``result()`` may
-        read it now."""
-        with self._condition:
-            self._written = True
-            self._condition.notify_all()
 
     def _check(self) -> None:
         info = self.info()
@@ -306,12 +268,6 @@ class Watching:
 
     def _resolve_rows(self, rows: Sequence[Any]) -> None:
         finished = {r[1] for r in rows if r[2] in TERMINAL}
-        written = {r[1] for r in rows if r[2] == RESULT_WRITTEN} - finished
-        if written:
-            with self._watch_lock:
-                early = [h for i in written for h in self._watched.get(i, ())]
-            for handle in early:
-                handle._result_is_written()
         if not finished:
             return
         with self._watch_lock:
@@ -333,18 +289,6 @@ class Watching:
         if data is None:
             raise FileNotFoundError(self.store.spool(job_id) / "result.pkl")
         return cloudpickle.loads(data)
-
-    def _written_result(self, job_id: str) -> Any:
-        """A function job's return value read before its end is recorded (its process
-        wrote it: ``result.pkl`` is written whole, then renamed into place); ``_NOTHING``
-        when there is none to read yet, or it cannot be read (its end will say why)."""
-        import cloudpickle
-
-        try:
-            data = self.store.read_spool_file(job_id, "result.pkl")
-            return _NOTHING if data is None else cloudpickle.loads(data)
-        except Exception:
-            return _NOTHING
 
     def _job_exception(self, info: JobInfo) -> BaseException:
         if info.id in self._inline.errors:

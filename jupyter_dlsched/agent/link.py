@@ -28,7 +28,7 @@ from ..local.launcher import code_stamp
 from ..schema import JobInfo, info_from_json
 from ..spec import _after, parse_stage_in
 from .client import AgentClient, agent_wanted, shared_socket, user_address
-from .protocol import RESULT_WRITTEN, AgentUnavailable
+from .protocol import AgentUnavailable
 
 
 def connect(
@@ -73,8 +73,6 @@ class AgentLink:
             self.hello = self._restart_agent()
         self.home = Path(self.hello["home"])
         self._watch: AgentClient | None = None
-        #: the last note of a written result this client has had (``agent/results.py``)
-        self._results_seen = 0
         #: the Ray cluster this client joined (``join_ray``), sent with its Ray jobs
         self.ray: dict[str, Any] | None = None
 
@@ -225,22 +223,11 @@ class AgentLink:
             self.client.call("settings", **values)
 
     def changes(self, since: int, wait: float) -> list[tuple[int, str, str]]:
-        """State changes after ``since``, waiting up to ``wait`` seconds for one.
-
-        Jobs whose result the agent says is written (though they have not ended) come
-        after them as ``(seq, job_id, RESULT_WRITTEN)``, with the last change's ``seq``
-        (``since`` when there is none): not a state, and no event of the ledger.
-        """
+        """State changes after ``since``, waiting up to ``wait`` seconds for one."""
         if self._watch is None:
             self._watch = self.client.watcher()
-        reply = self._watch.call("changes", since=since, wait=wait, results=self._results_seen)
-        rows = [(int(r[0]), str(r[1]), str(r[2])) for r in reply["changes"]]
-        notes = reply.get("results") or []
-        if notes:
-            self._results_seen = int(notes[-1][0])
-            at = rows[-1][0] if rows else since
-            rows += [(at, str(job_id), RESULT_WRITTEN) for _, job_id in notes]
-        return rows
+        rows = self._watch.call("changes", since=since, wait=wait)["changes"]
+        return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
     def interrupt(self) -> None:
         """End a ``changes`` wait now (the scheduler is closing)."""

@@ -30,9 +30,6 @@ from ..errors import (
 )
 
 HEADER = struct.Struct(">I")
-#: What a ``changes`` row says of a job whose result is written before it has ended
-#: (``results.py``): not a state.
-RESULT_WRITTEN = "result written"
 #: Largest header (JSON) accepted, in bytes.
 MAX_HEADER = 16 * 2**20
 #: Largest attachments of one message (a payload pickle), in bytes; ``DLSCHED_MAX_PAYLOAD``.

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from ..engine import Engine
     from ..sampling import Sampler
     from .ray_keeper import RayKeeper
-    from .results import WrittenResults
 
 #: Longest a ``changes`` request waits for a state change before answering empty.
 MAX_WAIT = 30.0
@@ -150,7 +149,6 @@ class Requests:
         sched: Engine | None
         sampler: Sampler | None
         ray: RayKeeper
-        written: WrittenResults
         _dirty: bool
         _stopping: bool
         socket_path: Path | None
@@ -396,30 +394,16 @@ class Requests:
     def _changes(
         self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]
     ) -> dict[str, Any] | None:
-        """State changes after ``since``; with ``wait``, held until there is one (or timeout).
-
-        With ``results`` (the number of the last note of a written result this client has
-        seen, ``results.py``), the notes after it come too, and one also ends the wait.
-        """
+        """State changes after ``since``; with ``wait``, held until there is one (or timeout)."""
         since, wait = _count_arg(msg, "since"), msg.get("wait") or 0.0
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < math.inf:
             raise SpecError("wait", wait, "seconds to wait, 0 or more")
         wait = min(float(wait), MAX_WAIT)
-        seen = _count_arg(msg, "results") if msg.get("results") is not None else None
         rows = self._store.state_changes_since(since, _page(msg))  # the next from the last one
-        written = self.written.since(seen) if seen is not None else []
-        if rows or written or wait <= 0:
-            return self._changes_reply(rows, seen)
+        if rows or wait <= 0:
+            return {"changes": [list(r) for r in rows]}
         peer.waiting = (since, time.monotonic() + wait)
-        if seen is not None:
-            self.written.held[peer] = seen
         return None
-
-    def _changes_reply(self, rows: Any, seen: int | None) -> dict[str, Any]:
-        reply: dict[str, Any] = {"changes": [list(r) for r in rows]}
-        if seen is not None:
-            reply["results"] = [list(note) for note in self.written.since(seen)]
-        return reply
 
     def _answer_watchers(self) -> None:
         watchers = [p for p in self.peers.values() if p.waiting is not None]
@@ -430,30 +414,12 @@ class Requests:
         for peer in watchers:
             assert peer.waiting is not None
             since, deadline = peer.waiting
-            if seq <= since and now < deadline and not self.written.waiting_for(peer):
+            if seq <= since and now < deadline:
                 continue
             peer.waiting = None
-            seen = self.written.held.pop(peer, None)
             rows = self._store.state_changes_since(since, MAX_ROWS) if seq > since else []
-            self.conns.send(peer, {"ok": True, **self._changes_reply(rows, seen)})
+            self.conns.send(peer, {"ok": True, "changes": [list(r) for r in rows]})
             self.conns.resume(peer)  # the requests that arrived while it was held
-
-    def _result_written(
-        self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]
-    ) -> dict[str, Any]:
-        """A job's supervisor says the job's result is written (``results.py``): its
-        client is told now, without waiting for the job's end."""
-        job_id = msg.get("id")
-        if peer.uid != self.uid:
-            # the pool's own supervisors only (they run as the agent's user)
-            raise PermissionDenied("only a job's supervisor says when its result is written")
-        if not isinstance(job_id, str):
-            raise JobNotFound(job_id)
-        info = self._store.get(job_id)
-        if info.state != "running" or info.cancel_requested or info.preempt_requested:
-            return {"noted": False}  # a job being stopped: its end says what it gave
-        self.written.add(job_id)
-        return {"noted": True}
 
     def _progress(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         info = self._owned(peer, msg.get("id"), "report progress for")

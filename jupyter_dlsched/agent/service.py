@@ -53,7 +53,6 @@ from .forking import Forking, _set_name
 from .protocol import ProtocolError, error_reply
 from .ray_keeper import RayKeeper
 from .requests import Requests
-from .results import WrittenResults
 from .scrape import ScrapeEndpoint
 
 if TYPE_CHECKING:
@@ -137,8 +136,6 @@ class Agent(Requests, Forking):
         #: this ledger's Ray driver, started while a Ray job waits or runs
         self.ray = RayKeeper(self.home, lambda: self._store, self.shared)
         self._names: dict[int, tuple[str, bool, float]] = {}
-        #: jobs whose results are written though they have not ended (``results.py``)
-        self.written = WrittenResults()
         self.code = code_stamp()
         self._ops: dict[str, Callable[[Peer, dict[str, Any], list[bytes]], dict[str, Any] | None]]
         self._ops = {
@@ -159,7 +156,6 @@ class Agent(Requests, Forking):
             "meta": self._meta,
             "progress": self._progress,
             "ended": self._ended,
-            "result": self._result_written,
             "tick": self._tick_request,
             "settings": self._settings,
             "cache": lambda peer, msg, blobs: {"cache": self._cache_info(peer)},

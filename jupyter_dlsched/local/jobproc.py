@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import private
-from ..runtime import DATA_ENV_PREFIX, STOP_FILE, run_payload
+from ..runtime import DATA_ENV_PREFIX, run_payload
 from ..store import JobInfo, Store
 from .containment import Containment
 
@@ -136,14 +136,12 @@ def start_ranks(
     log_fd: int,
     as_user: int | None = None,
     box: Containment | None = None,
-    result_to: str | bytes | None = None,
 ) -> list[int]:
     """Fork the job's process(es), all in one process group led by rank 0.
 
     ``as_user``: a shared pool's supervisor (root) runs them as the job's owner.
     ``box``: what holds every process of the job (its cgroup is entered right after
-    the fork, before anything of the job runs). ``result_to``: the pool agent rank 0
-    tells once its return value is written (``tells_result``).
+    the fork, before anything of the job runs).
     """
     world = world_size(job)
     if job.distributed:
@@ -176,7 +174,6 @@ def start_ranks(
                 rank,
                 as_user,
                 box,
-                result_to if rank == 0 else None,
             )
         if box is not None:
             box.add(pid)
@@ -186,46 +183,6 @@ def start_ranks(
             pass
         pids.append(pid)
     return pids
-
-
-def tells_result(job: JobInfo, as_user: int | None = None) -> bool:
-    """Whether the job's process tells the pool agent as soon as its result is written
-    (``agent/results.py``): a function of one process, run by the supervisor's own fork.
-    A distributed job's result is known only once every rank has exited, a command's is
-    its exit status, and a shared pool's job runs a fresh program as its owner, which
-    does not speak for the pool."""
-    return job.kind != "command" and world_size(job) == 1 and as_user is None
-
-
-#: Seconds a job's process waits for the agent to take its word that the result is
-#: written: long enough to hand the agent the core, short enough that a busy agent does
-#: not hold up the job's exit (and its grant).
-SAY_RESULT_WAIT = 0.005
-
-
-def _stopped(folder: Path) -> bool:
-    """Whether this job was asked to stop (preempted, cancelled, out of time): a value it
-    returned then is not its result until its end says so."""
-    from .. import runtime
-
-    return runtime._sigterm_seen or (folder / STOP_FILE).exists()
-
-
-def say_result(address: str | bytes, job_id: str) -> None:
-    """Tell the pool agent at ``address`` that this job's result is written (its output is
-    flushed), so its client reads it before this process has been torn down. Nothing is
-    started and nothing fails here: an agent that does not answer learns of the job's
-    end as always."""
-    from ..agent.protocol import encode
-
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(SAY_RESULT_WAIT)
-            sock.connect(address)
-            sock.sendall(encode({"op": "result", "id": job_id}))
-            sock.recv(1)
-    except OSError:
-        pass
 
 
 def _run_job(
@@ -241,7 +198,6 @@ def _run_job(
     rank: int = 0,
     as_user: int | None = None,
     box: Containment | None = None,
-    result_to: str | bytes | None = None,
 ) -> None:
     """A job process (rank ``rank`` of a distributed job): never returns."""
     code = 1
@@ -304,8 +260,6 @@ def _run_job(
         try:
             sys.stdout.flush()
             sys.stderr.flush()
-            if code == 0 and result_to is not None and not _stopped(folder):
-                say_result(result_to, job.id)
         finally:
             os._exit(code)
 

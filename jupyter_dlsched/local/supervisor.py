@@ -38,9 +38,8 @@ from ..settings import Settings
 from ..store import JobInfo, RunEnd, Store, disk_full
 from ..units import format_size
 from .containment import Containment, sweep_cgroups
-from .jobproc import cores_for, job_environment, start_ranks, tells_result
+from .jobproc import cores_for, job_environment, start_ranks
 from .usage import Tree, Usage, gpu_over_grant
-from .warm import WarmProcess
 
 POLL_SECONDS = 0.2
 #: Seconds a job runs before its pid is written to the ledger.
@@ -61,32 +60,14 @@ def supervise(
     as_owner: bool = False,
     agent: str | bytes | None = None,
     store: Store | None = None,
-    warm: WarmProcess | None = None,
 ) -> int:
     """Run ``job_id`` to its end; returns the supervisor's exit status.
 
     ``as_owner``: a shared pool's service (root) supervises, and the job process
     runs as the job's owner, in a spool folder that belongs to the owner.
-    ``agent``: the pool agent to tell when the job has ended (and, by the job's process,
-    when its result is written). ``store``: the ledger, when the caller opened it
-    already (a spare supervisor, before its job was known). ``warm``: the job's
-    process, forked ahead of time (``warm.py``), when there is one.
+    ``agent``: the pool agent to tell when the job has ended. ``store``: the ledger,
+    when the caller opened it already (a spare supervisor, before its job was known).
     """
-    try:
-        return _supervise(home, job_id, as_owner, agent, store, warm)
-    finally:
-        if warm is not None:
-            warm.discard()  # not given a job: it goes
-
-
-def _supervise(
-    home: str | os.PathLike[str],
-    job_id: str,
-    as_owner: bool,
-    agent: str | bytes | None,
-    store: Store | None,
-    warm: WarmProcess | None,
-) -> int:
     store = store if store is not None else Store(home)
     try:
         job = store.get(job_id)
@@ -127,29 +108,7 @@ def _supervise(
     if isinstance(agent, str):
         env["DLSCHED_SOCKET"] = agent  # a shared pool: the job reports progress to the service
     cores = cores_for(job, store)
-    result_to = agent if tells_result(job, owner) else None
-    started = None
-    if warm is not None and warm.fits(job, payload):
-        started = warm.start(
-            folder, job, env, context, payload, cores, log_fd, owner, box, result_to
-        )
-    if started is not None:
-        pids = [started]
-    else:
-        if warm is not None:
-            warm.discard()  # before the job's own processes: every descendant is the job's
-        pids = start_ranks(
-            folder,
-            job,
-            env,
-            context,
-            payload,
-            cores,
-            log_fd,
-            as_user=owner,
-            box=box,
-            result_to=result_to,
-        )
+    pids = start_ranks(folder, job, env, context, payload, cores, log_fd, as_user=owner, box=box)
     os.close(log_fd)
     try:
         outcome = _monitor(store, job, pids, settings, folder, owner, box)

@@ -253,7 +253,7 @@ def test_dlsched_queue_shows_running_and_waiting_jobs_escaped(ip):
 
 def test_dlsched_queue_all_includes_finished_jobs(ip):
     done = dls.submit(time.sleep, 0, cpus=0.5, name="finished-one")
-    done.wait(timeout=60)
+    done.result(timeout=60)
     with capture_output() as active:
         ip.run_line_magic("dlsched", "queue")
     with capture_output() as everything:

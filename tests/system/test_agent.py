@@ -288,7 +288,7 @@ def test_long_event_lists_come_a_page_at_a_time(agent_sched, monkeypatch):
 
     jobs = [agent_sched.submit(pow, 2, i) for i in range(3)]
     for job in jobs:
-        job.wait(timeout=30)  # ended: its result can come before its last event
+        job.result(timeout=30)
     client = agent_sched.link.client
     first = client.call("events", since=0, limit=2)
     assert len(first["events"]) == 2 and first["more"] is True

@@ -427,7 +427,6 @@ def _cases(failed: str, retried: str, running: str) -> dict[str, dict]:
         "meta": {"key": "inventory"},
         "progress": {"id": running, "progress": {"done": 1, "total": 1}},
         "ended": {"id": failed},
-        "result": {"id": running},
         "tick": {},
         "settings": {"policy": "fifo"},
         "cache": {},
