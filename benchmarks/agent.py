@@ -228,14 +228,19 @@ def drain_agent(
 # -- 4. memory -------------------------------------------------------------------------------
 
 
-def decision_times(root: Path, n: int, repeats: int = 8) -> list[tuple[float, bool, bool]]:
+def decision_times(
+    root: Path, n: int, repeats: int = 8
+) -> tuple[list[tuple[float, bool, bool]], list[float], list[float]]:
     """Decisions of an agent's scheduler with ``n`` one-GPU no-op jobs queued behind one that
     holds the only GPU: ``repeats`` while nothing can start (``tick(now=...)`` always
     decides), then, the holder cancelled, as each job ends and the next starts, until
     ``4 * repeats`` have started, then one whole-queue decision (places in line). Each as
     ``(seconds, on the head only, started a job)``;
     the seconds are those of ``engine.tick.decide`` (reading what changed, the policy, writing
-    the start), not of launching."""
+    the start), not of launching. And the seconds of each start-time forecast those
+    decisions asked for (``start_times.estimate``, run after launching, outside the write
+    lock) and of each write of places in line (``Store.set_queue_positions``)."""
+    from jupyter_dlsched import start_times
     from jupyter_dlsched.agent.service import Agent
     from jupyter_dlsched.engine import tick as tick_steps
     from jupyter_dlsched.scheduler import Scheduler
@@ -257,12 +262,32 @@ def decision_times(root: Path, n: int, repeats: int = 8) -> list[tuple[float, bo
             timed.append((time.perf_counter() - t0, not decisions.placed, bool(decisions.starts)))
             return decisions
 
+        estimate = start_times.estimate
+        forecasts: list[float] = []
+        writes: list[float] = []
+
+        def timed_estimate(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            made = estimate(*args, **kwargs)
+            forecasts.append(time.perf_counter() - t0)
+            return made
+
+        write_places = engine.store.set_queue_positions
+
+        def timed_write(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            written = write_places(*args, **kwargs)
+            writes.append(time.perf_counter() - t0)
+            return written
+
         try:
             hold = s.submit_command(["sleep", "600"], gpus=1, cpus=1 / 64)
             s.tick()
             s.map(noop, range(n), gpus=1, cpus=1 / 64, priority="low")
             s.tick(now=time.time())  # the first decision reads every row
             tick_steps.decide = timed_decide
+            start_times.estimate = timed_estimate
+            engine.store.set_queue_positions = timed_write  # type: ignore[method-assign]
             for _ in range(repeats):
                 s.tick(now=time.time())
             s.cancel(hold.id)
@@ -275,14 +300,17 @@ def decision_times(root: Path, n: int, repeats: int = 8) -> list[tuple[float, bo
             # and one whole-queue decision, as when places in line are due (made due here)
             engine._index._places_at = 0.0
             s.tick(now=time.time())
+            engine.flush_positions(force=True)  # and the places it moved, written
         finally:
             tick_steps.decide = decide
+            start_times.estimate = estimate
+            engine.store.set_queue_positions = write_places  # type: ignore[method-assign]
             with s.store.transaction() as db:
                 db.execute("UPDATE jobs SET state='cancelled' WHERE state='queued'")
             for job in s.jobs(state="running"):
                 s.cancel(job.id)
             agent.close()
-    return timed
+    return timed, forecasts, writes
 
 
 def agent_memory(root: Path, n: int) -> tuple[int, int, float]:
@@ -744,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
             for n, bound in ((10_000, 0.005), (100_000, 0.050)):
                 if quick and n > 10_000:
                     continue
-                timed = decision_times(root, n)
+                timed, forecasts, writes = decision_times(root, n)
                 kinds = (
                     ("nothing can start", [t for t, head, go in timed if head and not go]),
                     ("a job ends, the next starts", [t for t, head, go in timed if head and go]),
@@ -772,6 +800,24 @@ def main(argv: list[str] | None = None) -> int:
                         verdict(statistics.median(whole) <= bound) if whole else "",
                     )
                 )
+                for what, times in (
+                    (
+                        "… the start-time forecast each asked for (the first 200 waiting "
+                        "jobs; after launching, outside the write lock; budget 50 ms)",
+                        forecasts,
+                    ),
+                    ("… writing the places in line that moved (at most once a second)", writes),
+                ):
+                    rows.append(
+                        (
+                            f"{what} (n={len(times)})",
+                            f"{ms(statistics.median(times))} (max {ms(max(times))})"
+                            if times
+                            else "none",
+                            "",
+                            "",
+                        )
+                    )
                 core.print_progress(rows)
         if "memory" in only:
             before, peak, took = agent_memory(root, n_memory)

@@ -294,6 +294,13 @@ def _pass(
         sizes[job.request.whole_gpus] = sizes.get(job.request.whole_gpus, 0) + 1
         counts[job.request] = counts.get(job.request, 0) + 1
     shapes: frozenset[Request] | None = None
+    # one priority and no deadlines (a map's jobs): a priority policy keeps submit order
+    # as they age, so it need not sort the forecast queue at every step
+    uniform = (
+        presorted.uniform_priority
+        if presorted is not None
+        else len({j.priority for j in waiting}) <= 1 and all(j.deadline is None for j in waiting)
+    )
     by_id = {j.id: j for j in waiting}
     started: dict[str, float] = {}
     left = set(targets) if targets is not None else None
@@ -311,7 +318,7 @@ def _pass(
                 waiting,
                 key=key,
                 gpu_only=presorted is not None and presorted.gpu_only,
-                uniform_priority=presorted is not None and presorted.uniform_priority,
+                uniform_priority=uniform,
                 sizes=sizes,
                 shapes=shapes,
             )

@@ -1,13 +1,13 @@
 """Start-time estimates of the waiting jobs, written beside their places in line.
 
 A whole-queue decision (``engine.tick.decide``) knows the queue's order, the running
-jobs and the capacity; ``estimate`` runs the forecast (``forecast``) from
-there with run times learnt from the ledger's finished jobs, and writes each
-waiting job's ``expected_start`` and ``start_p80``. It runs when places in
-line are recomputed (something changed: a submit, an end, a priority), and
-again when a running job outlives the end the forecast assumed for it
-(``refresh_at``, handed back as a wake-up), never on a decision that only
-looks at the head of a deep queue.
+jobs and the capacity, and hands them on as a ``Forecasting``; the engine runs it
+(``estimate``) once the decision's starts are launched, outside the ledger's write lock:
+the forecast (``forecast``), with run times learnt from the ledger's finished jobs,
+then the engine writes each waiting job's ``expected_start`` and ``start_p80``. It runs when places
+in line are recomputed (something changed: a submit, an end, a priority), and again when
+a running job outlives the end the forecast assumed for it (``refresh_at``, handed back
+as a wake-up), never on a decision that only looks at the head of a deep queue.
 
 The work is bounded (``FORECAST_JOBS`` waiting jobs, ``FORECAST_BUDGET``
 seconds): deeper in the queue a job has no estimate (``None``), which the
@@ -16,8 +16,8 @@ views show as no estimate rather than a wrong one.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .forecast import RunTimes, forecast
 from .policy import Policy, QueuedJob, RunningJob
@@ -34,6 +34,8 @@ RUN_TIMES_WINDOW = 2000
 REWRITE_FROM = 1.0
 
 Estimates = dict[str, tuple[float | None, float | None]]
+#: ``(expected start, P80 start, job id)`` of the estimates to write.
+Changes = list[tuple[float | None, float | None, str]]
 
 
 def in_order(queued: Sequence[QueuedJob], order: Sequence[str]) -> list[QueuedJob]:
@@ -46,40 +48,45 @@ def in_order(queued: Sequence[QueuedJob], order: Sequence[str]) -> list[QueuedJo
     return ordered
 
 
-def estimate(
-    store: Store,
-    db: sqlite3.Connection,
-    *,
-    backend: str,
-    policy: Policy,
-    ordered: Sequence[QueuedJob],
-    running: Sequence[RunningJob],
-    capacity: Capacity,
-    now: float,
-    written: Estimates,
-) -> float | None:
-    """Forecast the start of the jobs waiting in ``ordered`` (the queue, in its order) and
-    write the estimates that changed (``written``: the estimates each job has now, none
-    for a job left out; updated in place).
+@dataclass
+class Forecasting:
+    """The forecast a whole-queue decision asks for: what it saw, to forecast from later.
+
+    ``ordered``: the waiting jobs in the queue's order; ``written``: the estimates each
+    job has now (none for a job left out), updated in place by ``estimate``."""
+
+    backend: str
+    policy: Policy
+    ordered: Sequence[QueuedJob]
+    running: Sequence[RunningJob]
+    capacity: Capacity
+    now: float
+    written: Estimates
+
+
+def estimate(store: Store, asked: Forecasting) -> tuple[Changes, float | None]:
+    """Forecast the start of the jobs waiting in ``asked.ordered`` (reading the ledger,
+    taking no lock): the estimates that changed, for ``Store.set_start_estimates``, and
+    when to forecast again if nothing happens (a running job assumed to end by then may
+    not have), or ``None``.
 
     Only the first ``FORECAST_JOBS`` can get an estimate, so only they and the jobs
-    that had one are looked at: the cost does not grow with the queue. Returns when
-    to forecast again if nothing happens (a running job assumed to end by then may
-    not have), or ``None``."""
+    that had one are looked at: the cost does not grow with the queue."""
     run_times = RunTimes(window=RUN_TIMES_WINDOW)
-    run_times.learn(store.finished_run_times(db, backend, RUN_TIMES_WINDOW))
-    chosen = ordered[:FORECAST_JOBS]
+    run_times.learn(store.finished_run_times(store.db, asked.backend, RUN_TIMES_WINDOW))
+    chosen = asked.ordered[:FORECAST_JOBS]
     made = forecast(
-        policy,
+        asked.policy,
         chosen,
-        running,
-        capacity,
-        now,
+        asked.running,
+        asked.capacity,
+        asked.now,
         run_times,
         max_jobs=FORECAST_JOBS,
         budget_s=FORECAST_BUDGET,
     )
-    changes: list[tuple[float | None, float | None, str]] = []
+    written = asked.written
+    changes: Changes = []
     for job in chosen:
         found = made.estimates.get(job.id)
         new = (found.expected, found.p80) if found is not None else (None, None)
@@ -93,9 +100,7 @@ def estimate(
     for job_id in [j for j in written if j not in looked]:
         changes.append((None, None, job_id))  # further back in line now: no estimate
         del written[job_id]
-    if changes:
-        store.set_start_estimates(db, changes)
-    return made.refresh_at
+    return changes, made.refresh_at
 
 
 def _moved(old: tuple[float | None, float | None], new: tuple[float | None, float | None]) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import start_times
 from .._version import __version__
 from ..backends import Backend, make_backend
 from ..errors import SpecError
@@ -321,6 +322,7 @@ class Engine:
         reaped: list[JobInfo] = []
         gate: StagingGate | None = None
         positions: list[tuple[int | None, str | None, str]] = []
+        forecasts: list[start_times.Forecasting] = []
         if (waiting or expired) and due:
             settings = self.settings
             policy = self.policy()
@@ -351,6 +353,7 @@ class Engine:
                     now=now,
                     deferred=positions,
                     index=self._index,
+                    forecasts=forecasts,
                 )
                 last_event = self.store.last_event_seq(wdb)
             self._decided_on = (last_event, settings_json)
@@ -364,7 +367,25 @@ class Engine:
         self.launching.launch_jobs(self, now, started)
         if decisions is not None:
             self._queue_positions(positions)
+            for asked in forecasts:
+                self._forecast(asked, decisions)
         return decisions
+
+    def _forecast(self, asked: start_times.Forecasting, decisions: Decisions) -> None:
+        """The start-time estimates a whole-queue decision asked for, made once what it
+        started is launched and without the write lock (the forecast is most of such a
+        decision's time); decide again when they may go stale."""
+        changes, refresh = start_times.estimate(self.store, asked)
+        if changes:
+            with self.store.transaction() as db:
+                self.store.set_start_estimates(db, changes)
+        if self._index is not None:
+            self._index.refresh_at = refresh if refresh is not None else math.inf
+        if refresh is not None:
+            # a running job may outlive its assumed end: look again then
+            if decisions.wake_at is None or refresh < decisions.wake_at:
+                decisions.wake_at = refresh
+            self._decide_again = min(self._decide_again, refresh)
 
     def _queue_positions(self, changed: list[tuple[int | None, str | None, str]]) -> None:
         """Write the waiting jobs' places in line and reasons (after launching what started);

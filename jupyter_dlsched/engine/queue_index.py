@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from .. import start_times
@@ -300,20 +301,20 @@ class QueueIndex:
         started = {s.job_id for s in decided.starts}
         said = decided.waiting
         places = self.places
+        # one pass per step over the line, in comprehensions: a deep queue's every job
+        # moves up at each start, so this is the whole-queue decision's longest part
+        line = [job for job in order if job.id not in started] if started else order
+        ids = [job.id for job in line]
+        now_at = [
+            (place, said.get(job_id) or explain(job))
+            for place, (job_id, job) in enumerate(zip(ids, line, strict=True), 1)
+        ]
+        was = [places.get(job_id) for job_id in ids]
         changed: list[tuple[int | None, str | None, str]] = []
-        place = 0
-        for job in order:
-            job_id = job.id
-            if job_id in started:
-                continue
-            place += 1
-            why = said.get(job_id) or explain(job)
-            old = places.get(job_id)
-            if old is None:
-                old = self.place(job_id, self.waiting[job_id])
-            if old[0] != place or old[1] != why:
-                changed.append((place, why, job_id))
-                places[job_id] = (place, why)
+        for job_id, new, old in zip(ids, now_at, was, strict=True):
+            if new != (old if old is not None else self.place(job_id, self.waiting[job_id])):
+                changed.append((new[0], new[1], job_id))
+        places.update((job_id, (pos, why)) for pos, why, job_id in changed)
         for job_id, row in self.pending.items():
             new_pending = (None, blocked.get(job_id))
             if self.place(job_id, row) != new_pending:
@@ -370,7 +371,14 @@ def _dependency_states(
 
 
 def _request(row: sqlite3.Row) -> Request:
-    return Request(row["gpus"], row["gpu_mem"], row["cpus"], row["mem"])
+    return _shape(row["gpus"], row["gpu_mem"], row["cpus"], row["mem"])
+
+
+@lru_cache(maxsize=1024)
+def _shape(gpus: float, gpu_mem: int | None, cpus: float, mem: int) -> Request:
+    """One request object per shape, shared by the waiting jobs that ask for it (a map's
+    thousands), so what is worked out per request is found by identity."""
+    return Request(gpus, gpu_mem, cpus, mem)
 
 
 def _queued(row: sqlite3.Row) -> QueuedJob:

@@ -54,6 +54,7 @@ def decide(
     now: float,
     deferred: list[tuple[int | None, str | None, str]] | None = None,
     index: QueueIndex | None = None,
+    forecasts: list[start_times.Forecasting] | None = None,
 ) -> Decisions:
     """Snapshot the active jobs, run the policy, commit its starts, preemptions and reasons.
 
@@ -62,7 +63,10 @@ def decide(
     (with a deep queue every start moves every waiting job up one place).
     ``index``: the waiting jobs kept from the previous decision (the pool agent's),
     so only the rows of jobs that changed since are read again, and with a deep
-    queue a decision looks only at its head (``QueueIndex.head``)."""
+    queue a decision looks only at its head (``QueueIndex.head``).
+    ``forecasts``: a list to receive the start-time forecast a whole-queue decision asks
+    for, which the caller runs once it has launched what started, outside the write
+    lock (``start_times.estimate``); without it, no estimates are made."""
     started = time.perf_counter()
     blocked: dict[str, str] = {}
     if index is not None:
@@ -97,9 +101,7 @@ def decide(
                 if line is not None:
                     _commit(store, db, decisions, index.waiting, lease_ttl, now)
                     in_line, explain = line
-                    _estimate(
-                        store, db, backend, policy, in_line, decisions, active, capacity, now, index
-                    )
+                    _estimate(forecasts, backend, policy, in_line, active, capacity, now, index)
                     changed = index.places_from(in_line, explain, decisions, blocked)
                     index.placed(time.perf_counter() - started)
                     _write_places(store, db, changed, deferred)
@@ -119,12 +121,10 @@ def decide(
     _commit(store, db, decisions, rows, lease_ttl, now)
     # every waiting job's start-time estimate, from the same snapshot and the queue's order
     _estimate(
-        store,
-        db,
+        forecasts,
         backend,
         policy,
         start_times.in_order(queued, decisions.order),
-        decisions,
         active,
         capacity,
         now,
@@ -177,35 +177,30 @@ def _learn(store: Store, db: sqlite3.Connection, backend: str, policy: Policy) -
 
 
 def _estimate(
-    store: Store,
-    db: sqlite3.Connection,
+    forecasts: list[start_times.Forecasting] | None,
     backend: str,
     policy: Policy,
     ordered: Sequence[QueuedJob],
-    decisions: Decisions,
     active: list[RunningJob],
     capacity: Capacity,
     now: float,
     index: QueueIndex | None,
     written: start_times.Estimates | None = None,
 ) -> None:
-    """Every waiting job's start-time estimate, from the decision's snapshot and the queue's
-    order (``ordered``: the queue in that order); wake when they may go stale."""
-    refresh = start_times.estimate(
-        store,
-        db,
-        backend=backend,
-        policy=policy,
-        ordered=ordered,
-        running=active,
-        capacity=capacity,
-        now=now,
-        written=index.estimates if index is not None else (written or {}),
-    )
-    if index is not None:
-        index.refresh_at = refresh if refresh is not None else float("inf")
-    if refresh is not None and (decisions.wake_at is None or refresh < decisions.wake_at):
-        decisions.wake_at = refresh  # a running job may outlive its assumed end: look again
+    """Ask for every waiting job's start-time estimate, from the decision's snapshot and
+    the queue's order (``ordered``: the queue in that order)."""
+    if forecasts is not None:
+        forecasts.append(
+            start_times.Forecasting(
+                backend,
+                policy,
+                ordered,
+                active,
+                capacity,
+                now,
+                index.estimates if index is not None else (written or {}),
+            )
+        )
 
 
 def _write_places(

@@ -238,18 +238,30 @@ def passes_through(
 def describe_shortfall(request: Request, capacity: Capacity) -> str:
     """Words for why a request does not fit now: ``"waiting for 2 GPUs"``.
 
-    Called for every waiting job of a live tick, so the words are cached per
-    request shape and the three numbers they depend on; and those three are read once per
-    capacity (it is immutable), not once per job.
+    Called for every waiting job of a live tick, so the words are kept per request
+    object for the last capacity seen (it is immutable; the live queue shares one
+    request object among the jobs of one shape), and otherwise cached per request shape
+    and the three numbers they depend on, read once per capacity, not once per job.
     """
     last = _last_free[0]
     if last[0] is not capacity:
-        last = (capacity, (capacity.free_whole_gpus, capacity.cpus_free, capacity.mem_free))
+        free = (capacity.free_whole_gpus, capacity.cpus_free, capacity.mem_free)
+        last = (capacity, free, {})
         _last_free[0] = last  # one tuple, replaced whole: safe for a policy run in threads
-    return _shortfall(request, *last[1])
+    said = last[2]
+    # keyed by identity, the request kept with its words so that its id is not reused
+    known = said.get(id(request))
+    if known is not None and known[0] is request:
+        return known[1]
+    words = _shortfall(request, *last[1])
+    if len(said) < 4096:
+        said[id(request)] = (request, words)
+    return words
 
 
-_last_free: list[tuple[Any, tuple[int, float, int]]] = [(None, (0, 0.0, 0))]
+_last_free: list[tuple[Any, tuple[int, float, int], dict[int, tuple[Request, str]]]] = [
+    (None, (0, 0.0, 0), {})
+]
 
 
 @lru_cache(maxsize=4096)
