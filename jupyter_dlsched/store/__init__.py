@@ -9,8 +9,9 @@ results live in ``spool/<job-id>/``. The folder is private to the user: see
 The ledger is one ``Store``, written in parts by what each owns, each part a class
 built on the one below it: ``ledger`` (the file, connections, migrations, meta),
 ``events``, ``schedules`` (``--every``'s rows, their ticks claimed and recorded),
-``payloads`` (what ended jobs keep, and for how long), ``jobs`` (rows,
-files, the state machine, steering), ``runs`` (claims,
+``payloads`` (what ended jobs keep, and for how long), ``job_reads`` (rows read:
+one, a listing, what finished, counts), ``jobs`` (inserts, files, the state machine,
+steering), ``runs`` (claims,
 leases, how a run ended), ``queue`` (the tick's queries), ``staging`` (staged inputs and
 the cache) and ``samples`` (utilisation history).
 """

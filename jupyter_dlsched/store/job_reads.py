@@ -1,0 +1,204 @@
+"""Reading jobs: one row, a listing, what finished (for the policies that learn), counts
+and states; no writes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..errors import JobNotFound
+from ..schema import _ID, STATES, JobInfo, _row_to_info
+from .payloads import Payloads
+
+
+class JobReads(Payloads):
+    """The ledger's job reads, part of ``Store`` (see this module's docstring)."""
+
+    def read_file(self, job_id: str, name: str) -> bytes | None:
+        """A file stored with the job at submission (``payload.pkl``, ``context.json``, ...);
+        ``None`` once the job has ended (its payload is deleted then)."""
+        rows = self.db.execute(
+            "SELECT b.data FROM jobs j JOIN blobs b ON b.hash = json_extract(j.files, ?) "
+            "WHERE j.id=?",
+            (f'$."{name}"', job_id),
+        ).fetchall()
+        return bytes(rows[0][0]) if rows else None
+
+    def get(self, job_id: str) -> JobInfo:
+        if not isinstance(job_id, str) or not _ID.match(job_id):
+            raise JobNotFound(job_id)
+        rows = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchall()
+        if not rows:
+            raise JobNotFound(job_id)
+        return _row_to_info(rows[0])
+
+    def owners(self, job_ids: Iterable[str]) -> dict[str, int]:
+        """The owner uid of each of these jobs that exists (what a shared pool's replies are
+        redacted by)."""
+        ids = list(job_ids)
+        out: dict[str, int] = {}
+        for at in range(0, len(ids), 500):
+            chunk = ids[at : at + 500]
+            marks = ",".join("?" * len(chunk))
+            for job_id, uid in self.db.execute(
+                f"SELECT id, uid FROM jobs WHERE id IN ({marks})", chunk
+            ):
+                out[job_id] = uid
+        return out
+
+    def jobs(
+        self,
+        states: Iterable[str] | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        ids: Sequence[str] | None = None,
+        newest_first: bool = False,
+    ) -> list[JobInfo]:
+        """Jobs in submit order (or newest first), filtered by state, owner or ids."""
+        clauses: list[str] = []
+        args: list[Any] = []
+        if states is not None:
+            states = list(states)
+            clauses.append(f"state IN ({','.join('?' * len(states))})")
+            args += states
+        if owner is not None:
+            clauses.append("owner=?")
+            args.append(owner)
+        if ids is not None:
+            clauses.append(f"id IN ({','.join('?' * len(ids))})")
+            args += list(ids)
+        sql = "SELECT * FROM jobs"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        sql += " ORDER BY seq DESC" if newest_first else " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ? OFFSET ?"
+            args += [int(limit), int(offset)]
+        return [_row_to_info(r) for r in self.db.execute(sql, args)]
+
+    def finished_jobs(
+        self, since: float = 0.0, owner: str | None = None, limit: int | None = None
+    ) -> list[JobInfo]:
+        """Jobs that ended at or after ``since``, the most recently ended first (``history``)."""
+        sql = "SELECT * FROM jobs WHERE finished IS NOT NULL AND finished >= ?"
+        args: list[Any] = [since]
+        if owner is not None:
+            sql += " AND owner=?"
+            args.append(owner)
+        sql += " ORDER BY finished DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        return [_row_to_info(r) for r in self.db.execute(sql, args)]
+
+    @staticmethod
+    def finished_sizes(
+        db: sqlite3.Connection, backend: str, limit: int
+    ) -> list[tuple[str, str, float, float]]:
+        """``(owner, name, attained GPU-seconds, finished)`` of the last ``limit`` jobs that
+        ran to their end on ``backend``, oldest first: what a learning policy learns from."""
+        rows = db.execute(
+            "SELECT owner, name, attained, finished FROM jobs WHERE backend=? "
+            "AND state IN ('succeeded','failed','timeout') AND finished IS NOT NULL "
+            "ORDER BY seq DESC LIMIT ?",
+            (backend, int(limit)),
+        ).fetchall()
+        return [(r[0], r[1], float(r[2] or 0.0), float(r[3])) for r in reversed(rows)]
+
+    @staticmethod
+    def finished_run_times(
+        db: sqlite3.Connection, backend: str, limit: int
+    ) -> list[tuple[str, str, float, float]]:
+        """``(owner, name, gpus, seconds run)`` of the last ``limit`` jobs that ran to their end on
+        ``backend``, oldest first (seconds: GPU-service over GPUs, else the last run's length)."""
+        rows = db.execute(
+            "SELECT owner, name, gpus, attained, started, finished FROM jobs WHERE backend=? "
+            "AND state IN ('succeeded','failed','timeout') AND finished IS NOT NULL "
+            "AND started IS NOT NULL ORDER BY seq DESC LIMIT ?",
+            (backend, int(limit)),
+        ).fetchall()
+        out = []
+        for owner, name, gpus, attained, started, finished in reversed(rows):
+            ran = (attained or 0.0) / gpus if gpus and attained else finished - started
+            out.append((owner, name, float(gpus or 0.0), float(ran)))
+        return out
+
+    def count_kind(self, kind: str) -> dict[str, int]:
+        """Unfinished jobs of one kind (``kernel``: GPU kernels' leases), by state."""
+        rows = self.db.execute(
+            "SELECT state, COUNT(*) FROM jobs WHERE kind=? "
+            "AND state IN ('queued','running','preempted') GROUP BY state",
+            (kind,),
+        )
+        return {state: n for state, n in rows}
+
+    def count_jobs(self) -> dict[str, int]:
+        """Number of jobs in each state."""
+        counts = {state: 0 for state in STATES}
+        for state, n in self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"):
+            counts[state] = n
+        return counts
+
+    def wait_times(self) -> list[float]:
+        """Seconds from submission to its (last) start, of every job that started."""
+        rows = self.db.execute(
+            "SELECT started - submitted FROM jobs WHERE started IS NOT NULL"
+        ).fetchall()
+        return [float(r[0]) for r in rows]
+
+    def attained_by_owner(self) -> dict[str, float]:
+        """GPU-seconds of every user's finished runs (``attained``), by owner."""
+        rows = self.db.execute("SELECT owner, SUM(attained) FROM jobs GROUP BY owner")
+        return {str(owner): float(total or 0.0) for owner, total in rows}
+
+    def count_active(self, backend: str) -> int:
+        """Jobs on ``backend`` waiting or running."""
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE backend=? AND state IN ('queued','preempted','running')",
+            (backend,),
+        ).fetchone()
+        return int(row[0])
+
+    def count_waiting(self, uid: int) -> int:
+        """Jobs of user ``uid`` waiting to start (``queued`` or ``preempted``)."""
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE uid=? AND state IN ('queued','preempted')", (uid,)
+        ).fetchone()
+        return int(row[0])
+
+    def states(self, ids: Sequence[str], db: sqlite3.Connection | None = None) -> dict[str, str]:
+        """The state of each of these jobs that exists (inside ``db``'s transaction if given)."""
+        db = self.db if db is None else db
+        ids = list(ids)
+        states: dict[str, str] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            rows = db.execute(
+                f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk
+            )
+            states.update({r[0]: r[1] for r in rows})
+        return states
+
+    @staticmethod
+    def state_and_supervisor(db: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
+        """``(state, supervisor_pid)`` of a job: whether it runs and who supervises it."""
+        row: sqlite3.Row | None = db.execute(
+            "SELECT state, supervisor_pid FROM jobs WHERE id=?", (job_id,)
+        ).fetchone()
+        return row
+
+    @staticmethod
+    def state_and_priority(db: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
+        """``(state, priority)`` of a job, ``None`` if there is no such job."""
+        row: sqlite3.Row | None = db.execute(
+            "SELECT state, priority FROM jobs WHERE id=?", (job_id,)
+        ).fetchone()
+        return row
+
+    @staticmethod
+    def submitted_at(db: sqlite3.Connection, job_id: str) -> float:
+        """When an existing job was submitted."""
+        return float(db.execute("SELECT submitted FROM jobs WHERE id=?", (job_id,)).fetchone()[0])
