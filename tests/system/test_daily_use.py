@@ -15,6 +15,7 @@ import pytest
 from conftest import stop_agent, wait_for
 from nbformat.v4 import new_notebook
 
+from jupyter_dlsched.errors import SpecError
 from jupyter_dlsched.placement import place
 from jupyter_dlsched.policy import QueuedJob, RunningJob, get_policy
 from jupyter_dlsched.policy.base import describe_shortfall
@@ -576,3 +577,12 @@ def test_each_notebooks_kernelspec_matches_the_installed_kernel(notebook):
         "language": installed.language,
         "name": saved["name"],
     }
+
+
+def test_a_request_only_a_shared_service_answers_is_refused_by_a_private_pool(home):
+    """The server asks a shared pool's service for its metrics and samples; a user's own
+    pool (its agent, or no agent) has no such service and says so instead of hanging."""
+    for agent in (True, False):
+        with Scheduler(home, agent=agent, loop=False) as s:
+            with pytest.raises(SpecError, match="shared pool's service"):
+                s.ask_service("metrics")
