@@ -35,7 +35,7 @@ from .port import Link
 from .schedules.info import ScheduleInfo
 from .settings import Settings, check_resize_every
 from .spec import pickle_payload
-from .store import JobInfo, Store
+from .store import JobInfo, Store, inventory_key
 from .sweep import member_suffixes
 
 # variables that describe the submitting kernel, not the job
@@ -152,7 +152,7 @@ class Scheduler(Watching):
         if cache_dir is not None or cache_max is not None:
             self.configure_cache(folder=cache_dir, max_size=cache_max)
         if isinstance(self.link, AgentLink) and self.backend.name == "ray":
-            if probe_pool or self.store.get_meta("inventory:ray") is None:
+            if probe_pool or self.store.get_meta(inventory_key("ray")) is None:
                 self.link.join_ray(**self.backend.driver_options())  # type: ignore[attr-defined]
         if loop:
             self.start()
@@ -179,7 +179,7 @@ class Scheduler(Watching):
         self.store = link.ledger()
         self.home = self.store.home
         self.backend = backend
-        self.inventory_key = "inventory" if backend.name == "local" else f"inventory:{backend.name}"
+        self.inventory_key = inventory_key(backend.name)
         self._watched: dict[str, list[JobHandle]] = {}
         self._inline = InlineRunner(self)
         self._watch_lock = threading.Lock()

@@ -40,7 +40,7 @@ from ..schedules.firing import fire_due
 from ..settings import Settings, check_resize_every
 from ..spec import MAX_NAME, JobSpec, build_spec, parse_priority
 from ..staging import StagingGate
-from ..store import JobInfo, Store
+from ..store import JobInfo, Store, inventory_key
 from ..sweep import member_name
 from . import tick as tick_steps
 from .launching import Launching, OwnJobs
@@ -98,9 +98,7 @@ class Engine:
         self.on_wake = wake
         self._policy_object = policy
         self.backend = make_backend(backend, self, **backend_options)
-        self.inventory_key = (
-            "inventory" if self.backend.name == "local" else f"inventory:{self.backend.name}"
-        )
+        self.inventory_key = inventory_key(self.backend.name)
         self._decided_on: tuple[int, str | None] = (-1, None)
         self._decide_again = 0.0
         self._index: QueueIndex | None = QueueIndex() if keep_index else None

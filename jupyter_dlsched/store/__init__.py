@@ -50,6 +50,7 @@ from .ledger import (  # noqa: F401  (its helpers, re-exported)
     _keep_or_default,
     _out_of_space,
     disk_full,
+    inventory_key,
     payload_keep,
 )
 from .samples import Samples

@@ -86,6 +86,12 @@ class Reserve:
             self.last.unlink(missing_ok=True)
 
 
+def inventory_key(backend: str) -> str:
+    """The meta key of a backend's pool shape: ``inventory`` for this machine's,
+    ``inventory:<backend>`` for a cluster's (``ray``, ``slurm``)."""
+    return "inventory" if backend == "local" else f"inventory:{backend}"
+
+
 def _free_bytes(folder: Path) -> int:
     try:
         st = os.statvfs(folder)
