@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from jupyter_dlsched.scheduler import Scheduler
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -179,3 +182,50 @@ def browser_context(tmp_path: Path) -> Iterator[Any]:
             yield context
         finally:
             context.close()
+
+
+@pytest.fixture
+def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
+    """A JupyterLab of this test's own, on a pool of two simulated GPUs."""
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
+    lab = start_lab(tmp_path / "lab")
+    try:
+        yield lab
+    finally:
+        stop_lab(lab)
+        shutil.rmtree(lab.home, ignore_errors=True)  # lets the agent and launcher exit
+
+
+@pytest.fixture
+def submitter(lab: Lab) -> Iterator[Scheduler]:
+    """A client of the lab's pool, as a user's script would be; what it left is cancelled."""
+    s = Scheduler(home=lab.home, loop=False)
+    yield s
+    for job in s.jobs(state=["queued", "running", "preempted"]):
+        s.cancel(job.id)
+    s.close()
+    shutil.rmtree(lab.home, ignore_errors=True)  # lets the job launcher exit
+
+
+def sleeper(s: Scheduler, name: str, **resources: Any) -> str:
+    """A job that says it started, then holds what it was given for two minutes."""
+    code = "import time; print('training started', flush=True); time.sleep(120)"
+    return s.submit_command([sys.executable, "-c", code], name=name, **resources).id
+
+
+def open_lab(page: Any, lab: Lab) -> None:
+    """JupyterLab loaded in ``page``, its splash screen gone."""
+    page.goto(f"{lab.url}lab?token={lab.token}")
+    page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+
+
+def open_sidebar(page: Any) -> Any:
+    """The scheduler's sidebar opened, once it shows the GPUs."""
+    page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
+    return page.wait_for_selector("#jupyter-dlsched-sidebar .jp-dlsched-gpu")
+
+
+def row(job_id: str, state: str) -> str:
+    """The selector of a job's row in the sidebar, in ``state``."""
+    return f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{job_id}"][data-state="{state}"]'

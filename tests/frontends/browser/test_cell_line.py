@@ -8,44 +8,21 @@ page reload, the line comes from the server (no "model not found"), moves on its
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nbformat
-import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from jupyter_dlsched.scheduler import Scheduler
 
-from .conftest import ARTIFACTS, Lab, start_lab, stop_lab
+from .conftest import ARTIFACTS, Lab
 
 SIDEBAR = "#jupyter-dlsched-sidebar"
 LINE = ".jp-dlsched-jobline"
 WIDGET = ".dlsched-jobview"  # the class the live ipywidget carries
-
-
-@pytest.fixture
-def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
-    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
-    lab = start_lab(tmp_path / "lab")
-    try:
-        yield lab
-    finally:
-        stop_lab(lab)
-
-
-@pytest.fixture
-def submitter(lab: Lab) -> Iterator[Scheduler]:
-    s = Scheduler(home=lab.home, loop=False)
-    yield s
-    for job in s.jobs(state=["queued", "running", "preempted"]):
-        s.cancel(job.id)
-    s.close()
-    shutil.rmtree(lab.home, ignore_errors=True)  # lets the job launcher exit
 
 
 def call(lab: Lab, path: str, method: str = "GET", body: Any = None) -> Any:

@@ -4,7 +4,6 @@ and announced."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -46,16 +45,6 @@ def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
         yield lab
     finally:
         stop_lab(lab)
-
-
-@pytest.fixture
-def submitter(lab: Lab) -> Iterator[Scheduler]:
-    s = Scheduler(home=lab.home, loop=False)
-    yield s
-    for job in s.jobs(state=["queued", "running", "preempted"]):
-        s.cancel(job.id)
-    s.close()
-    shutil.rmtree(lab.home, ignore_errors=True)
 
 
 def sleeper(s: Scheduler, name: str, **resources: Any) -> str:

@@ -5,33 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import nbformat
-import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from .conftest import ARTIFACTS, Lab, start_lab, stop_lab
-
-
-@pytest.fixture
-def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
-    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
-    lab = start_lab(tmp_path / "lab")
-    try:
-        yield lab
-    finally:
-        stop_lab(lab)
-        shutil.rmtree(lab.home, ignore_errors=True)  # lets the agent and launcher exit
-
-
-def open_lab(page: Any, lab: Lab) -> None:
-    page.goto(f"{lab.url}lab?token={lab.token}")
-    page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
-    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+from .conftest import ARTIFACTS, Lab, open_lab
 
 
 def test_run_in_the_queue_submits_a_notebook_and_the_sidebar_opens_the_result(

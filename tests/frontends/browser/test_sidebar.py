@@ -3,59 +3,15 @@
 from __future__ import annotations
 
 import re
-import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from jupyter_dlsched.scheduler import Scheduler
 
-from .conftest import ARTIFACTS, Lab, start_lab, stop_lab
+from .conftest import ARTIFACTS, Lab, open_lab, open_sidebar, row, sleeper, start_lab, stop_lab
 
 HOSTILE_NAME = '<img src=x onerror="window.__dlschedXss=1">'
-
-
-@pytest.fixture
-def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
-    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
-    lab = start_lab(tmp_path / "lab")
-    try:
-        yield lab
-    finally:
-        stop_lab(lab)
-
-
-@pytest.fixture
-def submitter(lab: Lab) -> Iterator[Scheduler]:
-    s = Scheduler(home=lab.home, loop=False)
-    yield s
-    for job in s.jobs(state=["queued", "running", "preempted"]):
-        s.cancel(job.id)
-    s.close()
-    shutil.rmtree(lab.home, ignore_errors=True)  # lets the job launcher exit
-
-
-def sleeper(s: Scheduler, name: str, **resources: Any) -> str:
-    code = "import time; print('training started', flush=True); time.sleep(120)"
-    return s.submit_command([sys.executable, "-c", code], name=name, **resources).id
-
-
-def open_lab(page: Any, lab: Lab) -> None:
-    page.goto(f"{lab.url}lab?token={lab.token}")
-    page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
-    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-
-
-def open_sidebar(page: Any) -> Any:
-    page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
-    return page.wait_for_selector("#jupyter-dlsched-sidebar .jp-dlsched-gpu")
-
-
-def row(job_id: str, state: str) -> str:
-    return f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{job_id}"][data-state="{state}"]'
 
 
 def test_sidebar_shows_the_queue_and_cancelling_moves_it(

@@ -2,52 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from jupyter_dlsched.scheduler import Scheduler
 
-from .conftest import ARTIFACTS, Lab, start_lab, stop_lab
-
-
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    lab = start_lab(tmp_path / "lab")
-    try:
-        yield lab
-    finally:
-        stop_lab(lab)
-
-
-@pytest.fixture
-def submitter(lab: Lab) -> Iterator[Scheduler]:
-    s = Scheduler(home=lab.home, loop=False)
-    yield s
-    for job in s.jobs(state=["queued", "running", "preempted"]):
-        s.cancel(job.id)
-    s.close()
-    shutil.rmtree(lab.home, ignore_errors=True)  # lets the job launcher exit
-
-
-def open_lab(page: Any, lab: Lab) -> None:
-    page.goto(f"{lab.url}lab?token={lab.token}")
-    page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
-    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-
-
-def open_sidebar(page: Any) -> Any:
-    page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
-    return page.wait_for_selector("#jupyter-dlsched-sidebar .jp-dlsched-gpu")
-
-
-def row(job_id: str, state: str) -> str:
-    return f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{job_id}"][data-state="{state}"]'
+from .conftest import ARTIFACTS, Lab, open_lab, open_sidebar, row
 
 
 def step(s: Scheduler, seconds: float, name: str = "step", gpus: int = 1) -> str:
