@@ -30,13 +30,29 @@ class _Fields:
 
 
 def client_calls() -> dict[str, tuple[type, type]]:
-    """op -> (fields, reply) of each signature of the client's typed ``call``."""
+    """op -> (fields, reply) of each signature of the client's typed ``call``, read from
+    ``shapes.py``'s source (``typing.get_overloads`` is Python 3.11's)."""
     names = {**vars(shapes), "Unpack": _Fields, "Literal": typing.Literal}
+    tree = ast.parse(Path(shapes.__file__).read_text())
+    [calls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Calls"]
     out = {}
-    for signature in typing.get_overloads(shapes.Calls.call):
-        notes = {k: eval(v, names) for k, v in signature.__annotations__.items()}
-        (op,) = typing.get_args(notes["op"])
-        out[op] = (notes.get("fields", shapes.NoFields), notes["return"])
+    for signature in calls.body:
+        if not (
+            isinstance(signature, ast.FunctionDef)
+            and signature.name == "call"
+            and any(ast.unparse(d) == "overload" for d in signature.decorator_list)
+        ):
+            continue
+        [_, op_arg, *_] = signature.args.posonlyargs
+        (op,) = typing.get_args(eval(ast.unparse(op_arg.annotation), names))
+        fields = signature.args.kwarg
+        assert signature.returns is not None
+        out[op] = (
+            eval(ast.unparse(fields.annotation), names)
+            if fields and fields.annotation
+            else shapes.NoFields,
+            eval(ast.unparse(signature.returns), names),
+        )
     return out
 
 
