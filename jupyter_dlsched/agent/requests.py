@@ -4,9 +4,10 @@ Each takes the peer (who asks: uid, name, admin), the message and its binary
 attachments, and returns the reply (``None``: answered later, as ``changes`` with
 ``wait`` is); the message and the reply are typed with the op's shapes
 (``shapes.OPS``), which the clients' calls are typed with too. A shape says what a
-well-formed request holds: each handler still checks every field it reads. Every reply then passes the one visibility rule (``visibility.py``).
-The checks of a shared pool's limits (priority cap, queued jobs, payload bytes) are
-here too, since only requests apply them.
+well-formed request holds: each handler still checks every field it reads. Every
+reply then passes the one visibility rule (``visibility.py``). The checks of a shared
+pool's limits (priority cap, queued jobs, payload bytes) are here too, since only
+requests apply them.
 """
 
 from __future__ import annotations
