@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .agent.link import AgentLink, connect
 from .backends import Backend, make_backend
@@ -222,7 +222,7 @@ class Scheduler(Watching):
         """Whether this is a client of a pool every user of the machine shares (a service)."""
         return self.link.shared
 
-    def ask_service(self, op: str, **msg: Any) -> dict[str, Any]:
+    def ask_service(self, op: Literal["metrics", "samples"], **msg: Any) -> dict[str, Any]:
         """A request only a shared pool's service answers (its metrics, its samples)."""
         if not isinstance(self.link, AgentLink) or not self.link.shared:
             raise SpecError("op", op, "a request to a shared pool's service (this pool is yours)")

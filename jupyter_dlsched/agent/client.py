@@ -2,7 +2,7 @@
 
 ``AgentClient(address).call("jobs", states=["queued"])`` sends one request and
 returns the reply's fields, raising the agent's refusal as the package's own
-exception. One connection per client, used by one thread at a time; a
+exception; what each op's request and reply hold is ``shapes.py``'s. One connection per client, used by one thread at a time; a
 ``changes`` long-poll gets a connection of its own (``watcher()``).
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import DlschedError
 from .protocol import AgentUnavailable, Decoder, encode, raise_error, recv_message
+from .shapes import Blobs, Calls
 
 #: Where a shared pool's service listens unless ``DLSCHED_SOCKET`` says otherwise.
 SYSTEM_SOCKET = "/run/dlsched/dlsched.sock"
@@ -225,8 +226,8 @@ def _closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
-class AgentClient:
-    """One connection to a pool agent.
+class AgentClient(Calls):
+    """One connection to a pool agent; ``call(op, **fields)`` is typed per op (``Calls``).
 
     ``home`` (a user's own pool): an agent is started when none answers.
     """
@@ -326,8 +327,8 @@ class AgentClient:
             else:
                 return self._trusted(sock)
 
-    def call(self, op: str, blobs: list[bytes] | tuple[bytes, ...] = (), **fields: Any) -> Any:
-        """Send ``op`` with ``fields``; the reply's fields (a refusal raises)."""
+    def _exchange(self, op: str, blobs: Blobs, fields: dict[str, Any]) -> dict[str, Any]:
+        """Send ``op`` with ``fields``; the reply (a refusal raises)."""
         data = encode({"op": op, **fields}, blobs)
         with self._lock:
             if self._sock is not None and _closed_by_peer(self._sock):

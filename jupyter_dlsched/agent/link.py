@@ -29,6 +29,7 @@ from ..schema import JobInfo, info_from_json
 from ..spec import _after, parse_stage_in
 from .client import AgentClient, agent_wanted, shared_socket, user_address
 from .protocol import AgentUnavailable
+from .shapes import HelloReply, SubmitRequest, SubmittedJob
 
 
 def connect(
@@ -66,7 +67,7 @@ class AgentLink:
         self.client = client
         self.shared = shared
         self._store = store
-        self.hello: dict[str, Any] = client.call("hello")
+        self.hello: HelloReply = client.call("hello")
         if not shared and self.hello.get("code") != code_stamp():
             # the agent runs older (or newer) code than this client: replace it (its running
             # jobs carry on under their supervisors); one agent per ledger at any time
@@ -76,7 +77,7 @@ class AgentLink:
         #: the Ray cluster this client joined (``join_ray``), sent with its Ray jobs
         self.ray: dict[str, Any] | None = None
 
-    def _restart_agent(self) -> dict[str, Any]:
+    def _restart_agent(self) -> HelloReply:
         import time
 
         old = self.hello.get("pid")
@@ -92,8 +93,7 @@ class AgentLink:
             except OSError:
                 break
             time.sleep(0.01)
-        hello: dict[str, Any] = self.client.call("hello")
-        return hello
+        return self.client.call("hello")
 
     def ledger(self) -> Any:
         """What the scheduler reads: the ledger itself in one's own pool, else the agent."""
@@ -121,8 +121,7 @@ class AgentLink:
         what each job's name adds to the common one (a sweep's ``"[2] lr=0.01"``)."""
         blobs: list[bytes] = []
         index: dict[int, int] = {}
-        items: list[dict[str, Any]] = []
-        extra: dict[str, Any] = {}
+        items: list[SubmittedJob] = []
         for files in jobs:
             refs = {}
             for name, data in files.items():
@@ -134,20 +133,18 @@ class AgentLink:
             items.append({"files": refs})
         for item, suffix in zip(items, suffixes or (), strict=False):
             item["suffix"] = suffix
+        request: SubmitRequest = {
+            "kind": kind,
+            "default_name": default_name,
+            "origin": origin,
+            "options": wire_options(options),
+            "inline": inline,
+            "jobs": items,
+            "backend": backend,
+        }
         if backend == "ray":
-            extra["ray"] = self.ray  # the cluster this client joined: refused if switched since
-        reply = self.client.call(
-            "submit",
-            blobs,
-            kind=kind,
-            default_name=default_name,
-            origin=origin,
-            options=wire_options(options),
-            inline=inline,
-            jobs=items,
-            backend=backend,
-            **extra,
-        )
+            request["ray"] = self.ray  # the cluster this client joined: refused if switched since
+        reply = self.client.call("submit", blobs, **request)
         return list(reply["ids"])
 
     def join_ray(

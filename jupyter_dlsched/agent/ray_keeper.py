@@ -13,13 +13,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .. import private
 from ..errors import SpecError
 from ..store import Store
+from .shapes import RayReply, RayRequest, SubmitRequest
 
 #: Seconds before a Ray driver that did not come up is started again.
 RAY_DRIVER_RETRY = 30.0
@@ -27,7 +28,7 @@ RAY_DRIVER_RETRY = 30.0
 RAY_LOG_MAX = 4 << 20
 
 
-def cluster_options(msg: dict[str, Any]) -> dict[str, Any]:
+def cluster_options(msg: Mapping[str, Any]) -> dict[str, Any]:
     """The cluster a ``ray`` request names: address, card size, ``ray.init`` options."""
     options = {
         "address": msg.get("address"),
@@ -69,7 +70,7 @@ class RayKeeper:
     def store(self) -> Store:
         return self._store()
 
-    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def request(self, msg: RayRequest) -> RayReply:
         """Join the Ray cluster ``address`` (with cards of ``gpu_mem``): keep a driver on it;
         its inventory once the driver has joined (ask again until then)."""
         from ..backends.ray_driver import JOINED_KEY, OPTIONS_KEY, describe, driver_alive
@@ -110,7 +111,7 @@ class RayKeeper:
             "log": self.log_tail(),
         }
 
-    def check_options(self, msg: dict[str, Any]) -> None:
+    def check_options(self, msg: SubmitRequest) -> None:
         """A Ray job is queued for the cluster its client joined, or refused."""
         from ..backends.ray_driver import OPTIONS_KEY, describe
 

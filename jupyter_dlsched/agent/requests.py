@@ -2,9 +2,12 @@
 
 Each takes the peer (who asks: uid, name, admin), the message and its binary
 attachments, and returns the reply (``None``: answered later, as ``changes`` with
-``wait`` is). Every reply then passes the one visibility rule (``visibility.py``).
-The checks of a shared pool's limits (priority cap, queued jobs, payload bytes) are
-here too, since only requests apply them.
+``wait`` is); the message and the reply are typed with the op's shapes
+(``shapes.OPS``), which the clients' calls are typed with too. A shape says what a
+well-formed request holds: each handler still checks every field it reads. Every
+reply then passes the one visibility rule (``visibility.py``). The checks of a shared
+pool's limits (priority cap, queued jobs, payload bytes) are here too, since only
+requests apply them.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._version import __version__
 from ..backends.base import refuse_stage_in
@@ -25,6 +29,40 @@ from ..words import PRIORITY_WORDS
 from .config import ServiceConfig
 from .connections import Connections, Peer
 from .protocol import ProtocolError
+from .shapes import (
+    CacheReply,
+    ChangesReply,
+    ChangesRequest,
+    CountReply,
+    Done,
+    EventsReply,
+    EventsRequest,
+    FinishedRequest,
+    HelloReply,
+    JobIdRequest,
+    JobReply,
+    JobsReply,
+    JobsRequest,
+    MetaReply,
+    MetaRequest,
+    MetricsReply,
+    NoFields,
+    PriorityRequest,
+    ProgressReply,
+    ProgressRequest,
+    RayReply,
+    RayRequest,
+    SamplesReply,
+    SamplesRequest,
+    SchedulesReply,
+    SchedulesRequest,
+    SeqReply,
+    SettingsReply,
+    SettingsRequest,
+    StatusReply,
+    SubmitReply,
+    SubmitRequest,
+)
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -53,7 +91,7 @@ def _owner(path: str) -> int | None:
         return None
 
 
-def _seconds(msg: dict[str, Any], key: str, default: float) -> float:
+def _seconds(msg: Mapping[str, Any], key: str, default: float) -> float:
     """A time field of a request (epoch seconds), or ``default`` when left out."""
     value = msg.get(key)
     if value is None:
@@ -88,7 +126,7 @@ def _job_files(item: object, blobs: list[bytes]) -> dict[str, bytes]:
 MAX_IDS = 10_000
 
 
-def _count_arg(msg: dict[str, Any], key: str) -> int:
+def _count_arg(msg: Mapping[str, Any], key: str) -> int:
     """A request's ``offset`` or ``since`` (missing: 0): a whole number the ledger's 64-bit
     integers hold, 0 or more."""
     value = msg.get(key)
@@ -99,7 +137,7 @@ def _count_arg(msg: dict[str, Any], key: str) -> int:
     return value
 
 
-def _list_args(msg: dict[str, Any]) -> dict[str, Any]:
+def _list_args(msg: Mapping[str, Any]) -> dict[str, Any]:
     """The filters of a ``jobs`` request, checked: states, owner, ids, order."""
     from ..schema import STATES
 
@@ -120,7 +158,7 @@ def _list_args(msg: dict[str, Any]) -> dict[str, Any]:
     return {"states": states, "owner": owner, "ids": ids, "newest_first": bool(newest_first)}
 
 
-def _page(msg: dict[str, Any]) -> int:
+def _page(msg: Mapping[str, Any]) -> int:
     """Rows one list request answers: its ``limit``, at most ``MAX_ROWS``."""
     limit = msg.get("limit")
     if limit is None:
@@ -160,12 +198,12 @@ class Requests:
         @property
         def peers(self) -> dict[int, Peer]: ...
 
-    def _hello(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _hello(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> HelloReply:
         return {
             "version": __version__,
             "mode": "shared" if self.shared else "user",
             "home": str(self.home),
-            "socket": self.socket_path and str(self.socket_path),
+            "socket": str(self.socket_path) if self.socket_path is not None else None,
             "pid": os.getpid(),
             "code": self.code,
             "uid": peer.uid,
@@ -173,7 +211,7 @@ class Requests:
             "admin": peer.admin,
         }
 
-    def _submit(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _submit(self, peer: Peer, msg: SubmitRequest, blobs: list[bytes]) -> SubmitReply:
         assert self.sched is not None
         options = msg.get("options") or {}
         if not isinstance(options, dict):
@@ -279,13 +317,13 @@ class Requests:
             )
         return info
 
-    def _cancel(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _cancel(self, peer: Peer, msg: JobIdRequest, blobs: list[bytes]) -> JobReply:
         assert self.sched is not None
         info = self._owned(peer, msg.get("id"), "cancel")
         self._dirty = True
         return {"job": info_to_json(self.sched.cancel(info.id))}
 
-    def _priority(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _priority(self, peer: Peer, msg: PriorityRequest, blobs: list[bytes]) -> JobReply:
         assert self.sched is not None
         from ..spec import parse_priority
 
@@ -295,26 +333,26 @@ class Requests:
         self._dirty = True
         return {"job": info_to_json(self.sched.set_priority(info.id, priority))}
 
-    def _requeue(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _requeue(self, peer: Peer, msg: JobIdRequest, blobs: list[bytes]) -> JobReply:
         assert self.sched is not None
         info = self._owned(peer, msg.get("id"), "requeue")
         self._check_queued(peer, 1)
         self._dirty = True
         return {"job": info_to_json(self.sched.requeue(info.id))}
 
-    def _get(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _get(self, peer: Peer, msg: JobIdRequest, blobs: list[bytes]) -> JobReply:
         job_id = msg.get("id")
         if not isinstance(job_id, str):
             raise JobNotFound(job_id)
         return {"job": info_to_json(self._store.get(job_id))}
 
-    def _jobs(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _jobs(self, peer: Peer, msg: JobsRequest, blobs: list[bytes]) -> JobsReply:
         rows = self._store.jobs(
             limit=_page(msg), offset=_count_arg(msg, "offset"), **_list_args(msg)
         )
         return {"jobs": [info_to_json(info) for info in rows]}
 
-    def _finished(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _finished(self, peer: Peer, msg: FinishedRequest, blobs: list[bytes]) -> JobsReply:
         since, owner = msg.get("since") or 0.0, msg.get("owner")
         if (
             isinstance(since, bool)
@@ -326,6 +364,33 @@ class Requests:
             raise SpecError("owner", owner, "a user name")
         rows = self._store.finished_jobs(since=float(since), owner=owner, limit=_page(msg))
         return {"jobs": [info_to_json(info) for info in rows]}
+
+    def _ping(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> Done:
+        return {}
+
+    def _count(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> CountReply:
+        return {"counts": self._store.count_jobs()}
+
+    def _seq(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> SeqReply:
+        return {"seq": self._store.last_event_seq()}
+
+    def _status_request(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> StatusReply:
+        return {"status": self._status(peer)}
+
+    def _cache(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> CacheReply:
+        return {"cache": self._cache_info(peer)}
+
+    def _metrics(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> MetricsReply:
+        return {"text": self.render_metrics().decode()}
+
+    def _ray(self, peer: Peer, msg: RayRequest, blobs: list[bytes]) -> RayReply:
+        return self.ray.request(msg)
+
+    def _schedules(self, peer: Peer, msg: SchedulesRequest, blobs: list[bytes]) -> SchedulesReply:
+        from ..schedules.requests import answer
+
+        # the same answer a Scheduler without an agent gives itself, as a plain dict
+        return cast(SchedulesReply, answer(self._store, dict(msg), uid=peer.uid, admin=peer.admin))
 
     def _status(self, peer: Peer) -> dict[str, Any]:
         assert self.sched is not None
@@ -339,7 +404,7 @@ class Requests:
         }
         return status
 
-    def _samples(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _samples(self, peer: Peer, msg: SamplesRequest, blobs: list[bytes]) -> SamplesReply:
         """Utilisation history in ``[since, until]`` (of ``source``), thinned to ``max_rows``."""
         since, until = _seconds(msg, "since", 0.0), _seconds(msg, "until", time.time())
         source = msg.get("source")
@@ -377,7 +442,7 @@ class Requests:
                 info["staging"] = [s for s in info["staging"] if s.get("uid") == peer.uid]
         return info
 
-    def _events(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _events(self, peer: Peer, msg: EventsRequest, blobs: list[bytes]) -> EventsReply:
         job_id = msg.get("id")
         if job_id is not None:
             self._store.get(job_id)  # JobNotFound for an unknown id
@@ -385,15 +450,13 @@ class Requests:
         rows = self._store.events(job_id, since=_count_arg(msg, "since"), limit=page + 1)
         return {"events": rows[:page], "more": len(rows) > page}
 
-    def _meta(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _meta(self, peer: Peer, msg: MetaRequest, blobs: list[bytes]) -> MetaReply:
         key = msg.get("key")
         if not isinstance(key, str) or not (key in _METADATA_KEYS or key.startswith("inventory:")):
             raise SpecError("key", key, "one of " + ", ".join(_METADATA_KEYS))
         return {"value": self._store.get_meta(key)}
 
-    def _changes(
-        self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]
-    ) -> dict[str, Any] | None:
+    def _changes(self, peer: Peer, msg: ChangesRequest, blobs: list[bytes]) -> ChangesReply | None:
         """State changes after ``since``; with ``wait``, held until there is one (or timeout)."""
         since, wait = _count_arg(msg, "since"), msg.get("wait") or 0.0
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < math.inf:
@@ -421,7 +484,7 @@ class Requests:
             self.conns.send(peer, {"ok": True, "changes": [list(r) for r in rows]})
             self.conns.resume(peer)  # the requests that arrived while it was held
 
-    def _progress(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _progress(self, peer: Peer, msg: ProgressRequest, blobs: list[bytes]) -> ProgressReply:
         info = self._owned(peer, msg.get("id"), "report progress for")
         progress = msg.get("progress")
         if info.state != "running" or not isinstance(progress, dict):
@@ -431,15 +494,15 @@ class Requests:
         self._store.update(info.id, progress=progress)
         return {"recorded": True}
 
-    def _ended(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _ended(self, peer: Peer, msg: JobIdRequest, blobs: list[bytes]) -> Done:
         self._dirty = True  # a job's resources are free: decide now
         return {}
 
-    def _tick_request(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _tick_request(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> Done:
         self._dirty = True
         return {}
 
-    def _settings(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _settings(self, peer: Peer, msg: SettingsRequest, blobs: list[bytes]) -> SettingsReply:
         assert self.sched is not None
         if self.shared and not peer.admin:
             raise PermissionDenied("only a pool admin may change the pool's policy or leases")
@@ -454,7 +517,7 @@ class Requests:
         self._dirty = True
         return {"settings": self._store.get_meta("settings")}
 
-    def _stop(self, peer: Peer, msg: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    def _stop(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> Done:
         if not peer.admin:
             raise PermissionDenied("only a pool admin may stop the pool's service")
         self._stopping = True

@@ -35,14 +35,13 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DlschedError, LedgerUnavailable, PermissionDenied, SpecError
 from ..local.launcher import code_stamp
 from ..metrics import CONTENT_TYPE
-from ..schedules.requests import answer as schedule_request
 from ..schema import WAITING
 from ..store import payload_keep
 from .client import IDLE_EXIT, trusted_server_uids, user_address
@@ -137,10 +136,12 @@ class Agent(Requests, Forking):
         self.ray = RayKeeper(self.home, lambda: self._store, self.shared)
         self._names: dict[int, tuple[str, bool, float]] = {}
         self.code = code_stamp()
-        self._ops: dict[str, Callable[[Peer, dict[str, Any], list[bytes]], dict[str, Any] | None]]
+        # each handler takes its op's request shape and returns its reply shape (shapes.OPS);
+        # a message off the wire is only a JSON object, so the table takes any
+        self._ops: dict[str, Callable[[Peer, Any, list[bytes]], Mapping[str, Any] | None]]
         self._ops = {
             "hello": self._hello,
-            "ping": lambda peer, msg, blobs: {},
+            "ping": self._ping,
             "submit": self._submit,
             "cancel": self._cancel,
             "priority": self._priority,
@@ -148,9 +149,9 @@ class Agent(Requests, Forking):
             "get": self._get,
             "jobs": self._jobs,
             "finished": self._finished,
-            "count": lambda peer, msg, blobs: {"counts": self._store.count_jobs()},
-            "seq": lambda peer, msg, blobs: {"seq": self._store.last_event_seq()},
-            "status": lambda peer, msg, blobs: {"status": self._status(peer)},
+            "count": self._count,
+            "seq": self._seq,
+            "status": self._status_request,
             "changes": self._changes,
             "events": self._events,
             "meta": self._meta,
@@ -158,13 +159,11 @@ class Agent(Requests, Forking):
             "ended": self._ended,
             "tick": self._tick_request,
             "settings": self._settings,
-            "cache": lambda peer, msg, blobs: {"cache": self._cache_info(peer)},
-            "metrics": lambda peer, msg, blobs: {"text": self.render_metrics().decode()},
+            "cache": self._cache,
+            "metrics": self._metrics,
             "samples": self._samples,
-            "ray": lambda peer, msg, blobs: self.ray.request(msg),
-            "schedules": lambda peer, msg, blobs: schedule_request(
-                self._store, msg, uid=peer.uid, admin=peer.admin
-            ),
+            "ray": self._ray,
+            "schedules": self._schedules,
             "stop": self._stop,
         }
 
@@ -417,11 +416,11 @@ class Agent(Requests, Forking):
         if reply is not None:
             self.conns.send(peer, {"ok": True, **self._visible(peer, reply)})
 
-    def _visible(self, peer: Peer, reply: dict[str, Any]) -> dict[str, Any]:
+    def _visible(self, peer: Peer, reply: Mapping[str, Any]) -> Mapping[str, Any]:
         """``reply`` as ``peer`` may see it: the one rule for every request (visibility.py)."""
         if not self.shared:
             return reply
-        return redact(reply, Viewer(peer.uid, peer.admin), self._store.owners)
+        return redact(dict(reply), Viewer(peer.uid, peer.admin), self._store.owners)
 
     # -- forking supervisors ------------------------------------------------------------------
 

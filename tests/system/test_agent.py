@@ -363,3 +363,46 @@ def test_a_client_replaces_an_agent_that_runs_other_code(home):
             assert s.get(job.id).result(timeout=30) == "survived"
     finally:
         os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def _keys_fit(reply, shape):
+    """The reply's fields (less its ``ok``) are its shape's: every required one, no other."""
+    fields = set(reply) - {"ok"}
+    required, optional = shape.__required_keys__, shape.__optional_keys__
+    return required <= fields <= required | optional
+
+
+def test_a_round_trip_of_each_kind_of_request_answers_with_its_reply_shape(agent_sched):
+    from jupyter_dlsched.agent.shapes import OPS
+
+    s = agent_sched
+    done = s.submit(pow, 2, 3)
+    assert done.result(timeout=30) == 8
+    waiting = s.submit(sleeper, 30)  # steered (priority, cancel) before it ends
+    client = s.link.client
+    replies = {
+        "hello": client.call("hello"),
+        "ping": client.call("ping"),
+        "get": client.call("get", id=done.id),
+        "jobs": client.call("jobs", states=["succeeded"], limit=10),
+        "finished": client.call("finished", since=0.0),
+        "count": client.call("count"),
+        "seq": client.call("seq"),
+        "status": client.call("status"),
+        "changes": client.call("changes", since=0),
+        "events": client.call("events", id=done.id),
+        "meta": client.call("meta", key="settings"),
+        "progress": client.call("progress", id=done.id, progress={"done": 1}),
+        "priority": client.call("priority", id=waiting.id, priority="high"),
+        "cancel": client.call("cancel", id=waiting.id),
+        "tick": client.call("tick"),
+        "settings": client.call("settings", grace=2.0),
+        "cache": client.call("cache"),
+        "samples": client.call("samples", since=0.0),
+        "schedules": client.call("schedules"),
+    }
+    misfits = {op: sorted(r) for op, r in replies.items() if not _keys_fit(r, OPS[op][1])}
+    assert not misfits, f"replies whose fields are not their shape's: {misfits}"
+    assert replies["get"]["job"]["state"] == "succeeded"
+    assert replies["progress"]["recorded"] is False  # the job has ended
+    assert replies["cancel"]["job"]["id"] == waiting.id
