@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any
 
 from .. import start_times
@@ -304,17 +305,28 @@ class QueueIndex:
         # one pass per step over the line, in comprehensions: a deep queue's every job
         # moves up at each start, so this is the whole-queue decision's longest part
         line = [job for job in order if job.id not in started] if started else order
-        ids = [job.id for job in line]
-        now_at = [
-            (place, said.get(job_id) or explain(job))
-            for place, (job_id, job) in enumerate(zip(ids, line, strict=True), 1)
+        ids = list(map(_job_id, line))
+        told = list(map(said.get, ids))
+        per_request = getattr(explain, "per_request", None)
+        if per_request is not None:  # words by request: asked once per request object
+            requests = list(map(_job_request, line))
+            words = {id(r): per_request(r) for r in {id(r): r for r in requests}.values()}
+            whys = [w or words[id(r)] for w, r in zip(told, requests, strict=True)]
+        else:
+            whys = [w or explain(job) for w, job in zip(told, line, strict=True)]
+        now_at = list(zip(range(1, len(ids) + 1), whys, strict=True))
+        was = list(map(places.get, ids))
+        if None in was:  # not placed since the index read it: the row's own
+            was = [
+                old if old is not None else self.place(job_id, self.waiting[job_id])
+                for job_id, old in zip(ids, was, strict=True)
+            ]
+        changed: list[tuple[int | None, str | None, str]] = [
+            (new[0], new[1], job_id)
+            for job_id, new, old in zip(ids, now_at, was, strict=True)
+            if new != old
         ]
-        was = [places.get(job_id) for job_id in ids]
-        changed: list[tuple[int | None, str | None, str]] = []
-        for job_id, new, old in zip(ids, now_at, was, strict=True):
-            if new != (old if old is not None else self.place(job_id, self.waiting[job_id])):
-                changed.append((new[0], new[1], job_id))
-        places.update((job_id, (pos, why)) for pos, why, job_id in changed)
+        places.update(zip(ids, now_at, strict=True))
         for job_id, row in self.pending.items():
             new_pending = (None, blocked.get(job_id))
             if self.place(job_id, row) != new_pending:
@@ -368,6 +380,10 @@ def _dependency_states(
 ) -> dict[str, str]:
     deps = sorted({d for r in waiting if r["after"] != "[]" for d in json.loads(r["after"])})
     return store.states(deps, db)
+
+
+_job_id = attrgetter("id")
+_job_request = attrgetter("request")
 
 
 def _request(row: sqlite3.Row) -> Request:

@@ -264,6 +264,30 @@ _last_free: list[tuple[Any, tuple[int, float, int], dict[int, tuple[Request, str
 ]
 
 
+class Shortfalls:
+    """Why each job does not fit ``capacity`` (``describe_shortfall`` of its request): how a
+    policy's ``line`` explains the jobs it did not look at. The words depend on the request
+    alone, so a caller with thousands of jobs of a few shapes may ask ``per_request``
+    once per request instead of calling this once per job.
+
+    >>> free = Capacity.empty(n_gpus=1, gpu_mem=2**34, cpus=4, mem=2**34)
+    >>> Shortfalls(free.take(Placement(gpus=(0,), gpu_mem=(2**34,))))(
+    ...     QueuedJob("a", 1, 0.0, Request(gpus=1)))
+    'waiting for 1 GPU'
+    """
+
+    __slots__ = ("capacity",)
+
+    def __init__(self, capacity: Capacity) -> None:
+        self.capacity = capacity
+
+    def __call__(self, job: QueuedJob) -> str:
+        return describe_shortfall(job.request, self.capacity)
+
+    def per_request(self, request: Request) -> str:
+        return describe_shortfall(request, self.capacity)
+
+
 @lru_cache(maxsize=4096)
 def _shortfall(request: Request, free_gpus: int, cpus_free: float, mem_free: int) -> str:
     if request.whole_gpus and free_gpus < request.whole_gpus:

@@ -30,6 +30,7 @@ from .base import (
     QueuedJob,
     Room,
     RunningJob,
+    Shortfalls,
     Start,
     describe_shortfall,
     gpu_only,
@@ -142,7 +143,7 @@ class FairPolicy:
             same = shares[level]
             merged = same[0] if len(same) == 1 else sorted(chain(*same), key=attrgetter("seq"))
             order.extend([j for j in merged if j.id not in started] if started else merged)
-        return order, lambda job: describe_shortfall(job.request, left)
+        return order, Shortfalls(left)
 
     def _share(
         self,

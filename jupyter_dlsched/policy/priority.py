@@ -30,6 +30,7 @@ from .base import (
     QueuedJob,
     Room,
     RunningJob,
+    Shortfalls,
     Start,
     describe_shortfall,
     gpu_only,
@@ -168,7 +169,7 @@ class PriorityPolicy:
             return None
         order = self._merged(lanes, now)
         if self.backfill:
-            return order, lambda job: describe_shortfall(job.request, left)
+            return order, Shortfalls(left)
         started = {s.job_id for s in decided.starts}
         ahead: set[str] = set()  # up to the first job blocked long enough to hold the line
         first: QueuedJob | None = None
