@@ -26,14 +26,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
 from .cell_jobs import CellJob, bring_back, inline_runner, render_as_user_error
-from .cells import (
-    CellResult,
-    UndefinedNames,
-    UnpicklableVariable,
-    capture,
-    run_cell,
-    undefined,
-)
+from .cell_names import UndefinedNames, undefined
+from .cells import CellResult, UnpicklableVariable, capture, run_cell
 from .default import default_scheduler
 from .errors import DlschedError, JobNotFound
 from .handle import JobHandle

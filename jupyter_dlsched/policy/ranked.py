@@ -6,22 +6,22 @@ fit (skipping a job that does not fit, unless ``skip`` is off), and, when
 ``preempt`` is on, lets a waiting job stop running jobs of a strictly worse
 *rank* when that frees enough room for it. ``fifo``, ``sjf``, ``srtf``,
 ``las`` and ``gittins`` are ranked policies that differ only in their keys.
+
+This module holds the queue order, first fit and the starvation guard; the ranks
+and the plan of who is preempted are ``jupyter_dlsched.policy.preempting``.
 """
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
-from ..resources import Capacity, Placement
+from ..resources import Capacity
 from .base import (
     Decisions,
     GangRoom,
-    Preempt,
     PresortedQueue,
     QueuedJob,
     Room,
@@ -35,11 +35,14 @@ from .base import (
     smallest_size,
     submit_order,
 )
+from .preempting import RankedPreemption
+from .preempting import _victims_for as _victims_for  # priority's victims, imported from here
 from .ranks import RunningRanks
 
 
-class RankedPolicy:
-    """Base class: subclasses define ``queue_key`` and, to preempt, the two rank methods.
+class RankedPolicy(RankedPreemption):
+    """Base class: subclasses define ``queue_key`` and, to preempt, the two rank methods
+    (``RankedPreemption``).
 
     Subclasses are dataclasses with at least the fields ``name``, ``skip`` and
     ``preempt``.
@@ -51,69 +54,6 @@ class RankedPolicy:
 
     def queue_key(self, job: QueuedJob) -> Any:
         raise NotImplementedError
-
-    def queued_rank(self, job: QueuedJob) -> float:
-        """How urgent a waiting job is for preemption (smaller is more urgent)."""
-        raise NotImplementedError
-
-    def running_rank(self, job: RunningJob, now: float) -> float:
-        """The same scale for a running job at ``now``: a victim ranks strictly worse."""
-        raise NotImplementedError
-
-    def next_change(self, job: RunningJob, now: float) -> float | None:
-        """When ``job``'s running rank next changes, if it changes on its own."""
-        return None
-
-    def rank_margin(self, job: RunningJob) -> float:
-        """How much better, in rank units, a waiting job must rank to stop ``job``.
-
-        Stopping a job costs it a restart (``restart_cost`` seconds on each of its
-        GPUs): a preemption only pays when the waiting job is shorter by more than
-        that. ``0`` for ranks that are not in GPU-seconds (``las`` levels).
-        """
-        return 0.0
-
-    def _guard(
-        self, victims: list[tuple[float, int, RunningJob]], now: float
-    ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
-        """``victims`` without jobs inside their minimum run time, each ranked better by its
-        restart margin; and when the first protected job may be stopped."""
-        min_run = float(getattr(self, "min_run", 0.0))
-        if min_run <= 0 and float(getattr(self, "restart_cost", 0.0)) <= 0:
-            return victims, None
-        guarded = []
-        until = math.inf
-        for item in victims:
-            r = item[2]
-            free_at = r.started + min_run
-            if min_run > 0 and now < free_at:
-                until = min(until, free_at)
-                continue
-            margin = self.rank_margin(r)
-            guarded.append((item[0] + margin, item[1], r) if margin else item)
-        return guarded, (None if until == math.inf else until)
-
-    def rank_running(
-        self, running: Sequence[RunningJob], now: float
-    ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
-        """Possible victims as ``(-rank, -seq, job)`` and when the first rank changes.
-
-        Subclasses may replace this with one tight loop: it runs over every
-        running job on every call, which dominates the cost on large pools.
-        """
-        victims = []
-        wake: float | None = None
-        for r in running:
-            if r.preemptible and not r.stopping:
-                victims.append((-self.running_rank(r, now), -r.seq, r))
-                change = self.next_change(r, now)
-                if change is not None and (wake is None or change < wake):
-                    wake = change
-        return victims, wake
-
-    def running_ranks(self) -> RunningRanks | None:
-        """An index of running jobs by rank that a caller may keep for this policy, if any."""
-        return None
 
     def promotes(self) -> bool:
         """Whether a starvation guard may promote jobs (``promote_after`` or ``promote_factor``)."""
@@ -267,86 +207,6 @@ class RankedPolicy:
                 self._first_fit(queued, ordered, capacity, True, out)
         out.wake_at = _earliest(ranks.wake(now), free_at)
 
-    def _plan_reaches(
-        self,
-        ordered: Sequence[QueuedJob],
-        victims: list[tuple[float, int, RunningJob]],
-        capacity: Capacity,
-        stopping_gpus: int,
-        smallest: int,
-    ) -> bool:
-        """Whether planning by rank over ``victims`` (as guarded: ``(-(rank - margin), -seq,
-        job)``) would plan some waiting job over victims, so differ from first fit.
-
-        The test of ``_first_fit_unless_planned`` with the victims that may really be
-        stopped: a job that does not fit now is planned only when the GPUs free now,
-        those of stopping jobs and those of victims ranked strictly worse than it are
-        enough (``_plan_by_rank`` keeps the others before it places the job).
-        """
-        ranked = sorted((-v[0], v[2].request.whole_gpus) for v in victims)
-        ranks = [r for r, _ in ranked]
-        worse_gpus = [0] * (len(ranked) + 1)
-        for i in range(len(ranked) - 1, -1, -1):
-            worse_gpus[i] = worse_gpus[i + 1] + ranked[i][1]
-        room = Room(capacity)
-        blocked = False
-        for job in ordered:
-            worse = worse_gpus[bisect.bisect_right(ranks, self.queued_rank(job))]
-            reachable = room.whole + stopping_gpus + worse
-            if reachable < smallest:
-                break
-            if blocked and not self.skip:
-                break
-            placement = room.place(job.request)
-            if placement is None:
-                if job.request.whole_gpus <= reachable:
-                    return True
-                blocked = True
-                continue
-            room.take(placement)
-        return False
-
-    def _first_fit_unless_planned(
-        self,
-        ordered: Sequence[QueuedJob],
-        ranks: RunningRanks,
-        capacity: Capacity,
-        now: float,
-        smallest: int,
-        out: Decisions,
-    ) -> bool:
-        """First fit into ``out``; True (and nothing in ``out``) if planning by rank would differ.
-
-        A waiting job that does not fit now is planned when the GPUs free now, those
-        of stopping jobs and those of victims ranked worse than it are enough. Those
-        can only shrink further down the queue, so the walk ends once they are fewer
-        than the smallest job asks for.
-        """
-        room = Room(capacity)
-        starts: list[Start] = []
-        blocked = False
-        last: float | None = None
-        worse = 0
-        for job in ordered:
-            rank = self.queued_rank(job)
-            if rank != last:
-                last, worse = rank, ranks.worse(rank, now)[1]
-            reachable = room.whole + ranks.stopping_gpus + worse
-            if reachable < smallest:
-                break
-            if blocked and not self.skip:
-                break
-            placement = room.place(job.request)
-            if placement is None:
-                if job.request.whole_gpus <= reachable:
-                    return True
-                blocked = True
-                continue
-            room.take(placement)
-            starts.append(Start(job.id, placement))
-        out.starts.extend(starts)
-        return False
-
     def _promote(
         self,
         ordered: Sequence[QueuedJob],
@@ -439,195 +299,10 @@ class RankedPolicy:
                 else:
                     out.waiting[job.id] = describe_shortfall(job.request, room.capacity)
 
-    def _plan_by_rank(
-        self,
-        ordered: Sequence[QueuedJob],
-        running: Sequence[RunningJob],
-        victims: list[tuple[float, int, RunningJob]],
-        capacity: Capacity,
-        out: Decisions,
-        promoted: set[str],
-        smallest: int,
-        room: type[Room] | type[GangRoom] = Room,
-    ) -> None:
-        """Choose the jobs that should hold the pool, by rank, then act on the difference.
-
-        Queued jobs and possible victims are walked together, best rank first (a
-        running job before a queued one of equal rank, so equals never stop each
-        other). Each takes its share of a plan of the pool in which every possible
-        victim has let go; a running job whose devices a better-ranked job took is
-        preempted. A planned job starts at once if it fits in what is free now,
-        else it waits for its victims. So a lower-ranked job never takes devices a
-        higher-ranked one needs (textbook SRTF / LAS), and nobody is stopped for a
-        job that could not start anyway.
-        """
-        now_room = room(capacity)
-        plan = room(capacity)
-        for r in running:
-            if r.stopping:
-                plan.give_back(r.placement)
-        for _, _, r in victims:
-            plan.give_back(r.placement)
-        holders = sorted(((-v[0], -v[1]), v[2]) for v in victims)
-        started: set[str] = set()
-        displaced: list[RunningJob] = []
-        planned_for: dict[str, str] = {}
-        h = 0
-        blocked = False
-        lean = smallest > 0
-        for job in ordered:
-            if lean and plan.whole < smallest:
-                break
-            rank = -math.inf if job.id in promoted else self.queued_rank(job)
-            while h < len(holders) and holders[h][0][0] <= rank:
-                _keep_or_displace(holders[h][1], plan, displaced)
-                h += 1
-            if blocked and not self.skip:
-                break
-            placement = now_room.place(job.request)
-            if placement is not None and _fits(plan, placement):
-                now_room.take(placement)
-                plan.take(placement)
-                out.starts.append(Start(job.id, placement))
-                started.add(job.id)
-                continue
-            planned = _place_sparing(plan, job.request, holders, h)
-            if planned is None:
-                blocked = True
-                continue
-            plan.take(planned)
-            _reserve(now_room, planned)
-            planned_for[job.id] = "waiting for preempted jobs to stop"
-        while h < len(holders):
-            _keep_or_displace(holders[h][1], plan, displaced)
-            h += 1
-        for r in displaced:
-            out.preempts.append(Preempt(r.id, f"ranked below waiting jobs ({self.name})"))
-        out.waiting.update(planned_for)
-        if not lean:
-            out.order = [j.id for j in ordered]
-            for job in ordered:
-                if job.id not in started and job.id not in planned_for:
-                    out.waiting[job.id] = describe_shortfall(job.request, now_room.capacity)
-
-
-def _victims_for(
-    job: QueuedJob,
-    plan: Room,
-    victims: list[tuple[float, int, RunningJob]],
-    rank: float,
-) -> list[RunningJob] | None:
-    """The fewest worst-ranked victims (ranked strictly worse than ``rank``) that make room."""
-    popped: list[tuple[float, int, RunningJob]] = []
-    trial = plan.copy()
-    fits = False
-    while victims and -victims[0][0] > rank:
-        item = heapq.heappop(victims)
-        popped.append(item)
-        trial.give_back(item[2].placement)
-        if trial.place(job.request) is not None:
-            fits = True
-            break
-    if not fits:
-        for item in popped:
-            heapq.heappush(victims, item)
-        return None
-    chosen = [item[2] for item in popped]
-    # the worst-first walk may have taken jobs that the last one makes unneeded
-    for r in list(reversed(chosen[:-1])):
-        others = [v for v in chosen if v is not r]
-        trial = plan.copy()
-        for v in others:
-            trial.give_back(v.placement)
-        if trial.place(job.request) is not None:
-            chosen = others
-    kept = {id(r) for r in chosen}
-    for item in popped:
-        if id(item[2]) not in kept:
-            heapq.heappush(victims, item)
-    return chosen
-
 
 def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-def _place_sparing(
-    plan: Room | GangRoom,
-    request: Any,
-    holders: list[tuple[tuple[float, int], RunningJob]],
-    h: int,
-) -> Placement | None:
-    """Where ``request`` goes in ``plan``, displacing the worst-ranked holders it must.
-
-    ``holders[h:]`` are running jobs ranked worse than the job, not yet placed in
-    the plan. A placement anywhere in the plan would land on whichever of their
-    devices comes first, so a job that keeps its rank could be stopped while a
-    worse one keeps running; so their devices count as taken, and the worst are
-    handed back one by one until the job fits.
-    """
-    if plan.place(request) is None:
-        return None
-    trial = plan.copy()
-    taken: list[Placement] = []
-    for _, r in holders[h:]:
-        if _fits(trial, r.placement):
-            trial.take(r.placement)
-            taken.append(r.placement)
-    whole = request.whole_gpus
-    while True:
-        if trial.whole >= whole:
-            spot = trial.place(request)
-            if spot is not None:
-                return spot
-        if not taken:
-            return plan.place(request)
-        trial.give_back(taken.pop())
-
-
-def _fits(room: Room | GangRoom, placement: Placement) -> bool:
-    """Whether ``placement``'s devices are all still free in ``room``."""
-    gpus = room.gpus
-    by_index = {g.index: g for g in gpus} if not room.indexed else None
-    for i, mem in zip(placement.gpus, placement.gpu_mem, strict=False):
-        g = gpus[i] if by_index is None else by_index.get(i)
-        if g is None:
-            return False
-        if placement.shared:
-            if g.mem_free < mem:
-                return False
-        elif g.jobs:
-            return False
-    return True
-
-
 def _indexed(gpus: Sequence[Any]) -> bool:
     return all(g.index == i for i, g in enumerate(gpus))
-
-
-def _keep_or_displace(job: RunningJob, plan: Room | GangRoom, displaced: list[RunningJob]) -> None:
-    """A running job keeps its devices in the plan if nobody better-ranked took them."""
-    if _fits(plan, job.placement):
-        plan.take(job.placement)
-    else:
-        displaced.append(job)
-
-
-def _reserve(room: Room | GangRoom, planned: Placement) -> None:
-    """Hold back, in what is free now, the devices a job waiting for its victims will use."""
-    gpus = room.gpus
-    part = [
-        (i, mem)
-        for i, mem in zip(planned.gpus, planned.gpu_mem, strict=False)
-        if i < len(gpus)
-        and gpus[i].index == i
-        and (gpus[i].mem_free >= mem if planned.shared else not gpus[i].jobs)
-    ]
-    if part:
-        room.take(
-            Placement(
-                gpus=tuple(i for i, _ in part),
-                gpu_mem=tuple(m for _, m in part),
-                shared=planned.shared,
-            )
-        )

@@ -9,9 +9,10 @@ The simulator drives the very policy objects the live scheduler uses
 [35.0, 25.0]
 """
 
-from .engine import JobOutcome, SimResult, SimulationError, simulate
+from .engine import simulate
 from .metrics import jain_index, percentile, summarize
 from .report import Comparison, compare, format_table, plot_jct_cdf, plot_utilisation
+from .results import JobOutcome, SimResult, SimulationError
 from .trace import (
     PHILLY_ATTRIBUTION,
     Trace,

@@ -23,7 +23,7 @@ from ..policy import POLICIES, GittinsPolicy, get_policy
 from ..policy.base import Policy
 from ..policy.speedup import parse_speedup
 from .elastic import make_elastic, parse_elastic
-from .engine import MAX_GPUS
+from .gpus import MAX_GPUS
 from .report import compare
 from .trace import PHILLY_ATTRIBUTION, Trace, TraceJob, load_trace
 

@@ -12,9 +12,7 @@ progress, and pays ``restart_overhead`` seconds on its next start (reloading a
 checkpoint, warming up).
 
 Shares of a GPU (``TraceJob(gpus=0.5)``) are placed by the live scheduler's
-own placement code: each simulated GPU has 1000 units of memory and a share
-takes its fraction of them, packed best-fit next to other shares, never on a
-GPU held whole.
+own placement code on the simulated GPUs of ``jupyter_dlsched.sim.gpus``.
 
 A policy that learns (has ``learn``) is told about each job when it finishes,
 before the next decision; it never sees the size of a job still running.
@@ -25,6 +23,9 @@ model gives its size relative to the size its duration was measured at, and a
 resize restarts it at once on its new GPUs, keeping its progress and paying
 ``restart_overhead`` (no grace period: a resize is a checkpoint the job was
 asked for, not a preemption).
+
+What a replay accepts is checked in ``jupyter_dlsched.sim.inputs``; what it
+returns (``SimResult``, ``JobOutcome``) is in ``jupyter_dlsched.sim.results``.
 """
 
 from __future__ import annotations
@@ -34,106 +35,21 @@ import copy
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from ..errors import DlschedError
 from ..policy import FinishedJob, PresortedQueue, QueuedJob, RunningJob, get_policy, submit_order
 from ..policy.base import Policy, Resize, RunningSet
 from ..policy.elastic import RESIZE_EVERY, with_elastic
 from ..policy.speedup import Speedup, parse_speedup
-from ..resources import Capacity, GpuFree, Placement, Request
-from .eta import EtaCalibration, StartCalibration
+from ..resources import Capacity, Placement, Request
+from .eta import StartCalibration
+from .gpus import SimGpus
+from .inputs import check_replay, declared_limits, elastic_range
+from .results import JobOutcome, SimResult, SimulationError, label
 from .trace import TraceJob
 
 _FINISH, _RELEASE, _WAKE = 0, 1, 2
-
-# the replay keeps a record per GPU; past this a pool is a typo that would exhaust memory
-MAX_GPUS = 100_000
-# memory units of one simulated GPU: a share of a GPU takes its fraction of them
-GPU_UNITS = 1000
-
-
-@dataclass(frozen=True)
-class _PoolCapacity(Capacity):
-    """A ``Capacity`` that already knows how many GPUs are free (the replay counts as it goes).
-
-    The count holds only for the ``gpus`` tuple it was made with: a copy with
-    other GPUs (``dataclasses.replace``) counts afresh.
-    """
-
-    counted: tuple[GpuFree, ...] = ()
-    free: int = 0
-
-    @property
-    def free_whole_gpus(self) -> int:
-        if self.gpus is self.counted:
-            return self.free
-        return super().free_whole_gpus
-
-
-class SimulationError(DlschedError, RuntimeError):
-    """The replay cannot go on: a policy broke a rule or left jobs waiting forever."""
-
-
-@dataclass(frozen=True)
-class JobOutcome:
-    """What happened to one job in a replay (times in seconds from the trace start).
-
-    ``held`` is the time it held GPUs over all its runs (restart overhead and
-    grace periods included), so ``queueing_delay`` (JCT − held) counts every
-    wait: before the first start and after each preemption.
-    """
-
-    id: str
-    submit: float
-    gpus: float
-    duration: float
-    owner: str
-    first_start: float
-    finish: float
-    preemptions: int
-    held: float = math.nan
-    resizes: int = 0
-
-    @property
-    def jct(self) -> float:
-        return self.finish - self.submit
-
-    @property
-    def queueing_delay(self) -> float:
-        """Seconds spent waiting in all, after preemptions too."""
-        held = self.duration if math.isnan(self.held) else self.held
-        return max(0.0, self.jct - held)
-
-    @property
-    def first_wait(self) -> float:
-        """Seconds from submission to the first start."""
-        return self.first_start - self.submit
-
-
-@dataclass
-class SimResult:
-    """A replay's outcome: per-job records, GPU busy time and the busy-GPU timeline.
-
-    ``busy_gpu_seconds`` is GPU time held (restart overhead included);
-    ``work_gpu_seconds`` the useful part (GPUs × duration of every job).
-    ``policy`` is the label of the row: the policy's name, with ``(oracle)``
-    when it read true remaining times, or time limits that were the jobs' true
-    durations.
-    """
-
-    policy: str
-    gpus: int
-    jobs: list[JobOutcome]
-    busy_gpu_seconds: float
-    timeline: list[tuple[float, float]] = field(default_factory=list)  # (time, busy GPUs)
-    policy_calls: int = 0
-    work_gpu_seconds: float = math.nan
-    # every resize of an elastic job: (time, job id, GPUs before, GPUs after)
-    resize_log: list[tuple[float, str, int, int]] = field(default_factory=list)
-    # start estimates made at each submission and how they came true (``estimates=True``)
-    eta: EtaCalibration | None = None
 
 
 def simulate(
@@ -204,44 +120,15 @@ class _Replay:
         time_limits: str | float | None,
         preemptible: bool,
     ) -> None:
-        if gpus < 1 or nodes < 1 or gpus % nodes:
-            raise SimulationError(
-                f"gpus={gpus}, nodes={nodes}: need at least one GPU, split evenly over the nodes"
-            )
-        if gpus > MAX_GPUS:
-            raise SimulationError(f"gpus={gpus}: the simulator models at most {MAX_GPUS} GPUs")
-        for name, value in (("restart_overhead", restart_overhead), ("grace", grace)):
-            if not _is_seconds(value):
-                raise SimulationError(f"{name}={value!r} is invalid: expected seconds >= 0")
-        if time_limits not in ("exact", "none", None) and not _is_factor(time_limits):
-            raise SimulationError(
-                f"time_limits={time_limits!r} is invalid: expected 'exact', None "
-                "or a factor > 0 such as 2.0"
-            )
-        too_big = [j for j in jobs if j.gpus > gpus]
-        if too_big:
-            raise SimulationError(
-                f"{len(too_big)} jobs ask for more than {gpus} GPUs (first: {too_big[0].id} "
-                f"with {too_big[0].gpus}); filter them out (max_gpus) or add GPUs"
-            )
+        check_replay(jobs, gpus, nodes, restart_overhead, grace, time_limits)
         self.policy = policy
         self.n_gpus = gpus
         self.overhead = restart_overhead
         self.grace = grace
         self.preemptible = preemptible
         self.trace = sorted(jobs, key=lambda j: j.submit)  # stable: ties keep trace order
-        if time_limits == "exact":
-            self.limits: list[float | None] = [j.duration for j in self.trace]
-        elif time_limits is None or time_limits == "none":
-            self.limits = [None] * len(self.trace)
-        else:
-            factor = float(time_limits)
-            self.limits = [j.duration * factor for j in self.trace]
-        per_node = gpus // nodes
-        group = (lambda i: i // per_node) if nodes > 1 else (lambda i: None)
-        self.free_gpu = [GpuFree(i, GPU_UNITS, GPU_UNITS, 0, group(i)) for i in range(gpus)]
-        self.busy_gpu = [GpuFree(i, GPU_UNITS, 0, 1, group(i)) for i in range(gpus)]
-        self.gpu_state = list(self.free_gpu)
+        self.limits = declared_limits(self.trace, time_limits)
+        self.pool = SimGpus(gpus, nodes)
         self.key: Callable[[QueuedJob], Any] = getattr(policy, "queue_key", submit_order)
         uniform = len({j.priority for j in self.trace}) <= 1
         self.sizes: dict[int, int] = {}
@@ -258,7 +145,7 @@ class _Replay:
         self.preemptive = bool(getattr(policy, "preempt", False))
         self.finished_now: list[FinishedJob] = []
         self.model_version = getattr(policy, "model_version", None)
-        self.label = _label(policy, time_limits)
+        self.label = label(policy, time_limits)
         n = len(self.trace)
         self.seq_of = {j.id: i for i, j in enumerate(self.trace)}
         if len(self.seq_of) != n:
@@ -276,13 +163,11 @@ class _Replay:
         self.resizes = [0] * n
         self.resize_log: list[tuple[float, str, int, int]] = []
         self.speedup: Speedup = parse_speedup("linear")
-        self.ranges = [_range(j, gpus) for j in self.trace]
+        self.ranges = [elastic_range(j, gpus) for j in self.trace]
         self.queued: dict[str, QueuedJob] = {}
         self.running: dict[str, RunningJob] = {}
         self.heap: list[tuple[float, int, int, int]] = []
         self.wakes: set[float] = set()
-        self.busy = 0.0  # GPUs in use, shares counted as fractions
-        self.occupied = 0  # GPUs with at least one job
         self.busy_seconds = 0.0
         self.timeline: list[tuple[float, float]] = [(0.0, 0.0)]
         self.held = [0.0] * n
@@ -314,8 +199,9 @@ class _Replay:
             if self.calibration is not None and arrived > first:
                 self._forecast([j.id for j in trace[first:arrived]], t)
             self._decide(t)
-            if self.timeline[-1][1] != self.busy:
-                self.timeline.append((t, self.busy))
+            busy = self.pool.busy
+            if self.timeline[-1][1] != busy:
+                self.timeline.append((t, busy))
             if arrived == n and not heap and self.queue:
                 raise SimulationError(
                     f"{self.policy.name}: {len(self.queue)} jobs wait with nothing running "
@@ -355,8 +241,7 @@ class _Replay:
     def _forecast(self, new: list[str], t: float) -> None:
         """Estimate when the jobs just submitted start, from the state the policy sees now."""
         assert self.calibration is not None
-        gpus = tuple(self.gpu_state)
-        capacity = _PoolCapacity(gpus, (), 0, 0, gpus, self.n_gpus - self.occupied)
+        capacity = self.pool.capacity()
         self.calibration.submitted(new, self.queue, list(self.running.values()), capacity, t)
 
     def _teach(self) -> None:
@@ -376,8 +261,7 @@ class _Replay:
     def _decide(self, t: float) -> None:
         for _ in range(16):  # released victims free room at once: ask again at the same moment
             if self._capacity is None:
-                gpus = tuple(self.gpu_state)
-                self._capacity = _PoolCapacity(gpus, (), 0, 0, gpus, self.n_gpus - self.occupied)
+                self._capacity = self.pool.capacity()
             if self._running_list is None:
                 self._running_list = RunningSet(self.running.values(), self.ranks)
             decisions = self.policy(self.queue, self._running_list, self._capacity, t)
@@ -472,7 +356,7 @@ class _Replay:
     ) -> None:
         """Start a run of ``queued`` on ``placement`` at ``t``, ``restart`` seconds lost first."""
         job_id, seq = queued.id, queued.seq
-        self._occupy(job_id, request, placement)
+        self.pool.occupy(self.policy.name, job_id, request, placement)
         self._capacity = self._running_list = None
         span = self.ranges[seq]
         rate = 1.0
@@ -531,7 +415,7 @@ class _Replay:
         self.running.pop(job.id)
         if self.ranks is not None:
             self.ranks.remove(job)
-        self._account(seq, t, self._release(job.request, job.placement))
+        self._account(seq, t, self.pool.release(job.request, job.placement))
         self.resizes[seq] += 1
         self.resize_log.append((t, job.id, len(job.placement.gpus), n))
         self._run(job, self._request(float(n)), resize.placement, t, self.overhead)
@@ -573,7 +457,7 @@ class _Replay:
         job = self.running.pop(job_id)
         if self.ranks is not None:
             self.ranks.remove(job)
-        held = self._release(job.request, job.placement)
+        held = self.pool.release(job.request, job.placement)
         self._capacity = self._running_list = None
         self._account(seq, t, held)
         if finished:
@@ -594,89 +478,3 @@ class _Replay:
             return
         self.preemptions[seq] += 1
         self._enqueue(seq, preempted=True)
-
-    def _occupy(self, job_id: str, request: Request, placement: Placement) -> None:
-        """Mark ``placement``'s GPUs as used, refusing a placement onto GPUs that are not free."""
-        gpus, state = placement.gpus, self.gpu_state
-        if request.shared:
-            g = gpus[0] if len(gpus) == 1 else -1
-            need = request.gpu_mem_on(GPU_UNITS)
-            if g < 0 or g >= len(state) or state[g].mem_free < need:
-                raise SimulationError(
-                    f"{self.policy.name} placed {job_id} ({request.gpus:g} of a GPU) on GPUs "
-                    f"{list(gpus)}, which is not one GPU with that much room"
-                )
-            card = state[g]
-            if not card.jobs:
-                self.occupied += 1
-            state[g] = replace(card, mem_free=card.mem_free - need, jobs=card.jobs + 1)
-            self.busy += request.gpus
-        else:
-            n = request.whole_gpus
-            if len(gpus) != n or any(g >= len(state) or state[g].jobs for g in gpus):
-                raise SimulationError(
-                    f"{self.policy.name} placed {job_id} ({n} GPUs) "
-                    f"on GPUs {list(gpus)}, which are not that many free GPUs"
-                )
-            for g in gpus:
-                state[g] = self.busy_gpu[g]
-            self.occupied += n
-            self.busy += n
-
-    def _release(self, request: Request, placement: Placement) -> float:
-        """Free ``placement``'s GPUs; the GPUs (or share of one) it held."""
-        state = self.gpu_state
-        if request.shared:
-            g = placement.gpus[0]
-            card = state[g]
-            jobs = card.jobs - 1
-            if jobs:
-                need = request.gpu_mem_on(GPU_UNITS)
-                state[g] = replace(card, mem_free=card.mem_free + need, jobs=jobs)
-            else:
-                state[g] = self.free_gpu[g]
-                self.occupied -= 1
-            self.busy -= request.gpus
-            return request.gpus
-        for g in placement.gpus:
-            state[g] = self.free_gpu[g]
-        n = len(placement.gpus)
-        self.occupied -= n
-        self.busy -= n
-        return float(n)
-
-
-def _range(job: TraceJob, pool: int) -> tuple[int, int] | None:
-    """An elastic job's GPU range, its maximum capped at the pool; ``None`` for a rigid job."""
-    if job.elastic is None:
-        return None
-    low, high = job.elastic
-    if not (1 <= low <= high) or low > pool:
-        raise SimulationError(
-            f"job {job.id!r}: elastic range {low}:{high} is invalid: expected "
-            f"1 <= min <= max, min at most the pool's {pool} GPUs"
-        )
-    return low, min(high, pool)
-
-
-def _label(policy: Policy, time_limits: str | float | None) -> str:
-    """The policy's name, saying when it read what only a replay knows."""
-    name = policy.name
-    if getattr(policy, "oracle", False) and "oracle" not in name:
-        return f"{name} (oracle)"
-    if getattr(policy, "reads_time_limits", False) and time_limits == "exact":
-        return f"{name} (oracle)"
-    return name
-
-
-def _is_seconds(value: object) -> bool:
-    # nan compares false with everything, so it would stall the clock: finite only
-    return isinstance(value, int | float) and math.isfinite(value) and value >= 0
-
-
-def _is_factor(value: object) -> bool:
-    try:
-        factor = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return math.isfinite(factor) and factor > 0

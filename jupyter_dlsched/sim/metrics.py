@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .engine import JobOutcome, SimResult
+from .results import JobOutcome, SimResult
 
 
 def percentile(values: Sequence[float], q: float) -> float:

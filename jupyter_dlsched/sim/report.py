@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..policy.base import Policy
-from .engine import SimResult, simulate
+from .engine import simulate
 from .metrics import summarize
+from .results import SimResult
 from .trace import TraceJob
 
 COLUMNS = (

@@ -1,7 +1,9 @@
 """``dls.dashboard()``: the pool (a card per GPU), the queue table and utilisation history.
 
 The panel refreshes itself from a background thread and stops when closed
-(the ✕ button or ``.close()``). Everything user-controlled is escaped.
+(the ✕ button or ``.close()``), and leaves a plain snapshot of itself in the
+notebook. Everything user-controlled is escaped. The cards are ``widgets.cards``;
+the table's rows ``widgets.queue_table``.
 """
 
 from __future__ import annotations
@@ -14,45 +16,20 @@ from typing import Any
 
 import ipywidgets as w
 
-from ..pool import GpuInfo, PoolInfo
 from ..schema import ACTIVE, TERMINAL, WAITING, JobInfo
-from ..units import format_duration, parse_duration
+from ..units import parse_duration
 from ..words import renumber
 from . import format as fmt
+from .cards import gpu_card_html, host_card_html
 from .confirm import Confirm
+from .format import MUTED
 from .history import History, render_png
 from .live import refresher
+from .queue_table import CELL_LAYOUT, COLUMNS, GRID, HEADER, QueueRow
 
-PRIORITY_STEP = 10
-COLUMNS = (
-    "state",
-    "id",
-    "name",
-    "owner/notebook",
-    "priority",
-    "request",
-    "waited",
-    "ran",
-    "progress",
-    "",
-)
-# Fits a notebook beside an open sidebar (about 900 px of output at a 1400 px window):
-# the text columns shrink to an ellipsis (the whole text is the cell's tooltip) and the
-# buttons' column is never narrower than its buttons.
-GRID = (
-    "68px 70px minmax(48px,1.3fr) minmax(48px,1.2fr) 60px minmax(48px,1fr) 58px 56px "
-    "minmax(64px,1.6fr) max-content"
-)
-MUTED = "color:var(--jp-ui-font-color2, #757575)"
 ELLIPSIS = (
     "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;padding:1px 4px;text-align:left"
 )
-HEADER = (
-    '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis" title="{0}">'
-    "<b>{0}</b></div>"
-)
-CELL_LAYOUT = {"overflow": "hidden", "min_width": "0", "width": "auto"}
-BUTTON_LAYOUT = {"width": "28px", "padding": "0", "margin": "1px"}
 #: The dashboard's output for the JupyterLab extension, beside the live widget and a plain
 #: snapshot: the extension shows the widget while its kernel holds it, and the snapshot with
 #: a note once the kernel restarted or the page was reloaded without it (docs/notebooks.md).
@@ -60,218 +37,6 @@ DASHBOARD_MIME = "application/vnd.dlsched.dashboard+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 #: Seconds between two updates of the saved snapshot (each marks the notebook modified).
 SNAPSHOT_EVERY = 5.0
-
-
-CARD_STYLE = (
-    "border:1px solid var(--jp-border-color2, #ccc);border-radius:4px;padding:4px 8px;"
-    "font-family:var(--jp-code-font-family, monospace);font-size:12px;line-height:1.6;"
-    # a long job name wraps inside its card rather than pushing the card past the notebook
-    "max-width:100%;box-sizing:border-box;overflow-wrap:anywhere"
-)
-
-
-def _gpu_share(job: JobInfo) -> float:
-    """How much of each of its GPUs a job holds: a fraction, or all of each one."""
-    return job.gpus if 0 < job.gpus < 1 else 1.0
-
-
-def _granted_mem(job: JobInfo, index: int) -> int | None:
-    if job.placement and index in job.placement.gpus:
-        at = list(job.placement.gpus).index(index)
-        if at < len(job.placement.gpu_mem):
-            return int(job.placement.gpu_mem[at])
-    return None
-
-
-def gpu_card_html(gpu: GpuInfo, jobs: dict[str, JobInfo], recent_util: list[float]) -> str:
-    """The GPU card of UI.md as HTML (every name escaped).
-
-    A real GPU shows what NVML measured (utilisation, memory in use). A simulated one has
-    nothing to measure: it shows what the scheduler allocated, labelled as allocated.
-    """
-    on_gpu = [jobs[j] for j in gpu.jobs if j in jobs]
-    colour = fmt.COLOURS["running"]
-    sim = f' <span style="{MUTED}">[simulated]</span>' if gpu.simulated else ""
-    lines = [
-        f"<b>GPU {gpu.index}</b>&nbsp; {fmt.esc(gpu.name)} · "
-        f"{fmt.esc(fmt.size(gpu.mem_total))}{sim}"
-    ]
-    if gpu.simulated:
-        held = min(1.0, sum(_gpu_share(j) for j in on_gpu))
-        mem = sum(_granted_mem(j, gpu.index) or 0 for j in on_gpu)
-        mem_share = mem / gpu.mem_total if gpu.mem_total else 0.0
-        lines.append(
-            f"allocated {fmt.bar_html(held, colour, 80)} {held * 100:.0f}% &nbsp; "
-            f"mem allocated {fmt.bar_html(mem_share, colour, 80)} "
-            f"{fmt.esc(fmt.size(mem))} / {fmt.esc(fmt.size(gpu.mem_total))}"
-        )
-        lines.append(f'<span style="{MUTED}">no utilisation readings: a simulated GPU</span>')
-    else:
-        util_text = "–" if gpu.util is None else f"{float(gpu.util):.0f}%"
-        spark = fmt.spark_html(recent_util, colour=colour) if recent_util else ""
-        mem_share = gpu.mem_used / gpu.mem_total if gpu.mem_total else 0.0
-        lines.append(
-            f"util {spark} {fmt.bar_html(float(gpu.util or 0) / 100, colour, 80)} "
-            f"{fmt.esc(util_text)} &nbsp; mem {fmt.bar_html(mem_share, colour, 80)} "
-            f"{fmt.esc(fmt.size(gpu.mem_used))} / {fmt.esc(fmt.size(gpu.mem_total))}"
-        )
-    entries: list[str] = []
-    for job_id in gpu.jobs:
-        job = jobs.get(job_id)
-        if job is None:
-            entries.append(fmt.esc(job_id))
-            continue
-        granted = _granted_mem(job, gpu.index)
-        grant = f"{job.gpus_held:g} GPU" + (f" · {fmt.size(granted)}" if granted else "")
-        entries.append(
-            f"{fmt.coloured(job.state, fmt.esc(job.name))} "
-            f'<span style="{MUTED}">({fmt.owner_html(job)})</span> '
-            f"{fmt.esc(grant)}"
-        )
-    outside = [p for p in gpu.processes if p.job_id is None]
-    if outside:
-        users = sorted({p.user or "unknown user" for p in outside})
-        commands = "; ".join(f"{p.user or '?'} pid {p.pid}: {p.command or '?'}" for p in outside)
-        entries.append(
-            f'<span title="{fmt.esc(commands)}">'
-            f"{len(outside)} process{'es' if len(outside) != 1 else ''} outside the scheduler "
-            f"{fmt.esc(fmt.size(gpu.external_mem))} · {fmt.esc(', '.join(users))}</span>"
-        )
-    for n, entry in enumerate(entries):
-        lines.append(("└─ " if n == len(entries) - 1 else "├─ ") + entry)
-    if not entries:
-        lines.append(f'<span style="{MUTED}">idle</span>')
-    return f'<div class="dlsched-gpu" style="{CARD_STYLE}">' + "<br>".join(lines) + "</div>"
-
-
-def host_card_html(pool: PoolInfo, cache: dict[str, Any] | None = None) -> str:
-    colour = fmt.COLOURS["running"]
-    mem_share = pool.mem_used / pool.mem_total if pool.mem_total else 0.0
-    gpu_note = "" if pool.gpus else f"<br>no GPUs ({fmt.esc(pool.gpu_error or 'none found')})"
-    return (
-        f'<div class="dlsched-host" style="{CARD_STYLE}">'
-        f"<b>CPU</b> {pool.cpus} cores {fmt.bar_html(pool.cpu_percent / 100, colour, 80)} "
-        f"{pool.cpu_percent:.0f}%<br>"
-        f"<b>RAM</b> {fmt.bar_html(mem_share, colour, 80)} {fmt.esc(fmt.size(pool.mem_used))} / "
-        f"{fmt.esc(fmt.size(pool.mem_total))}{gpu_note}{cache_html(cache)}</div>"
-    )
-
-
-def cache_html(cache: dict[str, Any] | None) -> str:
-    """The stage-in cache in one line (nothing until it has been used)."""
-    if not cache or not (cache.get("entries") or cache.get("staging") or cache.get("misses")):
-        return ""
-    share = cache["bytes"] / cache["max_bytes"] if cache.get("max_bytes") else 0.0
-    staging = len(cache.get("staging") or [])
-    words = [
-        f"{cache['entries']} entr{'y' if cache['entries'] == 1 else 'ies'}",
-        f"{cache.get('hits', 0)} hits",
-    ]
-    if staging:
-        words.append(f"staging {staging}")
-    return (
-        f"<br><b>data cache</b> {fmt.bar_html(share, fmt.COLOURS['running'], 80)} "
-        f"{fmt.esc(fmt.size(cache['bytes']))} / {fmt.esc(fmt.size(cache.get('max_bytes')))}"
-        f" · {fmt.esc(' · '.join(words))}"
-    )
-
-
-def cell_html(html: str, tooltip: str) -> str:
-    """One table cell: one line per row, cut with an ellipsis, the whole text on hover."""
-    return (
-        '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis"'
-        f' title="{fmt.esc(tooltip)}">{html}</div>'
-    )
-
-
-class QueueRow:
-    """The widgets of one job's row; ``update(job)`` changes only what changed."""
-
-    def __init__(self, dashboard: Dashboard, job_id: str) -> None:
-        self.job_id = job_id
-        self.cells = {name: w.HTML(layout=w.Layout(**CELL_LAYOUT)) for name in COLUMNS[:-1]}
-        self.cancel_button = w.Button(
-            icon="times", tooltip="Cancel this job", layout=w.Layout(**BUTTON_LAYOUT)
-        )
-        self.up_button = w.Button(
-            description="↑", tooltip="Raise priority", layout=w.Layout(**BUTTON_LAYOUT)
-        )
-        self.down_button = w.Button(
-            description="↓", tooltip="Lower priority", layout=w.Layout(**BUTTON_LAYOUT)
-        )
-        self.log_button = w.Button(
-            description="log",
-            tooltip="Show output",
-            layout=w.Layout(**{**BUTTON_LAYOUT, "width": "36px"}),
-        )
-        # asks first, as every view does before it stops work (UI.md)
-        self.cancel_button.on_click(lambda _: dashboard.ask_cancel(job_id))
-        self.up_button.on_click(lambda _: dashboard.change_priority(job_id, +PRIORITY_STEP))
-        self.down_button.on_click(lambda _: dashboard.change_priority(job_id, -PRIORITY_STEP))
-        self.log_button.on_click(lambda _: dashboard.show_log(job_id))
-        self.actions = w.HBox(
-            [self.cancel_button, self.up_button, self.down_button, self.log_button],
-            layout=w.Layout(flex_flow="row nowrap", min_width="max-content"),
-        )
-        self.widgets: list[w.Widget] = [*self.cells.values(), self.actions]
-        self.job: JobInfo | None = None
-        self.texts: dict[str, str] = {}  # each cell's tooltip: its words, as plain text
-
-    @property
-    def state(self) -> str:
-        return self.job.state if self.job else ""
-
-    def update(self, job: JobInfo, now: float) -> None:
-        self.job = job
-        progress = fmt.wait_words(job) if job.state in WAITING else fmt.progress_words(job)
-        waited = format_duration(fmt.waited_for(job, now))
-        ran = format_duration(fmt.ran_for(job, now))
-        # (html, tooltip): one line per row, the whole text on hover
-        values = {
-            "state": (fmt.chip(job.state), fmt.state_words(job, now)),
-            "id": (f"<code>{fmt.esc(job.id)}</code>", job.id),
-            "name": (fmt.esc(job.name), job.name),
-            "owner/notebook": (
-                fmt.esc(fmt.owner_words(job)),
-                f"{job.owner} · {job.origin}" if job.origin else job.owner,
-            ),
-            "priority": (fmt.esc(fmt.priority_words(job.priority)), f"priority {job.priority}"),
-            "request": (fmt.esc(fmt.request_words(job)), fmt.request_words(job)),
-            "waited": (fmt.esc(waited), waited),
-            "ran": (fmt.esc(ran), ran),
-            "progress": (self._progress_html(job, progress), progress),
-        }
-        using = fmt.live_usage_words(job)
-        if using:
-            html, tooltip = values["progress"]
-            values["progress"] = (
-                f'{html}<br><span class="dlsched-using" style="{MUTED}">{fmt.esc(using)}</span>',
-                f"{tooltip} · now using {using}" if tooltip else f"now using {using}",
-            )
-        self.texts = {name: tooltip for name, (_, tooltip) in values.items()}
-        for name, (html, tooltip) in values.items():
-            value = cell_html(html, tooltip)
-            if self.cells[name].value != value:
-                self.cells[name].value = value
-        active = job.state in ACTIVE
-        self.cancel_button.disabled = not active
-        self.up_button.disabled = self.down_button.disabled = not active
-
-    @staticmethod
-    def _progress_html(job: JobInfo, words: str) -> str:
-        if job.state in ("queued", "preempted"):
-            return f'<span style="{MUTED}">{fmt.esc(words)}</span>'
-        share = fmt.fraction(job)
-        if share is None:
-            return fmt.esc(words)
-        colour = fmt.COLOURS.get(job.state, fmt.COLOURS["running"])
-        bar = (
-            '<span style="display:inline-block;width:56px;height:8px;margin-right:4px;'
-            'background:var(--jp-layout-color3, #ddd);border-radius:2px;overflow:hidden">'
-            f'<span style="display:block;height:100%;width:{share * 100:.0f}%;'
-            f'background:{colour}"></span></span>'
-        )
-        return bar + fmt.esc(words)
 
 
 class Dashboard(w.VBox):

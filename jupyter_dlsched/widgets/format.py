@@ -23,6 +23,7 @@ from ..words import (  # noqa: F401  (used as fmt.*)
 )
 
 # JupyterLab theme variables (so themes work), with fallbacks for front ends without them
+MUTED = "color:var(--jp-ui-font-color2, #757575)"  # a style: text that says less
 COLOURS = {
     "queued": "var(--jp-layout-color3, #bdbdbd)",
     "running": "var(--jp-brand-color1, #1976d2)",

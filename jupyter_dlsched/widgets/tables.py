@@ -9,7 +9,7 @@ from ..schema import ACTIVE, WAITING, JobInfo
 from ..units import format_duration
 from ..words import renumber
 from . import format as fmt
-from .dashboard import gpu_card_html, host_card_html
+from .cards import gpu_card_html, host_card_html
 
 HEAD = (
     "state",

@@ -303,7 +303,7 @@ def test_a_simulated_gpu_card_shows_allocation_labelled_as_allocated_with_drawn_
 
 def test_a_real_gpu_card_shows_measured_utilisation_as_bars_and_a_sparkline():
     from jupyter_dlsched.pool import GpuInfo
-    from jupyter_dlsched.widgets.dashboard import gpu_card_html
+    from jupyter_dlsched.widgets.cards import gpu_card_html
 
     gpu = GpuInfo(0, "GPU-x", "NVIDIA H200", 141 * 2**30, mem_used=96 * 2**30, util=87.0)
     card = gpu_card_html(gpu, {}, [10.0, 50.0, 87.0])

@@ -12,8 +12,9 @@ from test_widgets import _job, hold_until, refreshed, stop_refreshing, wait_for 
 from jupyter_dlsched.store import JobInfo
 from jupyter_dlsched.widgets import JobView, dashboard
 from jupyter_dlsched.widgets import format as fmt
-from jupyter_dlsched.widgets.dashboard import DASHBOARD_MIME, WIDGET_MIME, QueueRow
+from jupyter_dlsched.widgets.dashboard import DASHBOARD_MIME, WIDGET_MIME
 from jupyter_dlsched.widgets.live import refresher
+from jupyter_dlsched.widgets.queue_table import QueueRow
 
 STEER_TS = Path(__file__).parents[2] / "labextension" / "src" / "steer.ts"
 

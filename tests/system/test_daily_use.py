@@ -252,7 +252,7 @@ def test_a_cell_whose_names_all_exist_is_queued(ip, cell):
 
 
 def test_undefined_lists_only_names_nothing_defines():
-    from jupyter_dlsched.cells import undefined
+    from jupyter_dlsched.cell_names import undefined
 
     assert undefined("model = fit(x)", {"x": 1}) == ["fit"]
     assert undefined("from torch import *\nnet = Linear(2, 2)", {}) == []

@@ -9,12 +9,12 @@ import cloudpickle
 import pytest
 
 import jupyter_dlsched
+from jupyter_dlsched.cell_names import reads
 from jupyter_dlsched.cells import (
     CellResult,
     UnpicklableVariable,
     capture,
     execute,
-    reads,
     run_cell,
     user_traceback,
 )

@@ -11,7 +11,7 @@ import jupyter_dlsched
 PACKAGE = Path(jupyter_dlsched.__file__).parent
 ROOT = "jupyter_dlsched"
 #: What people call: they reach the pool through the ``Scheduler`` client only.
-FRONT_ENDS = ("cli", "magics", "cell_jobs", "cells", "widgets", "server")
+FRONT_ENDS = ("cli", "magics", "cell_jobs", "cells", "cell_names", "widgets", "server")
 #: The ledger's internals, the engine (what decides) and the job-process chain.
 BELOW_THE_CLIENT = ("store", "engine", "local")
 #: The client and what hangs on it.

@@ -24,6 +24,7 @@ from jupyter_dlsched.units import format_size
 torch = pytest.importorskip("torch")
 
 import jupyter_dlsched.torch as dlt  # noqa: E402
+from jupyter_dlsched import job_device  # noqa: E402
 
 GiB = 2**30
 MiB = 2**20
@@ -48,7 +49,7 @@ def nvml(monkeypatch):
         lambda h: [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in procs[h[1]]],
     )
     monkeypatch.setattr(nvml_gateway, "_state", {})
-    monkeypatch.setattr(dlt, "_applied_fractions", None)
+    monkeypatch.setattr(job_device, "_applied_fractions", None)
     return procs
 
 
@@ -79,7 +80,7 @@ def test_over_grant_names_the_gpu_the_use_and_the_limit():
 def test_memory_fraction_is_the_grant_less_context_over_the_visible_card(nvml, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # cuda:0 is the 80 GiB card
     monkeypatch.setenv("DLSCHED_GPU_MEM", str(10 * GiB))
-    margin = dlt.OUTSIDE_ALLOCATOR_MARGIN
+    margin = job_device.OUTSIDE_ALLOCATOR_MARGIN
     assert dlt.memory_fractions() == {0: (10 * GiB - margin) / (80 * GiB)}
     context = {0: 500 * MiB}
     assert dlt.memory_fractions(context) == {0: (10 * GiB - 500 * MiB - margin) / (80 * GiB)}
@@ -122,7 +123,7 @@ def test_the_fraction_is_applied_after_measuring_the_context_and_only_once(nvml,
 
     assert dlt.device() == torch.device("cuda", 0)
     assert dlt.device() == torch.device("cuda", 0)
-    expected = (10 * GiB - 600 * MiB - dlt.OUTSIDE_ALLOCATOR_MARGIN) / (80 * GiB)
+    expected = (10 * GiB - 600 * MiB - job_device.OUTSIDE_ALLOCATOR_MARGIN) / (80 * GiB)
     assert calls == [("context", 0), ("fraction", 0, expected), ("device", 0), ("device", 0)]
 
 
