@@ -40,7 +40,7 @@ from .base import (
     smallest_size,
     submit_order,
 )
-from .ranked import _victims_for
+from .preempting import _victims_for
 from .sizes import SizeModel
 
 _DEADLINE_LANE = ("deadline",)

@@ -26,6 +26,7 @@ from .base import (
     QueuedJob,
     Room,
     RunningJob,
+    Shortfalls,
     Start,
     describe_shortfall,
     gpu_only,
@@ -36,7 +37,6 @@ from .base import (
     submit_order,
 )
 from .preempting import RankedPreemption
-from .preempting import _victims_for as _victims_for  # priority's victims, imported from here
 from .ranks import RunningRanks
 
 
@@ -107,7 +107,7 @@ class RankedPolicy(RankedPreemption):
             return None
         order = lanes.get((), ())
         if self.skip:
-            return order, lambda job: describe_shortfall(job.request, left)
+            return order, Shortfalls(left)
         started = {s.job_id for s in decided.starts}
         first = next((job for job in order if job.id not in started), None)
         behind = "" if first is None else self.blocked_reason(first)
