@@ -27,7 +27,6 @@ from .base import (
     Room,
     RunningJob,
     Start,
-    describe_shortfall,
     submit_order,
 )
 from .fair import FairPolicy
@@ -35,6 +34,7 @@ from .fifo import FifoPolicy
 from .gittins import GittinsPolicy
 from .las import LasPolicy
 from .priority import PriorityPolicy
+from .shortfall import describe_shortfall
 from .sjf import SjfPolicy
 from .srtf import SrtfPolicy
 

@@ -30,9 +30,7 @@ from .base import (
     QueuedJob,
     Room,
     RunningJob,
-    Shortfalls,
     Start,
-    describe_shortfall,
     gpu_only,
     nothing_fits,
     presorted,
@@ -40,6 +38,7 @@ from .base import (
     smallest_size,
     submit_order,
 )
+from .shortfall import Shortfalls, describe_shortfall
 
 
 @dataclass

@@ -30,9 +30,9 @@ from .base import (
     Room,
     RunningJob,
     Start,
-    describe_shortfall,
 )
 from .ranks import RunningRanks
+from .shortfall import describe_shortfall
 
 
 class RankedPreemption:

@@ -30,9 +30,7 @@ from .base import (
     QueuedJob,
     Room,
     RunningJob,
-    Shortfalls,
     Start,
-    describe_shortfall,
     gpu_only,
     nothing_fits,
     presorted,
@@ -41,6 +39,7 @@ from .base import (
     submit_order,
 )
 from .preempting import _victims_for
+from .shortfall import Shortfalls, describe_shortfall
 from .sizes import SizeModel
 
 _DEADLINE_LANE = ("deadline",)

@@ -26,9 +26,7 @@ from .base import (
     QueuedJob,
     Room,
     RunningJob,
-    Shortfalls,
     Start,
-    describe_shortfall,
     gpu_only,
     nothing_fits,
     presorted,
@@ -38,6 +36,7 @@ from .base import (
 )
 from .preempting import RankedPreemption
 from .ranks import RunningRanks
+from .shortfall import Shortfalls, describe_shortfall
 
 
 class RankedPolicy(RankedPreemption):

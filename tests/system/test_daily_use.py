@@ -17,8 +17,7 @@ from nbformat.v4 import new_notebook
 
 from jupyter_dlsched.errors import SpecError
 from jupyter_dlsched.placement import place
-from jupyter_dlsched.policy import QueuedJob, RunningJob, get_policy
-from jupyter_dlsched.policy.base import describe_shortfall
+from jupyter_dlsched.policy import QueuedJob, RunningJob, describe_shortfall, get_policy
 from jupyter_dlsched.resources import Capacity, Request
 from jupyter_dlsched.scheduler import Scheduler
 
