@@ -56,6 +56,10 @@ REDECIDE_EVERY = 10.0
 Batch = list[tuple[str, JobSpec, dict[str, bytes]]]
 
 
+#: Places in line written per transaction by ``Engine.flush_positions``.
+POSITIONS_PER_WRITE = 2_000
+
+
 class Engine:
     """Validate, write, decide and launch for one ledger and one backend.
 
@@ -400,13 +404,21 @@ class Engine:
             self.flush_positions(force=True)
 
     def flush_positions(self, force: bool = False) -> None:
-        """Write the places in line kept back, at most once a second unless ``force``."""
+        """Write the places in line kept back, at most once a second unless ``force``.
+
+        In transactions of ``POSITIONS_PER_WRITE`` rows, so that a deep queue's places
+        (every one moved by each start) do not hold the write lock for most of a second
+        while submits and claims wait; a reader between two of them may see some places
+        already moved and others not yet, as between any two decisions."""
         now = time.monotonic()
         if self._positions and (force or now - self._positions_at >= 1.0):
             rows = [(pos, why, job_id) for job_id, (pos, why) in self._positions.items()]
-            with self.store.transaction() as db:  # kept for the next try if the disk is full
-                self.store.set_queue_positions(db, rows)
-            self._positions = {}
+            for i in range(0, len(rows), POSITIONS_PER_WRITE):
+                chunk = rows[i : i + POSITIONS_PER_WRITE]
+                with self.store.transaction() as db:  # the rest kept if the disk is full
+                    self.store.set_queue_positions(db, chunk)
+                for _, _, job_id in chunk:
+                    del self._positions[job_id]
             self._positions_at = now
 
     def close(self) -> None:

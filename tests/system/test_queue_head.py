@@ -400,6 +400,64 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
         agent.close()
 
 
+def test_places_kept_back_are_written_in_parts_and_a_failed_part_is_tried_again(
+    tmp_path: Path, small_head: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deep queue's places are written a few transactions at a time (others may write
+    between them); when one fails (a full disk), what it did not write waits for the next
+    flush instead of being lost."""
+    from jupyter_dlsched.agent.service import Agent
+    from jupyter_dlsched.engine import core
+    from jupyter_dlsched.scheduler import Scheduler
+
+    monkeypatch.setattr(core, "POSITIONS_PER_WRITE", 7)
+    agent = Agent(tmp_path / "home")
+    agent.open()
+    engine = agent.sched
+    assert engine is not None
+    engine._positions_at_once = 0  # every moved place waits for flush_positions
+    s = Scheduler.of_engine(engine)
+    write = engine.store.set_queue_positions
+    parts: list[int] = []
+
+    def failing_second(db: Any, rows: Any) -> None:
+        parts.append(len(rows))
+        if len(parts) == 2:
+            raise OSError("no space left on device")
+        write(db, rows)
+
+    try:
+        for _ in range(2):  # both GPUs held: nothing below starts
+            s.submit_command(["sleep", "600"], gpus=1, cpus=1)
+        s.tick(now=time.time())
+        low = s.map(noop, range(40), gpus=1, cpus=1, priority="low")
+        time.sleep(0.2)
+        decided = s.tick(now=time.time())
+        assert decided is not None and decided.placed
+        assert len(engine._positions) == 40  # kept back, none written yet
+        assert {s.info(h.id).position for h in low} == {None}
+
+        monkeypatch.setattr(engine.store, "set_queue_positions", failing_second)
+        with pytest.raises(OSError):
+            engine.flush_positions(force=True)
+        assert parts == [7, 7]
+        assert len(engine._positions) == 33  # the first part written, the rest kept
+        written = [s.info(h.id).position for h in low]
+        assert sum(p is not None for p in written) == 7
+
+        engine.flush_positions(force=True)
+        assert parts[2:] == [7, 7, 7, 7, 5]
+        assert not engine._positions
+        assert [s.info(h.id).position for h in low] == list(range(1, 41))
+    finally:
+        monkeypatch.setattr(engine.store, "set_queue_positions", write)
+        with s.store.transaction() as db:
+            db.execute("UPDATE jobs SET state='cancelled' WHERE state='queued'")
+        for job in s.jobs(state="running"):
+            s.cancel(job.id)
+        agent.close()
+
+
 def _until_free(s: Any, job_id: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while s.info(job_id).state == "running":
