@@ -806,7 +806,10 @@ def main(argv: list[str] | None = None) -> int:
                         "jobs; after launching, outside the write lock; budget 50 ms)",
                         forecasts,
                     ),
-                    ("… writing the places in line that moved (at most once a second)", writes),
+                    (
+                        "… writing the places in line that moved, a transaction of at most 2,000 each (at most once a second)",
+                        writes,
+                    ),
                 ):
                     rows.append(
                         (
