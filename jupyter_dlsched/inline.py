@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import socket
 import threading
 import time
 import traceback
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import private, runtime
 from .errors import IllegalTransition, JobNotFound
-from .store import JobInfo, RunEnd
+from .store import JobInfo, Lease, RunEnd
 
 if TYPE_CHECKING:
     from .port import InlinePort
@@ -39,6 +38,8 @@ class InlineRunner:
         self.port = port
         self.pending: dict[str, Callable[[JobInfo], Any]] = {}
         self.threads: dict[str, threading.Thread] = {}
+        #: the leases this process's threads hold, renewed together (``maintain``)
+        self.leases: dict[str, Lease] = {}
         self.stopping: dict[str, str] = {}
         self.results: dict[str, Any] = {}
         self.errors: dict[str, BaseException] = {}
@@ -73,13 +74,15 @@ class InlineRunner:
 
     def _run(self, job_id: str, fn: Callable[[JobInfo], Any]) -> None:
         store = self.port.store
-        now = time.time()
-        ttl = self.port.settings.lease_ttl
-        if not store.claim_inline_run(job_id, os.getpid(), socket.gethostname(), now + ttl):
+        # by its id: the thread runs whichever attempt the queue started (a cell runs once)
+        lease = store.claim(job_id, self.port.settings.lease_ttl)
+        if lease is None:
             with self._lock:
                 self.threads.pop(job_id, None)
             return
-        info = store.get(job_id)
+        with self._lock:
+            self.leases[job_id] = lease
+        info = lease.job
         token = runtime.bind(job_id, str(store.home))
         to, why, value, error = "succeeded", "", None, None
         try:
@@ -93,12 +96,12 @@ class InlineRunner:
             to, why = "failed", f"{type(exc).__name__}: {str(exc).strip()[:200]}"
         finally:
             runtime.unbind(token)
-        self._record(info, to, why, value, error)
+        self._record(lease, to, why, value, error)
 
     def _record(
-        self, info: JobInfo, to: str, why: str, value: Any, error: BaseException | None
+        self, lease: Lease, to: str, why: str, value: Any, error: BaseException | None
     ) -> None:
-        store = self.port.store
+        store, info = self.port.store, lease.job
         folder = store.make_spool(info.id)
         if to == "succeeded":
             self.results[info.id] = value
@@ -116,11 +119,12 @@ class InlineRunner:
         # it runs once, in this kernel's thread: nothing is left to run a retry with
         end = RunEnd(to, why, retry=False)
         try:
-            store.end_run(info, end)
+            lease.finish(end)
         except (IllegalTransition, JobNotFound):
             pass
         with self._lock:
             self.threads.pop(info.id, None)
+            self.leases.pop(info.id, None)
             self.stopping.pop(info.id, None)
         self.port.wake()
 
@@ -128,12 +132,13 @@ class InlineRunner:
         """Renew leases of running inline jobs; deliver cancels and time limits."""
         with self._lock:
             running = dict(self.threads)
+            held = list(self.leases.values())
         if not running:
             return
         store = self.port.store
         now = time.time()
         ttl = self.port.settings.lease_ttl
-        store.renew_held_leases(running, os.getpid(), now + ttl)
+        Lease.renew_all(held, now + ttl)
         for job_id, thread in running.items():
             if job_id in self.stopping:
                 continue

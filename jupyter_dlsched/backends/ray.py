@@ -212,14 +212,14 @@ class RayBackend(Backend):
             return  # at exit or after close: a participant that lives on launches it
         self.connect()
         store = self.port.store
-        claimed = store.claim(job, Settings.load(store).lease_ttl)
-        if claimed is None:
+        lease = store.claim(job, Settings.load(store).lease_ttl)
+        if lease is None:
             return  # another participant launched it, or it is no longer running
-        job = claimed
+        job = lease.job
         folder = store.make_spool(job.id)
         for stale in ("result.pkl", "error.json", "error.pkl", STOP_FILE):
             (folder / stale).unlink(missing_ok=True)
-        run = Run(job, folder, open(private.open_append(folder / "log"), "ab", buffering=0))
+        run = Run(lease, folder, open(private.open_append(folder / "log"), "ab", buffering=0))
         if job.attempts > 1:
             run.log.write(f"[dlsched] attempt {job.attempts}\n".encode())
         try:

@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING, Any
 from ..errors import IllegalTransition, JobNotFound
 from ..runtime import STOP_FILE
 from ..settings import Settings
-from ..store import JobInfo, RunEnd
+from ..store import JobInfo, Lease, RunEnd
 from ..units import format_duration
 from .ray_task import write_atomic
 
@@ -51,9 +51,9 @@ def ray_module() -> Any:
 
 @dataclass
 class Run:
-    """One launched job as the monitor sees it."""
+    """One launched job as the monitor sees it: the lease its launch claimed, and more."""
 
-    job: JobInfo
+    lease: Lease
     folder: Path
     log: IO[bytes]
     gen: Any = None  # ray.ObjectRefGenerator of the task
@@ -64,6 +64,11 @@ class Run:
     kill_at: float | None = None
     give_up_at: float | None = None
     outcome: tuple[Any, ...] | None = None
+
+    @property
+    def job(self) -> JobInfo:
+        """The job as its launch claimed it (this attempt)."""
+        return self.lease.job
 
 
 class RayMonitor:
@@ -245,11 +250,7 @@ class RayMonitor:
             run.outcome = item
 
     def _renew(self, runs: list[Run], until: float) -> None:
-        assert self.port is not None
-        store = self.port.store
-        with store.transaction() as db:
-            for run in runs:
-                store.renew_attempt_lease(db, run.job.id, run.job.attempts, os.getpid(), until)
+        Lease.renew_all([run.lease for run in runs], until)
 
     def _check_requests(self, runs: list[Run]) -> None:
         """Cancels and preemptions asked for by any participant, and allocations taken back."""
@@ -359,7 +360,7 @@ class RayMonitor:
                 row = store.attempt_holder(db, job.id)
                 if row is None or tuple(row) != (job.attempts, os.getpid()):
                     return  # reaped while this monitor was stalled; the ledger moved on
-                store.finish_run(db, job, end, now)
+                run.lease.finish(end, now, db)
         except (IllegalTransition, JobNotFound):
             pass
 

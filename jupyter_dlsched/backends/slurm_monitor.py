@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..settings import Settings
+from ..store import Lease
 from ..units import format_duration
 from .slurm_follow import SlurmFollower
 from .slurm_submit import SlurmSubmitter
@@ -44,6 +45,8 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
     def __init__(self, backend: SlurmSide) -> None:
         self.backend = backend
         self._tracks: dict[str, Track] = {}
+        #: the leases ``adopt`` took, renewed for the jobs still followed (``_tracks``)
+        self._leases: dict[str, Lease] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._closed = threading.Event()
@@ -66,11 +69,11 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         with self._lock:
-            ids = list(self._tracks)
+            held = self._held()
             self._tracks.clear()
-        if ids:
-            with contextlib.suppress(Exception), self.store.transaction() as db:
-                self.store.set_leases(db, ids, os.getpid(), time.time() - 1)
+            self._leases.clear()
+        with contextlib.suppress(Exception):
+            Lease.renew_all(held, time.time() - 1)  # a time past: theirs to take at once
 
     def wake(self) -> None:
         self._last_change = time.monotonic()
@@ -126,8 +129,8 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
                 if supervisor not in (None, os.getpid()) and lease is not None and lease > now:
                     continue  # another live participant follows it
                 with store.transaction() as db:
-                    claimed = store.take_over(db, job_id, os.getpid(), now + ttl, now)
-                    if claimed and inline:
+                    lease = store.claim(job_id, ttl, follow=True, now=now, db=db)
+                    if lease is not None and inline:
                         store.transition_in(
                             db,
                             job_id,
@@ -140,7 +143,7 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
                             lease_expires=None,
                         )
                         continue
-                if not claimed:
+                if lease is None:
                     continue
                 folder = store.make_spool(job_id)
                 track = Track(job_id, folder)
@@ -149,6 +152,7 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
                     track.slurm_id, track.via = saved["slurm_id"], saved["via"]
                     track.tasks, track.nice = saved.get("tasks", 1), saved.get("nice")
                 self._tracks[job_id] = track
+                self._leases[job_id] = lease
                 self._last_change = time.monotonic()
 
     def _sync(self) -> None:
@@ -213,7 +217,11 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
         ttl = Settings.load(self.store).lease_ttl
         self._next_renew = now + ttl / 4
         with self._lock:
-            ids = list(self._tracks)
-        if ids:
-            with self.store.transaction() as db:
-                self.store.set_leases(db, ids, os.getpid(), now + ttl)
+            held = self._held()
+        Lease.renew_all(held, now + ttl)
+
+    def _held(self) -> list[Lease]:
+        """The leases of the jobs still followed; those of jobs no longer followed go."""
+        for job_id in set(self._leases) - set(self._tracks):
+            del self._leases[job_id]
+        return list(self._leases.values())

@@ -35,7 +35,7 @@ from ..errors import (
 )
 from ..runtime import STOP_FILE
 from ..settings import Settings
-from ..store import JobInfo, RunEnd, Store, disk_full
+from ..store import JobInfo, Lease, RunEnd, Store, disk_full
 from ..units import format_size
 from .containment import Containment, sweep_cgroups
 from .jobproc import cores_for, job_environment, start_ranks
@@ -79,10 +79,10 @@ def supervise(
             return 2  # payloads run only as the user who submitted them
         owner = job.uid
     settings = Settings.load(store)
-    claimed = store.claim(job, settings.lease_ttl)
-    if claimed is None:
+    lease = store.claim(job, settings.lease_ttl)
+    if lease is None:
         return 0
-    job = claimed
+    job = lease.job
     # a shared pool's supervisor (root) also gives the job a cgroup of its own
     box = Containment.create(job.id, job.attempts, home, cgroup=as_owner and os.geteuid() == 0)
     if box.cgroup is not None:
@@ -95,7 +95,7 @@ def supervise(
     except (UnsafeStateFolder, OSError) as error:
         # a link, FIFO or folder the job's owner planted: the job fails, and says why
         box.close()
-        _record_refusal(store, job, str(error))
+        _record_refusal(store, lease, str(error))
         _after(home, job_id, agent)
         return 0
     if job.attempts > 1:
@@ -111,7 +111,7 @@ def supervise(
     pids = start_ranks(folder, job, env, context, payload, cores, log_fd, as_user=owner, box=box)
     os.close(log_fd)
     try:
-        outcome = _monitor(store, job, pids, settings, folder, owner, box)
+        outcome = _monitor(store, lease, pids, settings, folder, owner, box)
     except Exception as error:
         # whatever broke here must not leave the job running unwatched until its lease
         # lapses ("lost"): its processes go, and the job fails saying why
@@ -121,7 +121,7 @@ def supervise(
         outcome = Outcome(stop_reason="crash", detail=why[:300])
     finally:
         box.close()  # its cgroup, once the last of its processes is gone
-    _record(store, job, outcome, folder, owner)
+    _record(lease, outcome, folder, owner)
     store.close()
     _after(home, job_id, agent)
     return 0
@@ -135,11 +135,10 @@ def _after(home: str | os.PathLike[str], job_id: str, agent: str | bytes | None)
         _tell_agent(agent, job_id, home)
 
 
-def _record_refusal(store: Store, job: JobInfo, why: str) -> None:
+def _record_refusal(store: Store, lease: Lease, why: str) -> None:
     """End a run that could not start (its spool folder was tampered with): failed, no retry."""
     try:
-        with store.transaction() as db:
-            store.finish_run(db, job, RunEnd("failed", why, retry=False))
+        lease.finish(RunEnd("failed", why, retry=False))
     except (IllegalTransition, JobNotFound, LedgerUnavailable):
         pass  # reaped meanwhile, or a full disk: the lease lapses and the reaper says so
     store.close()
@@ -173,7 +172,7 @@ class Outcome:
 
 def _monitor(
     store: Store,
-    job: JobInfo,
+    lease: Lease,
     pids: list[int],
     settings: Settings,
     folder: Path,
@@ -181,7 +180,9 @@ def _monitor(
     box: Containment | None = None,
 ) -> Outcome:
     """Watch the job's processes until all have exited, its main ones and whatever they
-    started (``box``); stop them all when the job must end."""
+    started (``box``); stop them all when the job must end, or when ``lease`` was taken
+    back."""
+    job = lease.job
     box = box if box is not None else Containment()
     box.ranks.update(pids)  # reaped here, never by the box: their status is the job's
     outcome = Outcome()
@@ -270,8 +271,7 @@ def _monitor(
         if now >= next_renew:
             next_renew = now + settings.lease_ttl / 4
             try:
-                with store.transaction() as db:
-                    kept = store.renew_lease(db, job.id, os.getpid(), now + settings.lease_ttl)
+                kept = lease.renew(now + settings.lease_ttl)
             except LedgerUnavailable:
                 kept = True  # disk full: keep the job and try again at the next renewal
             if not kept:
@@ -374,17 +374,15 @@ def _describe_status(
     return code, None, f"exit code {code}"
 
 
-def _record(
-    store: Store, job: JobInfo, outcome: Outcome, folder: Path, owner: int | None = None
-) -> None:
+def _record(lease: Lease, outcome: Outcome, folder: Path, owner: int | None = None) -> None:
+    job = lease.job
     if outcome.stop_reason == "lease":
         return  # the reaper already recorded this job as lost or requeued
     end = _run_end(job, outcome, folder, owner)
     usage = outcome.usage.columns(job)
     for attempt in range(RECORD_TRIES):
         try:
-            with store.transaction() as db:
-                store.finish_run(db, job, end, **usage)
+            lease.finish(end, **usage)
             return
         except (IllegalTransition, JobNotFound):
             return  # the job was reaped (lease expired) while this supervisor was stalled

@@ -53,6 +53,7 @@ from .ledger import (  # noqa: F401  (its helpers, re-exported)
     inventory_key,
     payload_keep,
 )
+from .runs import Lease  # noqa: F401  (what a claim hands its winner)
 from .samples import Samples
 
 

@@ -1,5 +1,6 @@
-"""Runs and their leases: the supervisor's claim, lease renewals, live usage, the job's
-process, and how a run ended (``finish_run``); what remote monitors (Ray, SLURM) follow.
+"""Runs and their leases: one claim (``Store.claim``) that hands the winner a ``Lease``,
+which it renews and ends its run with (``Lease.finish``, by the one rule: ``finish_run``);
+live usage, the job's process, and what remote monitors (Ray, SLURM) follow.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import os
 import socket
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..schema import (
@@ -18,6 +20,97 @@ from ..schema import (
     end_of_run,
 )
 from .jobs import Jobs
+
+#: A run's renewal: the job still runs, held by this process (on this attempt, if the
+#: lease names one).
+_RENEW_RUN = (
+    "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' AND supervisor_pid=? "
+    "AND (? IS NULL OR attempts=?)"
+)
+#: A follower's renewal: held by this process, in whatever state the job is now.
+_RENEW_FOLLOW = "UPDATE jobs SET lease_expires=? WHERE id=? AND supervisor_pid=?"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A process's hold on one job, from ``Store.claim`` to the run's end: renewed before
+    it runs out (or the reaper takes the job back), and what the run's end is ruled on.
+
+    ``job``: the job as claimed. ``attempt``: the attempt held, or None for whichever
+    runs (an inline cell's). ``host``: where the run is, None for a monitor that follows
+    a job run elsewhere. ``follows``: held in any unfinished state, not only while the
+    job runs (a monitor following a job through SLURM's queue).
+
+        lease = store.claim(job, ttl)
+        while lease is not None and lease.renew(time.time() + ttl):
+            ...  # the run goes on; False: the allocation was taken back
+        lease.finish(RunEnd("succeeded"))
+    """
+
+    job: JobInfo
+    pid: int
+    host: str | None
+    attempt: int | None = None
+    follows: bool = False
+    store: Runs = field(repr=False, compare=False, kw_only=True)
+
+    @property
+    def job_id(self) -> str:
+        return self.job.id
+
+    def _renewal(self, until: float) -> tuple[str, tuple[Any, ...]]:
+        if self.follows:
+            return _RENEW_FOLLOW, (until, self.job.id, self.pid)
+        return _RENEW_RUN, (until, self.job.id, self.pid, self.attempt, self.attempt)
+
+    def renew(self, until: float, db: sqlite3.Connection | None = None) -> bool:
+        """Extend this lease to ``until``; False when the job was taken back (it no longer
+        runs, another process holds it, or it runs another attempt than this lease's).
+        ``db``: an open transaction to write in; without one, a transaction of its own."""
+        sql, args = self._renewal(until)
+        if db is not None:
+            return bool(db.execute(sql, args).rowcount)
+        with self.store.transaction() as own:
+            return bool(own.execute(sql, args).rowcount)
+
+    @staticmethod
+    def renew_all(
+        leases: Sequence[Lease], until: float, db: sqlite3.Connection | None = None
+    ) -> None:
+        """Extend these leases of one holder to ``until``, those it still holds, each by
+        the conditions ``renew`` checks; a time past hands them back at once (a monitor
+        that stops following). One statement per kind of lease, however many there are.
+
+            Lease.renew_all(held, time.time() + ttl)  # an inline runner's beat
+        """
+        if not leases:
+            return
+        if len({lease.pid for lease in leases}) > 1:
+            raise ValueError("renew_all renews the leases of one holder at a time")
+        if db is None:
+            with leases[0].store.transaction() as own:
+                Lease.renew_all(leases, until, own)
+            return
+        for follows in (False, True):
+            kind = [lease._renewal(until) for lease in leases if lease.follows is follows]
+            if kind:
+                db.executemany(kind[0][0], [args for _, args in kind])
+
+    def finish(
+        self,
+        end: RunEnd,
+        now: float | None = None,
+        db: sqlite3.Connection | None = None,
+        **columns: Any,
+    ) -> str:
+        """Record how this lease's run ended, by the one rule (``Store.finish_run``), with
+        what the runner measured (``columns``); the state the job moved to
+        (``IllegalTransition`` if it no longer runs). ``db``: an open transaction to write
+        in; without one, a transaction of its own."""
+        if db is not None:
+            return self.store.finish_run(db, self.job, end, now, **columns)
+        with self.store.transaction() as own:
+            return self.store.finish_run(own, self.job, end, now, **columns)
 
 
 class Runs(Jobs):
@@ -68,6 +161,57 @@ class Runs(Jobs):
             list(ids),
         ).fetchall()
 
+    def claim(
+        self,
+        job: JobInfo | str,
+        lease_ttl: float,
+        *,
+        follow: bool = False,
+        now: float | None = None,
+        db: sqlite3.Connection | None = None,
+    ) -> Lease | None:
+        """Take a job for this process: the one claim every runner makes; the lease it
+        holds for ``lease_ttl`` seconds, or None when another claimant won.
+
+        A run's claim wins only on a job still ``running`` and unclaimed: given a
+        ``JobInfo``, on the attempt it describes (a supervisor's, the Ray backend's);
+        given a job id, on whichever attempt runs (an inline cell's thread, which made
+        its job itself). ``follow``: a monitor takes over an unfinished job in any
+        state that nobody alive follows (no follower, already this process, or a lease
+        that ran out before ``now``), to follow it through a queue of its own (SLURM's).
+        ``db``: an open transaction to claim in; without one, a transaction of its own.
+
+            lease = store.claim(job, settings.lease_ttl)
+            if lease is not None:
+                lease.renew(time.time() + settings.lease_ttl)
+        """
+        now = time.time() if now is None else now
+        job_id = job if isinstance(job, str) else job.id
+        pid, until = os.getpid(), now + lease_ttl
+        attempt = None if isinstance(job, str) or follow else job.attempts
+        host = None if follow else socket.gethostname()
+        if follow:
+            sql = (
+                "UPDATE jobs SET supervisor_pid=?, lease_expires=? WHERE id=? AND "
+                "state IN ('queued','preempted','running') AND (supervisor_pid IS NULL "
+                "OR supervisor_pid=? OR lease_expires IS NULL OR lease_expires < ?)"
+            )
+            args: tuple[Any, ...] = (pid, until, job_id, pid, now)
+        else:
+            sql = (
+                "UPDATE jobs SET supervisor_pid=?, host=?, lease_expires=? WHERE id=? "
+                "AND state='running' AND supervisor_pid IS NULL AND (? IS NULL OR attempts=?)"
+            )
+            args = (pid, host, until, job_id, attempt, attempt)
+        if db is not None:
+            claimed = db.execute(sql, args).rowcount
+        else:
+            with self.transaction() as own:
+                claimed = own.execute(sql, args).rowcount
+        if not claimed:
+            return None
+        return Lease(self.get(job_id), pid, host, attempt, follow, store=self)
+
     def finish_run(
         self,
         db: sqlite3.Connection,
@@ -78,7 +222,9 @@ class Runs(Jobs):
     ) -> str:
         """Record how a run of ``job`` ended, by the one rule (``schema.end_of_run``), inside
         an open transaction; ``columns`` adds what the runner measured. Returns the state
-        the job moved to (``IllegalTransition`` if it is no longer running)."""
+        the job moved to (``IllegalTransition`` if it is no longer running). A lease's
+        holder ends its run with ``Lease.finish``; this is for those that hold none: the
+        reaper, and a monitor that follows a job through SLURM."""
         now = time.time() if now is None else now
         if job.max_gpus is not None:  # a resize asked for while it ran: read it now
             asked = db.execute("SELECT resize_to FROM jobs WHERE id=?", (job.id,)).fetchone()
@@ -86,70 +232,6 @@ class Runs(Jobs):
         to, why, ruled = end_of_run(job, end, now)
         self.transition_in(db, job.id, to, why, expect=["running"], now=now, **{**ruled, **columns})
         return to
-
-    def end_run(self, job: JobInfo, end: RunEnd, now: float | None = None, **columns: Any) -> str:
-        """``finish_run`` in a transaction of its own, for a runner with nothing else to
-        write with it (an inline job's thread); the state the job moved to."""
-        with self.transaction() as db:
-            return self.finish_run(db, job, end, now, **columns)
-
-    def claim(self, job: JobInfo, lease_ttl: float) -> JobInfo | None:
-        """Take an allocated job for this process: the one claim every runner makes.
-
-        Only one claimant wins (the job must still be ``running``, unclaimed and
-        on the same attempt); the winner holds a lease of ``lease_ttl`` seconds.
-        """
-        with self.transaction() as db:
-            claimed = db.execute(
-                "UPDATE jobs SET supervisor_pid=?, host=?, lease_expires=? "
-                "WHERE id=? AND state='running' AND supervisor_pid IS NULL AND attempts=?",
-                (os.getpid(), socket.gethostname(), time.time() + lease_ttl, job.id, job.attempts),
-            ).rowcount
-        return self.get(job.id) if claimed else None
-
-    def claim_inline_run(self, job_id: str, pid: int, host: str, until: float) -> bool:
-        """``claim_running`` in a transaction of its own: an inline job's thread takes its
-        job; whether this claim won."""
-        with self.transaction() as db:
-            return self.claim_running(db, job_id, pid, host, until)
-
-    @staticmethod
-    def claim_running(
-        db: sqlite3.Connection, job_id: str, pid: int, host: str, until: float
-    ) -> bool:
-        """Take an allocated, unclaimed job for process ``pid`` on ``host``, leased until
-        ``until`` (any attempt: an inline cell's); whether this claim won."""
-        return bool(
-            db.execute(
-                "UPDATE jobs SET supervisor_pid=?, host=?, lease_expires=? "
-                "WHERE id=? AND state='running' AND supervisor_pid IS NULL",
-                (pid, host, until, job_id),
-            ).rowcount
-        )
-
-    @staticmethod
-    def take_over(db: sqlite3.Connection, job_id: str, pid: int, until: float, now: float) -> bool:
-        """Make ``pid`` the follower of an unfinished job nobody alive follows (no follower,
-        already ``pid``, or a lease that ran out before ``now``); whether it did."""
-        return bool(
-            db.execute(
-                "UPDATE jobs SET supervisor_pid=?, lease_expires=? WHERE id=? AND "
-                "state IN ('queued','preempted','running') AND (supervisor_pid IS NULL "
-                "OR supervisor_pid=? OR lease_expires IS NULL OR lease_expires < ?)",
-                (pid, until, job_id, pid, now),
-            ).rowcount
-        )
-
-    @staticmethod
-    def renew_lease(db: sqlite3.Connection, job_id: str, pid: int, until: float) -> bool:
-        """Extend the lease ``pid`` holds on a running job; False when it was taken back."""
-        return bool(
-            db.execute(
-                "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' "
-                "AND supervisor_pid=?",
-                (until, job_id, pid),
-            ).rowcount
-        )
 
     def set_live_usage(self, job_id: str, pid: int, cpu: float, rss: int) -> None:
         """What a running job uses now (CPU percent of one core, bytes resident), written by
@@ -160,41 +242,6 @@ class Runs(Jobs):
                 "AND supervisor_pid=?",
                 (cpu, rss, job_id, pid),
             )
-
-    @staticmethod
-    def renew_leases(
-        db: sqlite3.Connection, job_ids: Iterable[str], pid: int, until: float
-    ) -> None:
-        """Extend the leases ``pid`` holds on these running jobs (those it still holds)."""
-        db.executemany(
-            "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' AND supervisor_pid=?",
-            [(until, job_id, pid) for job_id in job_ids],
-        )
-
-    def renew_held_leases(self, job_ids: Iterable[str], pid: int, until: float) -> None:
-        """``renew_leases`` in a transaction of its own (the inline runner's beat)."""
-        with self.transaction() as db:
-            self.renew_leases(db, job_ids, pid, until)
-
-    @staticmethod
-    def renew_attempt_lease(
-        db: sqlite3.Connection, job_id: str, attempts: int, pid: int, until: float
-    ) -> None:
-        """Extend the lease ``pid`` holds on attempt ``attempts`` of a running job."""
-        db.execute(
-            "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' "
-            "AND supervisor_pid=? AND attempts=?",
-            (until, job_id, pid, attempts),
-        )
-
-    @staticmethod
-    def set_leases(db: sqlite3.Connection, job_ids: Iterable[str], pid: int, until: float) -> None:
-        """Set the lease of the jobs ``pid`` follows, in any state, to ``until`` (a time
-        past hands them back at once)."""
-        db.executemany(
-            "UPDATE jobs SET lease_expires=? WHERE id=? AND supervisor_pid=?",
-            [(until, job_id, pid) for job_id in job_ids],
-        )
 
     @staticmethod
     def record_job_process(

@@ -1,16 +1,20 @@
-"""The ledger's runs part, the methods that open their own transaction: an inline job's
-claim (one claimant wins), its lease beat (only leases still held), and its end."""
+"""The ledger's runs part: one claim hands its winner a ``Lease`` (a run's on one attempt
+or any, a monitor's that follows a job in any state), renewed while it is held (alone or
+all of one holder's at once) and ended by the one rule."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from jupyter_dlsched.errors import IllegalTransition
 from jupyter_dlsched.resources import Capacity
 from jupyter_dlsched.spec import build_spec
-from jupyter_dlsched.store import RunEnd, Store
+from jupyter_dlsched.store import Lease, RunEnd, Store
 
 POOL = Capacity.empty(n_gpus=2, gpu_mem=16 * 2**30, cpus=4, mem=64 * 2**30)
+TTL = 60.0
 
 
 @pytest.fixture
@@ -18,43 +22,214 @@ def store(tmp_path):
     return Store(tmp_path / "h")
 
 
-def allocated_job(store):
-    job = store.insert_job(build_spec(capacity=POOL), {"payload.pkl": b"x"}, owner="anna", uid=1)
-    store.transition(job.id, "running", started=100.0)
-    return job
+def queued_job(store, retries=0):
+    spec = build_spec(capacity=POOL, retries=retries)
+    return store.insert_job(spec, {"payload.pkl": b"x"}, owner="anna", uid=1)
+
+
+def allocated_job(store, retries=0):
+    """A job the queue started (attempt 1) that no runner has claimed yet."""
+    job = queued_job(store, retries)
+    return store.transition(job.id, "running", started=100.0, attempts=1)
+
+
+def taken_back(store, job_id):
+    """The reaper's move on a run whose lease lapsed: lost, and retried if it may be."""
+    with store.transaction() as db:
+        return store.finish_run(
+            db, store.get(job_id), RunEnd("lost", "lease expired"), 150.0, supervisor_pid=None
+        )
+
+
+# -- the claim -----------------------------------------------------------------------------
 
 
 def test_only_the_first_claim_of_an_allocated_job_wins(store):
     job = allocated_job(store)
-    assert store.claim_inline_run(job.id, 4242, "node1", 200.0)
-    assert not store.claim_inline_run(job.id, 4343, "node2", 300.0)
+    lease = store.claim(job, TTL, now=200.0)
+    assert lease is not None
+    assert store.claim(job, TTL, now=210.0) is None
+    assert store.claim(job.id, TTL, now=210.0) is None
     after = store.get(job.id)
-    assert (after.supervisor_pid, after.host, after.lease_expires) == (4242, "node1", 200.0)
+    assert (after.supervisor_pid, after.lease_expires) == (os.getpid(), 260.0)
+    assert (lease.job.id, lease.pid, lease.host, lease.attempt) == (
+        job.id,
+        os.getpid(),
+        after.host,
+        1,
+    )
+    assert after.host
 
 
-def test_a_queued_job_cannot_be_claimed(store):
-    job = store.insert_job(build_spec(capacity=POOL), {"payload.pkl": b"x"}, owner="anna", uid=1)
-    assert not store.claim_inline_run(job.id, 4242, "node1", 200.0)
+def test_a_claim_of_an_attempt_that_no_longer_runs_fails(store):
+    job = allocated_job(store, retries=1)
+    taken_back(store, job.id)
+    store.transition(job.id, "running", started=160.0, attempts=2)
+    assert store.claim(job, TTL) is None  # the JobInfo of attempt 1
+    assert store.get(job.id).supervisor_pid is None
+    by_id = store.claim(job.id, TTL)  # an inline cell's claim: whichever attempt runs
+    assert by_id is not None and by_id.attempt is None and by_id.job.attempts == 2
+
+
+def test_a_queued_job_cannot_be_claimed_to_run(store):
+    job = queued_job(store)
+    assert store.claim(job, TTL) is None
+    assert store.claim(job.id, TTL) is None
     assert store.get(job.id).supervisor_pid is None
 
 
-def test_the_lease_beat_renews_only_leases_still_held(store):
-    mine, theirs = allocated_job(store), allocated_job(store)
-    store.claim_inline_run(mine.id, 4242, "node1", 200.0)
-    store.claim_inline_run(theirs.id, 4343, "node1", 200.0)
-    store.renew_held_leases([mine.id, theirs.id], 4242, 260.0)
-    assert store.get(mine.id).lease_expires == 260.0
-    assert store.get(theirs.id).lease_expires == 200.0
+def test_a_monitor_follows_a_queued_job_nobody_alive_follows(store):
+    job = queued_job(store)
+    with store.transaction() as db:
+        lease = store.claim(job.id, TTL, follow=True, now=100.0, db=db)
+    assert lease is not None and lease.follows and lease.host is None
+    after = store.get(job.id)
+    assert (after.state, after.supervisor_pid, after.lease_expires) == (
+        "queued",
+        os.getpid(),
+        160.0,
+    )
+
+
+def test_a_monitor_takes_over_only_once_the_followers_lease_ran_out(store):
+    job = queued_job(store)
+    store.update(job.id, supervisor_pid=4242, lease_expires=160.0)
+    assert store.claim(job.id, TTL, follow=True, now=150.0) is None
+    assert store.get(job.id).supervisor_pid == 4242
+    assert store.claim(job.id, TTL, follow=True, now=170.0) is not None
+    assert store.get(job.id).supervisor_pid == os.getpid()
+
+
+def test_a_finished_job_cannot_be_followed(store):
+    job = allocated_job(store)
+    store.claim(job, TTL).finish(RunEnd("succeeded"), 150.0)
+    assert store.claim(job.id, TTL, follow=True, now=1e12) is None
+
+
+# -- renewals ------------------------------------------------------------------------------
+
+
+def test_a_renewal_extends_a_lease_still_held(store):
+    lease = store.claim(allocated_job(store), TTL, now=200.0)
+    assert lease.renew(300.0)
+    assert store.get(lease.job.id).lease_expires == 300.0
+
+
+def test_a_renewal_after_the_job_was_taken_back_returns_false(store):
+    lease = store.claim(allocated_job(store), TTL, now=200.0)
+    taken_back(store, lease.job.id)
+    assert not lease.renew(300.0)
+    assert store.get(lease.job.id).lease_expires is None
+
+
+def test_a_renewal_of_a_job_another_process_holds_returns_false(store):
+    lease = store.claim(allocated_job(store), TTL, now=200.0)
+    store.update(lease.job.id, supervisor_pid=4343)
+    assert not lease.renew(300.0)
+    assert store.get(lease.job.id).lease_expires == 260.0
+
+
+def test_a_stale_attempts_renewal_does_nothing(store):
+    first = store.claim(allocated_job(store, retries=1), TTL, now=200.0)
+    taken_back(store, first.job.id)
+    store.transition(first.job.id, "running", started=160.0, attempts=2)
+    second = store.claim(store.get(first.job.id), TTL, now=210.0)  # this process again
+    assert not first.renew(400.0)
+    assert store.get(first.job.id).lease_expires == 270.0
+    assert second.renew(300.0)
+    assert store.get(first.job.id).lease_expires == 300.0
+
+
+def test_an_any_attempt_lease_renews_whichever_attempt_it_holds(store):
+    job = allocated_job(store, retries=1)
+    taken_back(store, job.id)
+    store.transition(job.id, "running", started=160.0, attempts=2)
+    lease = store.claim(job.id, TTL, now=200.0)
+    assert lease.renew(300.0)
+
+
+def test_a_run_lease_is_not_renewed_once_the_job_stopped_running(store):
+    job = allocated_job(store, retries=1)
+    lease = store.claim(job.id, TTL, now=200.0)
+    store.update(job.id, state="queued")  # what the lease's renewal must check, alone
+    assert not lease.renew(300.0)
+
+
+def test_a_follow_lease_is_renewed_in_any_state(store):
+    job = queued_job(store)
+    lease = store.claim(job.id, TTL, follow=True, now=100.0)
+    assert lease.renew(300.0)
+    store.transition(job.id, "running", started=200.0, attempts=1)
+    assert lease.renew(400.0)
+    assert store.get(job.id).lease_expires == 400.0
+
+
+def test_a_follow_lease_another_follower_took_over_is_not_renewed(store):
+    job = queued_job(store)
+    lease = store.claim(job.id, TTL, follow=True, now=100.0)
+    store.update(job.id, supervisor_pid=4343, lease_expires=500.0)
+    assert not lease.renew(300.0)
+    Lease.renew_all([lease], 300.0)
+    assert store.get(job.id).lease_expires == 500.0
+
+
+def test_the_beat_renews_only_leases_still_held(store):
+    mine, theirs, reaped = allocated_job(store), allocated_job(store), allocated_job(store)
+    held = [store.claim(mine.id, TTL, now=200.0), store.claim(theirs.id, TTL, now=200.0)]
+    held.append(store.claim(reaped.id, TTL, now=200.0))
+    store.update(theirs.id, supervisor_pid=4343)
+    taken_back(store, reaped.id)
+    Lease.renew_all(held, 300.0)
+    assert store.get(mine.id).lease_expires == 300.0
+    assert store.get(theirs.id).lease_expires == 260.0
+    assert store.get(reaped.id).lease_expires is None
+
+
+def test_the_beat_checks_each_leases_attempt(store):
+    stale = store.claim(allocated_job(store, retries=1), TTL, now=200.0)
+    taken_back(store, stale.job.id)
+    store.transition(stale.job.id, "running", started=160.0, attempts=2)
+    store.claim(store.get(stale.job.id), TTL, now=210.0)
+    current = store.claim(allocated_job(store), TTL, now=200.0)
+    Lease.renew_all([stale, current], 400.0)
+    assert store.get(stale.job.id).lease_expires == 270.0
+    assert store.get(current.job.id).lease_expires == 400.0
+
+
+def test_a_monitor_hands_its_leases_back_with_a_time_past(store):
+    jobs = [queued_job(store), queued_job(store)]
+    leases = [store.claim(j.id, TTL, follow=True, now=100.0) for j in jobs]
+    Lease.renew_all(leases, 99.0)
+    assert [store.get(j.id).lease_expires for j in jobs] == [99.0, 99.0]
+    store.update(jobs[0].id, supervisor_pid=4343)  # another participant, now gone
+    assert store.claim(jobs[0].id, TTL, follow=True, now=100.0) is not None
+
+
+def test_the_beat_renews_one_holders_leases_only(store):
+    lease = store.claim(allocated_job(store), TTL)
+    other = Lease(lease.job, lease.pid + 1, lease.host, store=store)
+    with pytest.raises(ValueError, match="one holder"):
+        Lease.renew_all([lease, other], 300.0)
+
+
+# -- the run's end -------------------------------------------------------------------------
 
 
 def test_a_run_ends_by_the_one_rule_in_its_own_transaction(store):
-    job = allocated_job(store)
-    store.claim_inline_run(job.id, 4242, "node1", 200.0)
-    assert store.end_run(store.get(job.id), RunEnd("failed", "boom", retry=False), 150.0) == (
-        "failed"
-    )
-    after = store.get(job.id)
-    assert (after.state, after.finished) == ("failed", 150.0)
+    lease = store.claim(allocated_job(store), TTL, now=120.0)
+    assert lease.finish(RunEnd("failed", "boom", retry=False), 150.0) == "failed"
+    after = store.get(lease.job.id)
+    assert (after.state, after.finished, after.lease_expires) == ("failed", 150.0, None)
     assert "boom" in after.reason
     with pytest.raises(IllegalTransition):
-        store.end_run(after, RunEnd("succeeded"), 160.0)
+        lease.finish(RunEnd("succeeded"), 160.0)
+
+
+def test_a_failed_run_with_retries_left_is_queued_again(store):
+    lease = store.claim(allocated_job(store, retries=1), TTL, now=120.0)
+    with store.transaction() as db:
+        assert lease.finish(RunEnd("failed", "boom"), 150.0, db, cpu_time=2.5) == "queued"
+    after = store.get(lease.job.id)
+    assert (after.state, after.supervisor_pid, after.placement) == ("queued", None, None)
+    assert "retry 1/1" in after.reason
+    assert after.cpu_time == 2.5

@@ -218,7 +218,6 @@ OPENS_A_TRANSACTION = (
     "backends.slurm_monitor",
     "backends.slurm_record",
     "engine.core",
-    "local.supervisor",
 )
 
 
