@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from .._version import __version__
 from ..backends.base import refuse_stage_in
@@ -23,8 +22,7 @@ from ..errors import JobNotFound, PermissionDenied, SpecError
 from ..schema import JobInfo, info_to_json
 from ..spec import check_text
 from ..words import PRIORITY_WORDS
-from .config import ServiceConfig
-from .connections import Connections, Peer
+from .connections import Peer
 from .protocol import ProtocolError
 from .reads import Reads
 from .shapes import (
@@ -45,12 +43,6 @@ from .shapes import (
     SubmitReply,
     SubmitRequest,
 )
-
-if TYPE_CHECKING:
-    from ..engine import Engine
-    from ..sampling import Sampler
-    from .ray_keeper import RayKeeper
-
 
 #: Largest progress report a job may send (JSON bytes).
 MAX_PROGRESS = 64 * 1024
@@ -84,28 +76,8 @@ def _priority_value(priority: int) -> str:
 
 
 class Requests(Reads):
-    """The request handlers of ``Agent`` (``service.py``), which this is a part of."""
-
-    if TYPE_CHECKING:  # the agent's, set in Agent.__init__
-        home: Path
-        shared: bool
-        uid: int
-        code: str
-        config: ServiceConfig | None
-        conns: Connections
-        sched: Engine | None
-        sampler: Sampler | None
-        ray: RayKeeper
-        _dirty: bool
-        _stopping: bool
-        socket_path: Path | None
-
-        def _cache_quota(self, uid: int) -> int | None: ...
-
-        @property
-        def _store(self) -> Any: ...
-        @property
-        def peers(self) -> dict[int, Peer]: ...
+    """The request handlers of ``Agent`` (``service.py``), which this is a part of (the
+    attributes of the agent they use are declared in ``Reads``)."""
 
     def _hello(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> HelloReply:
         return {
