@@ -352,6 +352,17 @@ class Jobs(JobReads):
             elif state == "running":
                 self.request_cancel(db, job_id)
 
+    def cancel_unlaunched(self, job_id: str, now: float | None = None) -> bool:
+        """Cancel a job the queue allocated that no runner has launched (nobody holds it):
+        nothing runs, so it ends here. False when it was launched, or does not run."""
+        now = time.time() if now is None else now
+        with self.transaction(cancel=True) as db:
+            row = self.state_and_supervisor(db, job_id)
+            if row is None or row[0] != "running" or row[1] is not None:
+                return False
+            self.transition_in(db, job_id, "cancelled", "cancelled by user", now=now, finished=now)
+        return True
+
     def set_priority(self, job_id: str, priority: int) -> None:
         """Change a job's priority and record it as an event (``JobNotFound`` for a bad id)."""
         with self.transaction() as db:
@@ -367,10 +378,10 @@ class Jobs(JobReads):
             db.execute("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))
             self._event(db, job_id, row[0], row[0], f"priority {row[1]} -> {priority}")
 
-    @staticmethod
-    def set_waiting_reason(db: sqlite3.Connection, job_id: str, words: str) -> None:
-        """Say why a job still waits, if it still does."""
-        db.execute(
-            "UPDATE jobs SET waiting=? WHERE id=? AND state IN ('queued','preempted')",
-            (words, job_id),
-        )
+    def set_waiting_reason(self, job_id: str, words: str) -> None:
+        """Say why a job still waits, if it still does (a remote queue's own reason)."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE jobs SET waiting=? WHERE id=? AND state IN ('queued','preempted')",
+                (words, job_id),
+            )

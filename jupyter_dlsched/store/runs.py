@@ -12,9 +12,12 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from ..errors import IllegalTransition
+from ..resources import Placement
 from ..schema import (
+    WAITING,
     JobInfo,
     RunEnd,
     end_of_run,
@@ -96,6 +99,17 @@ class Lease:
             if kind:
                 db.executemany(kind[0][0], [args for _, args in kind])
 
+    def holds(self, db: sqlite3.Connection) -> bool:
+        """Whether this lease's process still holds its job (on its attempt, if it names
+        one), read inside the open transaction ``db``."""
+        row = db.execute("SELECT attempts, supervisor_pid FROM jobs WHERE id=?", (self.job.id,))
+        found = row.fetchone()
+        return (
+            found is not None
+            and found[1] == self.pid
+            and (self.attempt is None or found[0] == self.attempt)
+        )
+
     def finish(
         self,
         end: RunEnd,
@@ -104,13 +118,127 @@ class Lease:
         **columns: Any,
     ) -> str:
         """Record how this lease's run ended, by the one rule (``Store.finish_run``), with
-        what the runner measured (``columns``); the state the job moved to
-        (``IllegalTransition`` if it no longer runs). ``db``: an open transaction to write
-        in; without one, a transaction of its own."""
-        if db is not None:
-            return self.store.finish_run(db, self.job, end, now, **columns)
-        with self.store.transaction() as own:
-            return self.store.finish_run(own, self.job, end, now, **columns)
+        what the runner measured (``columns``); the state the job moved to.
+        ``IllegalTransition`` if the job no longer runs or this lease no longer holds it
+        (a holder that stalled past its lease: the job was taken back, and may run again
+        under another holder). ``db``: an open transaction to write in; without one, a
+        transaction of its own."""
+        if db is None:
+            with self.store.transaction() as own:
+                return self.finish(end, now, own, **columns)
+        if not self.holds(db):
+            raise IllegalTransition(f"job {self.job.id}: this process no longer holds its run")
+        return self.store.finish_run(db, self.job, end, now, **columns)
+
+    # -- what a remote runner records (the Ray backend's monitor) ------------------------
+
+    def record_process(self, job_pid: int, host: str) -> bool:
+        """Record where this lease's run has its job process (a Ray worker's pid and
+        node); False when the run was taken back meanwhile."""
+        with self.store.transaction() as db:
+            return bool(
+                db.execute(
+                    "UPDATE jobs SET job_pid=?, host=? WHERE id=? AND state='running' "
+                    "AND supervisor_pid=? AND (? IS NULL OR attempts=?)",
+                    (job_pid, host, self.job.id, self.pid, self.attempt, self.attempt),
+                ).rowcount
+            )
+
+    def hand_back(self, reason: str, now: float | None = None) -> bool:
+        """Give this lease's running job back to the queue without counting the attempt
+        (its runner cannot keep it: the process that ran it on Ray exits); False when the
+        run was taken back meanwhile."""
+        with self.store.transaction() as db:
+            row = self.store.run_holder(db, self.job.id)
+            if row is None or row[0] != "running" or not self.holds(db):
+                return False
+            self.store.transition_in(
+                db,
+                self.job.id,
+                "queued",
+                reason,
+                now=now,
+                placement=None,
+                supervisor_pid=None,
+                job_pid=None,
+                lease_expires=None,
+                attempts=row[1] - 1,
+            )
+        return True
+
+    # -- a follower's run: a job run through a queue of its own (SLURM's) ----------------
+
+    def started(
+        self, when: float, *, placement: Placement | None, host: str | None
+    ) -> float | None:
+        """The followed job started at ``when`` (on ``host``, with ``placement``): move it
+        to ``running`` as its next attempt, never before it was submitted (a remote clock
+        of whole seconds). The start time the ledger holds; None when this follower no
+        longer holds the job. A job already running keeps its start."""
+        with self.store.transaction() as db:
+            row = self.store.run_holder(db, self.job.id)
+            if row is None or row[2] != self.pid:
+                return None
+            if row[0] not in WAITING:
+                began = db.execute("SELECT started FROM jobs WHERE id=?", (self.job.id,))
+                return cast("float | None", began.fetchone()[0]) or when
+            when = max(when, self.store.submitted_at(db, self.job.id))
+            self.store.transition_in(
+                db,
+                self.job.id,
+                "running",
+                "",
+                now=when,
+                placement=placement,
+                started=when,
+                attempts=row[1] + 1,
+                host=host,
+                job_pid=None,
+                exit_code=None,
+                term_signal=None,
+                cancel_requested=0,
+                position=None,
+                waiting=None,
+            )
+        return when
+
+    def end_followed(self, end: RunEnd, finished: float) -> str | None:
+        """Record how the followed job ended, by the one rule; the state it moved to, or
+        None when this follower no longer holds it. A job cancelled or failed while it
+        still waited ends from the queue; one that ended before it was seen to start is
+        started first (at its end: it ran for an unknown part of that)."""
+        store = self.store
+        with store.transaction() as db:
+            row = store.run_holder(db, self.job.id)
+            if row is None or row[2] != self.pid:
+                return None
+            state, attempts = row[0], row[1]
+            if state != "running" and end.outcome in ("cancelled", "failed"):
+                store.transition_in(
+                    db,
+                    self.job.id,
+                    end.outcome,
+                    end.reason,
+                    now=finished,
+                    finished=finished,
+                    exit_code=end.exit_code,
+                    term_signal=end.term_signal,
+                    lease_expires=None,
+                    supervisor_pid=None,
+                )
+                return end.outcome
+            if state != "running":
+                store.transition_in(
+                    db,
+                    self.job.id,
+                    "running",
+                    "",
+                    now=finished,
+                    started=finished,
+                    attempts=attempts + 1,
+                )
+            job = store.get(self.job.id)
+            return store.finish_run(db, job, end, finished, supervisor_pid=None)
 
 
 class Runs(Jobs):
@@ -242,20 +370,3 @@ class Runs(Jobs):
                 "AND supervisor_pid=?",
                 (cpu, rss, job_id, pid),
             )
-
-    @staticmethod
-    def record_job_process(
-        db: sqlite3.Connection,
-        job_id: str,
-        attempts: int,
-        supervisor_pid: int,
-        job_pid: int,
-        host: str,
-    ) -> None:
-        """Record where attempt ``attempts`` of a running job runs, if ``supervisor_pid``
-        still holds it."""
-        db.execute(
-            "UPDATE jobs SET job_pid=?, host=? WHERE id=? AND state='running' "
-            "AND supervisor_pid=? AND attempts=?",
-            (job_pid, host, job_id, supervisor_pid, attempts),
-        )

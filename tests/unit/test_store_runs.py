@@ -233,3 +233,150 @@ def test_a_failed_run_with_retries_left_is_queued_again(store):
     assert (after.state, after.supervisor_pid, after.placement) == ("queued", None, None)
     assert "retry 1/1" in after.reason
     assert after.cpu_time == 2.5
+
+
+def test_a_stalled_holders_end_does_not_end_the_attempt_that_runs_now(store):
+    # the supervisor of attempt 1 stalled past its lease: the reaper took the job back,
+    # the queue started attempt 2 and another supervisor claimed it
+    stalled = store.claim(allocated_job(store, retries=1), TTL, now=120.0)
+    taken_back(store, stalled.job.id)
+    store.transition(stalled.job.id, "running", started=160.0, attempts=2)
+    store.update(stalled.job.id, supervisor_pid=os.getpid() + 1, lease_expires=1e12)
+    with pytest.raises(IllegalTransition, match="no longer holds"):
+        stalled.finish(RunEnd("succeeded"), 170.0)
+    after = store.get(stalled.job.id)
+    assert (after.state, after.attempts, after.supervisor_pid) == (
+        "running",
+        2,
+        os.getpid() + 1,
+    )
+
+
+def test_an_any_attempt_lease_ends_only_while_its_process_holds_the_job(store):
+    lease = store.claim(allocated_job(store).id, TTL, now=120.0)
+    store.update(lease.job.id, supervisor_pid=os.getpid() + 1)
+    with pytest.raises(IllegalTransition, match="no longer holds"):
+        lease.finish(RunEnd("succeeded"), 150.0)
+    assert store.get(lease.job.id).state == "running"
+
+
+# -- what remote runners record --------------------------------------------------------------
+
+
+def test_a_run_lease_records_where_its_job_process_runs(store):
+    lease = store.claim(allocated_job(store), TTL, now=120.0)
+    assert lease.record_process(4321, "node-7")
+    after = store.get(lease.job.id)
+    assert (after.job_pid, after.host) == (4321, "node-7")
+
+
+def test_a_lease_taken_back_records_no_job_process(store):
+    lease = store.claim(allocated_job(store, retries=1), TTL, now=120.0)
+    taken_back(store, lease.job.id)
+    assert not lease.record_process(4321, "node-7")
+    assert store.get(lease.job.id).job_pid is None
+
+
+def test_a_run_handed_back_is_queued_again_without_counting_the_attempt(store):
+    lease = store.claim(allocated_job(store), TTL, now=120.0)
+    assert lease.hand_back("requeued: the process that ran it exited", 150.0)
+    after = store.get(lease.job.id)
+    assert (after.state, after.attempts, after.supervisor_pid, after.lease_expires) == (
+        "queued",
+        0,
+        None,
+        None,
+    )
+    assert after.placement is None and "process that ran it exited" in after.reason
+
+
+def test_a_run_handed_back_after_it_was_taken_back_is_left_alone(store):
+    lease = store.claim(allocated_job(store, retries=1), TTL, now=120.0)
+    taken_back(store, lease.job.id)
+    store.transition(lease.job.id, "running", started=160.0, attempts=2)
+    assert not lease.hand_back("requeued", 170.0)
+    assert (store.get(lease.job.id).state, store.get(lease.job.id).attempts) == ("running", 2)
+
+
+def test_a_job_allocated_but_never_launched_is_cancelled_where_it_stands(store):
+    job = allocated_job(store)
+    assert store.cancel_unlaunched(job.id, now=150.0)
+    after = store.get(job.id)
+    assert (after.state, after.finished) == ("cancelled", 150.0)
+
+
+def test_a_launched_job_is_not_cancelled_as_unlaunched(store):
+    lease = store.claim(allocated_job(store), TTL, now=120.0)
+    assert not store.cancel_unlaunched(lease.job.id, now=150.0)
+    assert store.get(lease.job.id).state == "running"
+    assert not store.cancel_unlaunched(queued_job(store).id, now=150.0)
+
+
+def test_a_waiting_reason_is_said_only_while_the_job_waits(store):
+    job = queued_job(store)
+    store.set_waiting_reason(job.id, "SLURM: Priority")
+    assert store.get(job.id).waiting == "SLURM: Priority"
+    running = allocated_job(store)
+    store.set_waiting_reason(running.id, "SLURM: Priority")
+    assert store.get(running.id).waiting is None
+
+
+# -- a follower's run: started and ended by what it follows -------------------------------
+
+
+def followed(store, job=None):
+    job = job or queued_job(store)
+    return store.claim(job.id, TTL, follow=True, now=100.0)
+
+
+def test_a_followed_job_that_started_elsewhere_runs_with_its_node_and_start(store):
+    lease = followed(store)
+    store.update(lease.job.id, submitted=200.0)
+    assert lease.started(150.0, placement=None, host="node-3") == 200.0  # never before submit
+    after = store.get(lease.job.id)
+    assert (after.state, after.attempts, after.host, after.started) == (
+        "running",
+        1,
+        "node-3",
+        200.0,
+    )
+    assert lease.started(300.0, placement=None, host="node-3") == 200.0  # its start stays
+    assert store.get(lease.job.id).attempts == 1
+
+
+def test_a_follower_taken_over_does_not_start_the_job(store):
+    lease = followed(store)
+    store.update(lease.job.id, supervisor_pid=os.getpid() + 1)
+    assert lease.started(150.0, placement=None, host="node-3") is None
+    assert store.get(lease.job.id).state == "queued"
+
+
+def test_a_followed_run_ends_by_the_one_rule(store):
+    lease = followed(store)
+    lease.started(150.0, placement=None, host="node-3")
+    assert lease.end_followed(RunEnd("succeeded", exit_code=0), 200.0) == "succeeded"
+    after = store.get(lease.job.id)
+    assert (after.state, after.finished, after.supervisor_pid) == ("succeeded", 200.0, None)
+
+
+def test_a_followed_job_that_ended_before_it_was_seen_to_start_is_started_first(store):
+    lease = followed(store)
+    assert lease.end_followed(RunEnd("succeeded", exit_code=0), 200.0) == "succeeded"
+    after = store.get(lease.job.id)
+    assert (after.state, after.attempts, after.started) == ("succeeded", 1, 200.0)
+    kinds = [(e["from_state"], e["to_state"]) for e in store.events(lease.job.id)]
+    assert ("queued", "running") in kinds and ("running", "succeeded") in kinds
+
+
+def test_a_followed_job_cancelled_in_the_queue_ends_from_the_queue(store):
+    lease = followed(store)
+    assert lease.end_followed(RunEnd("cancelled", "cancelled by user"), 200.0) == "cancelled"
+    after = store.get(lease.job.id)
+    assert (after.state, after.started, after.attempts) == ("cancelled", None, 0)
+
+
+def test_a_follower_taken_over_records_no_end(store):
+    lease = followed(store)
+    store.update(lease.job.id, supervisor_pid=os.getpid() + 1)
+    assert lease.end_followed(RunEnd("succeeded", exit_code=0), 200.0) is None
+    assert store.get(lease.job.id).state == "queued"
