@@ -35,7 +35,6 @@ import json
 import math
 import os
 import threading
-import time
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -323,15 +322,7 @@ class RayBackend(Backend):
         if self._monitor.cancel(job):
             return
         if job.supervisor_pid is None and self.port is not None:
-            # allocated but not yet launched: nothing runs, so it ends here
-            store = self.port.store
-            now = time.time()
-            with store.transaction() as db:
-                row = store.state_and_supervisor(db, job.id)
-                if row is not None and row[0] == "running" and row[1] is None:
-                    store.transition_in(
-                        db, job.id, "cancelled", "cancelled by user", now=now, finished=now
-                    )
+            self.port.store.cancel_unlaunched(job.id)  # allocated, not launched: ends here
 
     def reap(self, job: JobInfo) -> None:
         """The lease lapsed and the ledger moved the job on: end its Ray task if we hold it."""

@@ -128,24 +128,11 @@ class RayMonitor:
             self._runs.clear()
         if not runs or self.port is None:
             return
-        store = self.port.store
         for run in runs:
             run.stop_reason = "lease"  # the thread must not record this end: we do, below
             self._force(run)
-            with contextlib.suppress(Exception), store.transaction() as db:
-                row = store.run_holder(db, run.job.id)
-                if row is not None and tuple(row) == ("running", run.job.attempts, os.getpid()):
-                    store.transition_in(
-                        db,
-                        run.job.id,
-                        "queued",
-                        "requeued: the process that ran it on Ray exited",
-                        placement=None,
-                        supervisor_pid=None,
-                        job_pid=None,
-                        lease_expires=None,
-                        attempts=run.job.attempts - 1,
-                    )
+            with contextlib.suppress(Exception):
+                run.lease.hand_back("requeued: the process that ran it on Ray exited")
             with contextlib.suppress(OSError, ValueError):  # ValueError: the monitor closed it
                 run.log.write(b"[dlsched] requeued: the process that ran it on Ray exited\n")
                 run.log.close()
@@ -240,12 +227,7 @@ class RayMonitor:
             run.log.write(
                 f"[dlsched] on Ray node {info['node']} (pid {info['pid']}{gpus})\n".encode()
             )
-            assert self.port is not None
-            store = self.port.store
-            with store.transaction() as db:
-                store.record_job_process(
-                    db, run.job.id, run.job.attempts, os.getpid(), info["pid"], info["node"]
-                )
+            run.lease.record_process(info["pid"], info["node"])
         else:
             run.outcome = item
 
@@ -318,8 +300,7 @@ class RayMonitor:
 
     def _record(self, run: Run) -> None:
         assert self.port is not None and run.outcome is not None
-        store = self.port.store
-        job, folder, outcome = run.job, run.folder, run.outcome
+        folder, outcome = run.folder, run.outcome
         now = time.time()
         kind = outcome[0]
         exit_code: int | None = None
@@ -355,14 +336,9 @@ class RayMonitor:
         elif run.stop_reason == "timeout":
             to, why = "timeout", run.detail
         end = RunEnd(to, why, exit_code, term_signal, retry=kind != "rejected")
-        try:
-            with store.transaction() as db:
-                row = store.attempt_holder(db, job.id)
-                if row is None or tuple(row) != (job.attempts, os.getpid()):
-                    return  # reaped while this monitor was stalled; the ledger moved on
-                run.lease.finish(end, now, db)
-        except (IllegalTransition, JobNotFound):
-            pass
+        with contextlib.suppress(IllegalTransition, JobNotFound):
+            # IllegalTransition: reaped while this monitor was stalled; the ledger moved on
+            run.lease.finish(end, now)
 
 
 def _ray_error(error: BaseException) -> tuple[Any, ...]:

@@ -3,7 +3,6 @@ starts (its node and GPUs), and when it has ended."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
@@ -100,8 +99,7 @@ class SlurmFollower(SlurmRecorder):
         policy.reasons[track.job_id] = words
         if reason == "Dependency":
             return  # the tick's own words ("waiting for job X to finish") say more
-        with self.store.transaction() as db:
-            self.store.set_waiting_reason(db, track.job_id, words)
+        self.store.set_waiting_reason(track.job_id, words)
 
     def _running(self, track: Track) -> None:
         """SLURM started the job: move it to ``running`` with its node, GPUs and start time."""
@@ -111,32 +109,10 @@ class SlurmFollower(SlurmRecorder):
         started = _parse_time(details.get("StartTime")) or time.time()
         node = details.get("NodeList") or None
         placement = self._placement(details)
-        store = self.store
-        with store.transaction() as db:
-            row = store.run_holder(db, track.job_id)
-            if row is None or row[2] != os.getpid():
-                return
-            if row[0] in ("queued", "preempted"):
-                # SLURM's clock has whole seconds: never show a start before the submission
-                submitted = store.submitted_at(db, track.job_id)
-                started = max(started, submitted)
-                store.transition_in(
-                    db,
-                    track.job_id,
-                    "running",
-                    "",
-                    now=started,
-                    placement=placement,
-                    started=started,
-                    attempts=row[1] + 1,
-                    host=node,
-                    job_pid=None,
-                    exit_code=None,
-                    term_signal=None,
-                    cancel_requested=0,
-                    position=None,
-                    waiting=None,
-                )
+        began = track.lease.started(started, placement=placement, host=node)
+        if began is None:
+            return  # taken over meanwhile
+        started = began
         track.started = started
         self.backend.slurm_policy.reasons.pop(track.job_id, None)
         gpus = f", GPUs {','.join(map(str, placement.gpus))}" if placement.gpus else ""

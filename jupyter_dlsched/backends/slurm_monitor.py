@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..settings import Settings
-from ..store import Lease
+from ..store import Lease, RunEnd
 from ..units import format_duration
 from .slurm_follow import SlurmFollower
 from .slurm_submit import SlurmSubmitter
@@ -45,8 +45,6 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
     def __init__(self, backend: SlurmSide) -> None:
         self.backend = backend
         self._tracks: dict[str, Track] = {}
-        #: the leases ``adopt`` took, renewed for the jobs still followed (``_tracks``)
-        self._leases: dict[str, Lease] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._closed = threading.Event()
@@ -71,7 +69,6 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
         with self._lock:
             held = self._held()
             self._tracks.clear()
-            self._leases.clear()
         with contextlib.suppress(Exception):
             Lease.renew_all(held, time.time() - 1)  # a time past: theirs to take at once
 
@@ -128,31 +125,23 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
                     continue
                 if supervisor not in (None, os.getpid()) and lease is not None and lease > now:
                     continue  # another live participant follows it
-                with store.transaction() as db:
-                    lease = store.claim(job_id, ttl, follow=True, now=now, db=db)
-                    if lease is not None and inline:
-                        store.transition_in(
-                            db,
-                            job_id,
-                            "failed",
-                            "an --inline cell runs in the kernel, which the SLURM backend "
-                            "cannot do: run the cell without --inline",
-                            now=now,
-                            finished=now,
-                            supervisor_pid=None,
-                            lease_expires=None,
-                        )
-                        continue
+                lease = store.claim(job_id, ttl, follow=True, now=now)
                 if lease is None:
                     continue
+                if inline:
+                    why = (
+                        "an --inline cell runs in the kernel, which the SLURM backend "
+                        "cannot do: run the cell without --inline"
+                    )
+                    lease.end_followed(RunEnd("failed", why, retry=False), now)
+                    continue
                 folder = store.make_spool(job_id)
-                track = Track(job_id, folder)
+                track = Track(job_id, folder, lease)
                 saved = _read_slurm_json(folder)
                 if saved:
                     track.slurm_id, track.via = saved["slurm_id"], saved["via"]
                     track.tasks, track.nice = saved.get("tasks", 1), saved.get("nice")
                 self._tracks[job_id] = track
-                self._leases[job_id] = lease
                 self._last_change = time.monotonic()
 
     def _sync(self) -> None:
@@ -221,7 +210,5 @@ class SlurmMonitor(SlurmSubmitter, SlurmFollower):
         Lease.renew_all(held, now + ttl)
 
     def _held(self) -> list[Lease]:
-        """The leases of the jobs still followed; those of jobs no longer followed go."""
-        for job_id in set(self._leases) - set(self._tracks):
-            del self._leases[job_id]
-        return list(self._leases.values())
+        """The leases of the jobs still followed."""
+        return [track.lease for track in self._tracks.values()]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import time
 from typing import Any
@@ -88,38 +87,9 @@ class SlurmRecorder(MonitorBase):
             to, why = "timeout", track.detail
         # a job can end before this monitor saw it start: then no retry (it never ran here)
         end = RunEnd(to, why, exit_code, term_signal, retry=job.state == "running")
-        moved = None
-        with contextlib.suppress(IllegalTransition, JobNotFound), store.transaction() as db:
-            row = store.state_and_supervisor(db, job.id)
-            if row is None or row[1] != os.getpid():
-                return  # taken over meanwhile; the ledger moved on
-            if row[0] != "running" and to in ("cancelled", "failed"):
-                store.transition_in(
-                    db,
-                    job.id,
-                    to,
-                    why,
-                    now=finished,
-                    finished=finished,
-                    exit_code=exit_code,
-                    term_signal=term_signal,
-                    lease_expires=None,
-                    supervisor_pid=None,
-                )
-            else:
-                if row[0] != "running":
-                    # it ended before we saw it start: mark the start first
-                    store.transition_in(
-                        db,
-                        job.id,
-                        "running",
-                        "",
-                        now=finished,
-                        started=finished,
-                        attempts=job.attempts + 1,
-                    )
-                    job = store.get(job.id)
-                moved = store.finish_run(db, job, end, finished, supervisor_pid=None)
+        moved = None  # also when taken over meanwhile: the ledger moved on
+        with contextlib.suppress(IllegalTransition, JobNotFound):
+            moved = track.lease.end_followed(end, finished)
         if moved == "queued":
             with contextlib.suppress(OSError):
                 (folder / SLURM_FILE).unlink()

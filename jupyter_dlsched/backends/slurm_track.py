@@ -18,7 +18,7 @@ from .. import private
 
 if TYPE_CHECKING:
     from ..port import Port
-    from ..store import JobInfo
+    from ..store import JobInfo, Lease
 
 ACTIVE = ("queued", "preempted", "running")
 SLURM_FILE = "slurm.json"
@@ -57,10 +57,11 @@ class SlurmSide(Protocol):
 
 @dataclass
 class Track:
-    """One ledger job the monitor follows."""
+    """One ledger job the monitor follows, and the lease it follows it under."""
 
     job_id: str
     folder: Path  # spool/<id>
+    lease: Lease
     slurm_id: str | None = None
     via: str = ""  # "submitit" (functions, cells) or "sbatch" (commands)
     tasks: int = 1

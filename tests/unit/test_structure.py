@@ -208,17 +208,10 @@ def test_no_one_but_the_client_holds_an_engine_link_or_reads_a_link_s_insides():
             assert ".link." not in path.read_text(), f"{path.name} reaches into a link"
 
 
-#: Modules outside ``store/`` that still open a ledger transaction themselves and write in
-#: it; each is to call a ``Store`` method that owns its transaction instead (#23). The list
-#: can only shrink: a module that no longer does is to be taken off it.
-OPENS_A_TRANSACTION = (
-    "backends.ray",
-    "backends.ray_monitor",
-    "backends.slurm_follow",
-    "backends.slurm_monitor",
-    "backends.slurm_record",
-    "engine.core",
-)
+#: Modules outside ``store/`` that open a ledger transaction themselves and write in it:
+#: only the engine, whose decision is one transaction over many parts of the ledger. Any
+#: other writer calls a ``Store`` (or ``Lease``) method that owns its transaction.
+OPENS_A_TRANSACTION = ("engine.core",)
 
 
 def transaction_openers(tree: ast.AST) -> list[int]:
