@@ -17,7 +17,8 @@ import type { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Panel, Widget } from '@lumino/widgets';
 
 import { h } from './dom';
-import { IRendermime, JOB_RANK, openWidgetComms, WIDGET_MIME } from './jobline';
+import { JOB_RANK } from './jobline';
+import { IRendermime, openWidgetComms, WIDGET_MIME } from './kernelwidgets';
 
 export const DASHBOARD_MIME = 'application/vnd.dlsched.dashboard+json';
 

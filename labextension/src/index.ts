@@ -20,7 +20,8 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import { IJob } from './api';
 import { dashboardFactory } from './dashboardview';
-import { IRendermime, jobLineFactory } from './jobline';
+import { jobLineFactory } from './jobline';
+import { IRendermime } from './kernelwidgets';
 import { createLogWidget, JobLogView } from './logview';
 import { SchedulerModel } from './model';
 import { KernelNotifier } from './kernelnotify';

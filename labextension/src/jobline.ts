@@ -29,11 +29,11 @@ import {
   progressWords,
   stateTone
 } from './format';
+import { IRendermime, openWidgetComms, WIDGET_MIME } from './kernelwidgets';
 import { SchedulerModel } from './model';
 import { confirmCancel, RUN_AGAIN_LABEL, RUN_AGAIN_TITLE } from './steer';
 
 export const JOB_MIME = 'application/vnd.dlsched.job+json';
-export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
 /**
  * Lower ranks are preferred (`RenderMimeRegistry.preferredMimeType` walks the types by rank).
  * The ipywidgets manager registers its renderer at -10, the built-in ones at 0 and above.
@@ -42,15 +42,6 @@ export const JOB_RANK = -20;
 
 /** Job ids as the server accepts them: nothing from a notebook reaches a URL unchecked. */
 const JOB_ID = /^[a-z0-9]{1,32}$/;
-/** How long to wait for the kernel to list its widget models before staying with the line. */
-const COMM_INFO_TIMEOUT_MS = 10_000;
-
-/** The notebook's registry, as far as this file uses it (`IRenderMimeRegistry`). */
-export interface IRendermime {
-  readonly mimeTypes: ReadonlyArray<string>;
-  addFactory(factory: IRenderMime.IRendererFactory, rank?: number): void;
-  createRenderer(mimeType: string): IRenderMime.IRenderer;
-}
 
 export class JobLine extends Panel implements IRenderMime.IRenderer {
   constructor(options: JobLine.IOptions) {
@@ -513,27 +504,6 @@ export namespace JobLine {
     /** The notebook's session and registry; without them the line never becomes the widget. */
     sessionContext?: ISessionContext;
     rendermime?: IRendermime;
-  }
-}
-
-/** The ids of the widget models the kernel holds (their comms are open). */
-export async function openWidgetComms(kernel: Kernel.IKernelConnection): Promise<Set<string>> {
-  let timer = 0;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = window.setTimeout(
-      () => reject(new Error('the kernel did not list its comms')),
-      COMM_INFO_TIMEOUT_MS
-    );
-  });
-  try {
-    const reply = await Promise.race([
-      kernel.requestCommInfo({ target_name: 'jupyter.widget' }),
-      timeout
-    ]);
-    const content = reply.content;
-    return new Set(content.status === 'ok' ? Object.keys(content.comms) : []);
-  } finally {
-    window.clearTimeout(timer);
   }
 }
 
