@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import private
 from ..errors import IllegalTransition, JobNotFound, SpecError
+from ..schema import RunEnd
 from .slurm_tools import nice_for, run_tool
 from .slurm_track import ACTIVE, MonitorBase, Track, _read_slurm_file
 
@@ -150,18 +151,8 @@ class SlurmSubmitter(MonitorBase):
         track.slurm_id, track.via, track.tasks = out.strip().split(";")[0], "sbatch", 1
 
     def _fail_unsubmitted(self, track: Track, why: str) -> None:
-        now = time.time()
         with contextlib.suppress(IllegalTransition, JobNotFound):
-            self.store.transition(
-                track.job_id,
-                "failed",
-                why[:500],
-                expect=["queued", "preempted"],
-                now=now,
-                finished=now,
-                supervisor_pid=None,
-                lease_expires=None,
-            )
+            track.lease.end_followed(RunEnd("failed", why[:500], retry=False), time.time())
         self._note(track, why)
         with self._lock:
             self._tracks.pop(track.job_id, None)

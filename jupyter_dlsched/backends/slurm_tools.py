@@ -42,7 +42,10 @@ def run_tool(argv: Sequence[str], env: dict[str, str] | None = None) -> str:
         raise SlurmError(f"{argv[0]} did not answer within {TOOL_TIMEOUT:g}s") from None
     if done.returncode != 0:
         message = (done.stderr or done.stdout).strip().splitlines()
-        raise SlurmError(f"{argv[0]}: {message[-1] if message else f'exit {done.returncode}'}")
+        last = message[-1] if message else f"exit {done.returncode}"
+        # the tools name themselves ("sbatch: error: ..."): say the name once
+        said = last if last.startswith(f"{argv[0]}: ") else f"{argv[0]}: {last}"
+        raise SlurmError(said)
     return done.stdout
 
 

@@ -334,3 +334,17 @@ def test_begin_becomes_slurms_begin(sched: Scheduler) -> None:
     # SLURM held it: its job became eligible at the begin, not at the submission
     eligible = datetime.fromtimestamp(math.ceil(begin)).strftime("%Y-%m-%dT%H:%M:%S")
     assert f"EligibleTime={eligible}" in scontrol(slurm_id(sched, h.id))
+
+
+def test_a_job_slurm_refuses_fails_with_slurms_words_and_no_retry(sched: Scheduler) -> None:
+    with Scheduler(home=sched.home, backend="slurm", extra="--constraint=nosuch", poll=0.5) as s:
+        h = s.submit_command(["true"], retries=2)
+        until(lambda: h.state in TERMINAL, timeout=60)
+        info = h.info()
+        assert info.state == "failed"
+        assert info.reason.startswith("SLURM did not accept the job")
+        # sbatch's own words, its name said once
+        assert info.reason.endswith(
+            "sbatch: error: Batch job submission failed: Invalid feature specification"
+        )
+        assert (info.attempts, info.supervisor_pid, info.lease_expires) == (0, None, None)
