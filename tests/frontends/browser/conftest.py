@@ -226,6 +226,7 @@ def open_sidebar(page: Any) -> Any:
     return page.wait_for_selector("#jupyter-dlsched-sidebar .jp-dlsched-gpu")
 
 
-def row(job_id: str, state: str) -> str:
-    """The selector of a job's row in the sidebar, in ``state``."""
-    return f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{job_id}"][data-state="{state}"]'
+def row(job_id: str, state: str | None = None) -> str:
+    """The selector of a job's row in the sidebar (in ``state``, if given)."""
+    in_state = f'[data-state="{state}"]' if state else ""
+    return f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{job_id}"]{in_state}'

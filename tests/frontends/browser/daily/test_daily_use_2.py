@@ -1,127 +1,29 @@
 """Daily use, the second hour: the dashboard through a kernel restart and a page reload and at
 the width a notebook has beside the open sidebar, one cancel question in every view, one
-notification for a run of failures, "Run again", and what a running job uses now.
-
-One JupyterLab and one Chromium serve every test here; each test opens its own page in its
-own browser context, 1400x900, with the scheduler's sidebar open.
+notification for a run of failures, "Run again", and what a running job uses now (the lab,
+browser and pages: ``conftest.py``).
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import sys
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nbformat
-import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from jupyter_dlsched.scheduler import Scheduler
 
-from .conftest import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, Lab, start_lab, stop_lab
-from .test_cell_line import answer_kernel_question, call, saved_outputs
+from ..conftest import ARTIFACTS, Lab
+from ..test_cell_line import answer_kernel_question, call, saved_outputs
+from .conftest import SIDEBAR, python
 
-SIDEBAR = "#jupyter-dlsched-sidebar"
-PLUGIN = "jupyter-dlsched:plugin"
 BOARD = ".jp-dlsched-dashboard-output"
 LINE = ".jp-dlsched-jobline"
 SILENT = "import time; time.sleep(300)"
+SESSION_NAME = "/home/anna/experiments/a-notebook-with-a-long-name.ipynb"
 LONG_NAME = "resnet50-imagenet-lr0.003-warmup-cosine-label-smoothing-mixup-cutmix-ema-long-run"
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    lab = start_lab(tmp_path_factory.mktemp("daily2") / "lab")
-    try:
-        yield lab
-    finally:
-        stop_lab(lab)
-
-
-@pytest.fixture(scope="module")
-def submitter(lab: Lab) -> Iterator[Scheduler]:
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
-        env.setenv("JPY_SESSION_NAME", "/home/anna/experiments/a-notebook-with-a-long-name.ipynb")
-        s = Scheduler(home=lab.home, loop=False)
-        yield s
-        for job in s.jobs(state=["queued", "running", "preempted"]):
-            s.cancel(job.id)
-        s.close()
-    shutil.rmtree(lab.home, ignore_errors=True)  # lets the job launcher exit
-
-
-@pytest.fixture(autouse=True)
-def cancel_leftovers(submitter: Scheduler, lab: Lab) -> Iterator[None]:
-    """Each test starts with free GPUs and CPUs and no kernels."""
-    yield
-    for job in submitter.jobs(state=["queued", "running", "preempted"]):
-        submitter.cancel(job.id)
-    for kernel in call(lab, "api/kernels"):
-        call(lab, f"api/kernels/{kernel['id']}", method="DELETE")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture
-def new_page(browser: Any, lab: Lab) -> Iterator[Any]:
-    """A page at ``path`` (the lab, or a notebook), its sidebar open and filled in."""
-    contexts: list[Any] = []
-
-    def open_page(path: str = "lab", setup: Any = None) -> Any:
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
-        contexts.append(context)
-        page = context.new_page()
-        if setup is not None:
-            setup(page)
-        page.goto(f"{lab.url}{path}?reset&token={lab.token}")
-        page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-        page.click(f'.lm-TabBar-tab[data-id="{SIDEBAR[1:]}"]')
-        page.wait_for_selector(f"{SIDEBAR} .jp-dlsched-gpu", timeout=30_000)
-        return page
-
-    yield open_page
-    for context in contexts:
-        context.close()
-
-
-@pytest.fixture
-def settings(lab: Lab) -> Iterator[Any]:
-    def put(values: dict[str, Any]) -> None:
-        body = json.dumps({"raw": json.dumps(values)}).encode()
-        request = urllib.request.Request(
-            f"{lab.url}lab/api/settings/{PLUGIN}",
-            data=body,
-            method="PUT",
-            headers={"Authorization": f"token {lab.token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            assert response.status == 204
-
-    yield put
-    put({})
-
-
-def python(s: Scheduler, code: str, name: str, **resources: Any) -> str:
-    return s.submit_command([sys.executable, "-c", code], name=name, **resources).id
 
 
 def notebook(lab: Lab, name: str, *sources: str) -> Path:

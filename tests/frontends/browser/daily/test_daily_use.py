@@ -1,130 +1,20 @@
 """What a daily user of the sidebar sees: a narrow panel that fits, logs that say when they are
-empty, and one notification for a whole sweep.
-
-One JupyterLab and one Chromium serve every test here; each test opens its own page (a fresh
-JupyterLab app with its own notifications) in its own browser context.
+empty, and one notification for a whole sweep (the lab, browser and pages: ``conftest.py``).
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import sys
-import urllib.request
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from jupyter_dlsched.scheduler import Scheduler
 
-from .conftest import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, Lab, start_lab, stop_lab
+from ..conftest import ARTIFACTS, Lab, row
+from .conftest import SIDEBAR, python
 
-SIDEBAR = "#jupyter-dlsched-sidebar"
-NOTEBOOK = "/home/anna/experiments/lr-sweep.ipynb"
-PLUGIN = "jupyter-dlsched:plugin"
+NOTEBOOK = SESSION_NAME = "/home/anna/experiments/lr-sweep.ipynb"
 # A program that reports progress like a training loop, then keeps running.
 TRAINING = "import time, jupyter_dlsched as dls\ndls.progress(7, 10, loss=0.31)\ntime.sleep(300)\n"
 SILENT = "import time; time.sleep(300)"
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    lab = start_lab(tmp_path_factory.mktemp("daily") / "lab")
-    try:
-        yield lab
-    finally:
-        stop_lab(lab)
-
-
-@pytest.fixture(scope="module")
-def submitter(lab: Lab) -> Iterator[Scheduler]:
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
-        # What a kernel started by Jupyter has: the notebook's full path becomes the job's origin.
-        env.setenv("JPY_SESSION_NAME", NOTEBOOK)
-        s = Scheduler(home=lab.home, loop=False)
-        yield s
-        for job in s.jobs(state=["queued", "running", "preempted"]):
-            s.cancel(job.id)
-        s.close()
-    shutil.rmtree(lab.home, ignore_errors=True)  # lets the job launcher exit
-
-
-@pytest.fixture(autouse=True)
-def cancel_leftovers(submitter: Scheduler) -> Iterator[None]:
-    """Each test starts with free GPUs and CPUs, even after one that failed half-way."""
-    yield
-    for job in submitter.jobs(state=["queued", "running", "preempted"]):
-        submitter.cancel(job.id)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture
-def new_page(browser: Any, lab: Lab) -> Iterator[Any]:
-    """JupyterLab in a fresh context and a 1400x900 window, its sidebar open and filled in.
-
-    The sidebar is at JupyterLab's default width; the GPU cards appear with the first answer of
-    the server, so the page has had its first look at the queue when this returns.
-    """
-    contexts: list[Any] = []
-
-    def open_page() -> Any:
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
-        contexts.append(context)
-        page = context.new_page()
-        # `reset`: start from the default layout, not the one an earlier test left behind
-        page.goto(f"{lab.url}lab?reset&token={lab.token}")
-        page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-        page.click(f'.lm-TabBar-tab[data-id="{SIDEBAR[1:]}"]')
-        page.wait_for_selector(f"{SIDEBAR} .jp-dlsched-gpu", timeout=30_000)
-        return page
-
-    yield open_page
-    for context in contexts:
-        context.close()
-
-
-@pytest.fixture
-def settings(lab: Lab) -> Iterator[Any]:
-    """Write this extension's user settings through JupyterLab's settings API; reset after."""
-
-    def put(values: dict[str, Any]) -> None:
-        body = json.dumps({"raw": json.dumps(values)}).encode()
-        request = urllib.request.Request(
-            f"{lab.url}lab/api/settings/{PLUGIN}",
-            data=body,
-            method="PUT",
-            headers={"Authorization": f"token {lab.token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            assert response.status == 204
-
-    yield put
-    put({})
-
-
-def row(job_id: str, state: str | None = None) -> str:
-    state_part = f'[data-state="{state}"]' if state else ""
-    return f'{SIDEBAR} .jp-dlsched-job[data-job-id="{job_id}"]{state_part}'
-
-
-def python(s: Scheduler, code: str, name: str, **resources: Any) -> str:
-    return s.submit_command([sys.executable, "-c", code], name=name, **resources).id
 
 
 def toasts(page: Any) -> list[str]:
