@@ -54,7 +54,7 @@ class HandleOwner(Protocol):
 
     def _watch(self, handle: JobHandle, check: bool = True) -> None: ...
 
-    def _load_result(self, job_id: str) -> Any: ...
+    def _load_result(self, job_id: str, info: JobInfo | None = None) -> Any: ...
 
     def _job_exception(self, info: JobInfo) -> BaseException: ...
 
@@ -75,6 +75,8 @@ class JobHandle(concurrent.futures.Future):
         self.id = job_id
         self._resolve_lock = threading.Lock()
         self._resolved = False
+        #: the row the job ended with, as it was resolved (a final row is not changed again)
+        self._final: JobInfo | None = None
         self._value: Any = _NOTHING
 
     # -- what the ledger says ------------------------------------------------------------
@@ -127,6 +129,11 @@ class JobHandle(concurrent.futures.Future):
 
     def wait(self, timeout: float | None = None) -> JobInfo:
         """Block until the job has finished (or ``timeout`` seconds); returns its row."""
+        self._wait(timeout)
+        return self.info()
+
+    def _wait(self, timeout: float | None) -> None:
+        """Block until the job has finished (or ``timeout`` seconds)."""
         self._scheduler._watch(self)
         if not super().done():
             self._check()  # the ledger may already say it ended before the loop noticed
@@ -146,11 +153,10 @@ class JobHandle(concurrent.futures.Future):
                         self._check()
                     finally:
                         self._condition.acquire()
-        return self.info()
 
     def result(self, timeout: float | None = None) -> Any:
         """The job's return value; raises what the job raised (with its remote traceback)."""
-        self.wait(timeout)
+        self._wait(timeout)
         if not super().done():
             raise concurrent.futures.TimeoutError(f"job {self.id} still {self.state}")
         if super().cancelled():
@@ -159,11 +165,11 @@ class JobHandle(concurrent.futures.Future):
         if error is not None:
             raise error
         if self._value is _NOTHING:
-            self._value = self._scheduler._load_result(self.id)
+            self._value = self._scheduler._load_result(self.id, self._final)
         return self._value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self.wait(timeout)
+        self._wait(timeout)
         if not super().done():
             raise concurrent.futures.TimeoutError(f"job {self.id} still {self.state}")
         if super().cancelled():
@@ -186,6 +192,7 @@ class JobHandle(concurrent.futures.Future):
             if self._resolved:
                 return
             self._resolved = True
+        self._final = info
         if info.state == "succeeded":
             self.set_result(None)  # the value itself is loaded lazily by result()
         elif info.state == "cancelled":
@@ -277,12 +284,14 @@ class Watching:
             for handle in handles:
                 handle._resolve(info)
 
-    def _load_result(self, job_id: str) -> Any:
+    def _load_result(self, job_id: str, info: JobInfo | None = None) -> Any:
+        """The value a job that succeeded returned (``info``: its final row, if read)."""
         import cloudpickle
 
         if job_id in self._inline.results:
             return self._inline.results[job_id]
-        info = self.store.get(job_id)
+        if info is None:
+            info = self.store.get(job_id)
         if info.kind == "command":
             return info.exit_code
         data = self.store.read_spool_file(job_id, "result.pkl")

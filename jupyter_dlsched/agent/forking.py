@@ -163,11 +163,17 @@ class Forking:
 
     def _become_supervisor(self, job_id: str | None, pipe: int | None) -> None:
         code = 1
+        warm = None
         try:
             self._leave_agent(b"dlsched-sup")
             from ..local.supervisor import supervise
+            from ..local.warm import WarmProcess
             from ..store import Store
 
+            if pipe is not None:
+                # a spare forks its job's process ahead too (before it opens the ledger,
+                # which that process must not share): the job is handed to it once known
+                warm = WarmProcess.fork(close=(pipe,))
             store = Store(self.home)
             if pipe is not None:
                 with os.fdopen(pipe, "rb") as waiting:
@@ -178,11 +184,13 @@ class Forking:
                 job_id = line
             assert job_id is not None
             code = supervise(
-                self.home, job_id, as_owner=self.shared, agent=self.address, store=store
+                self.home, job_id, as_owner=self.shared, agent=self.address, store=store, warm=warm
             )
         except BaseException:
             import traceback
 
             traceback.print_exc()
         finally:
+            if warm is not None:
+                warm.discard()  # not given a job: it goes before its supervisor does
             os._exit(code)

@@ -40,6 +40,7 @@ from ..units import format_size
 from .containment import Containment, sweep_cgroups
 from .jobproc import cores_for, job_environment, start_ranks
 from .usage import Tree, Usage, gpu_over_grant
+from .warm import WarmProcess
 
 POLL_SECONDS = 0.2
 #: Seconds a job runs before its pid is written to the ledger.
@@ -60,6 +61,7 @@ def supervise(
     as_owner: bool = False,
     agent: str | bytes | None = None,
     store: Store | None = None,
+    warm: WarmProcess | None = None,
 ) -> int:
     """Run ``job_id`` to its end; returns the supervisor's exit status.
 
@@ -67,7 +69,24 @@ def supervise(
     runs as the job's owner, in a spool folder that belongs to the owner.
     ``agent``: the pool agent to tell when the job has ended. ``store``: the ledger,
     when the caller opened it already (a spare supervisor, before its job was known).
+    ``warm``: the job's process, forked ahead of the job (``warm.py``), when there is
+    one; it is let go if the job does not run in it.
     """
+    try:
+        return _supervise(home, job_id, as_owner, agent, store, warm)
+    finally:
+        if warm is not None:
+            warm.discard()  # not given the job: it goes
+
+
+def _supervise(
+    home: str | os.PathLike[str],
+    job_id: str,
+    as_owner: bool,
+    agent: str | bytes | None,
+    store: Store | None,
+    warm: WarmProcess | None,
+) -> int:
     store = store if store is not None else Store(home)
     try:
         job = store.get(job_id)
@@ -108,7 +127,17 @@ def supervise(
     if isinstance(agent, str):
         env["DLSCHED_SOCKET"] = agent  # a shared pool: the job reports progress to the service
     cores = cores_for(job, store)
-    pids = start_ranks(folder, job, env, context, payload, cores, log_fd, as_user=owner, box=box)
+    started = None
+    if warm is not None and warm.fits(job, payload):
+        started = warm.start(folder, job, env, context, payload, cores, log_fd, owner, box)
+    if started is not None:
+        pids = [started]
+    else:
+        if warm is not None:
+            warm.discard()  # before the job's own processes: every descendant is the job's
+        pids = start_ranks(
+            folder, job, env, context, payload, cores, log_fd, as_user=owner, box=box
+        )
     os.close(log_fd)
     try:
         outcome = _monitor(store, lease, pids, settings, folder, owner, box)

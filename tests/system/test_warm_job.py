@@ -1,0 +1,176 @@
+"""A job process forked ahead of its job: the pool agent's spare supervisor forks the
+next job's process before the job is known, and hands it the job once claimed; the job
+runs there exactly as in a process forked for it (one process per job, its own group,
+the supervisor its parent), and the process is let go when it does not fit the job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import psutil
+import pytest
+from conftest import wait_for
+
+from jupyter_dlsched.local.warm import WarmProcess
+from jupyter_dlsched.scheduler import Scheduler
+
+
+def whoami():
+    """What the job's process knows of itself."""
+    import os
+
+    import psutil
+
+    return {
+        "pid": os.getpid(),
+        "group": os.getpgrp(),
+        "parent": psutil.Process(os.getppid()).name(),
+        "job": os.environ.get("DLSCHED_JOB_ID"),
+        "cwd": os.getcwd(),
+        "rank": os.environ.get("RANK"),
+    }
+
+
+def sleeper(seconds):
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+@pytest.fixture
+def agent_sched(home):
+    with Scheduler(home, agent=True, lease_ttl=3.0, grace=1.0) as s:
+        yield s
+
+
+def spare_and_its_job_process(s):
+    """The spare supervisor's pid and that of the job process it forked ahead, once both
+    are there (None until then)."""
+    assert s.link is not None
+    agent = psutil.Process(int(s.link.hello["pid"]))
+    for spare in agent.children():
+        try:
+            if spare.name() != "dlsched-sup" or spare.status() == psutil.STATUS_ZOMBIE:
+                continue
+            waiting = spare.children()
+        except psutil.NoSuchProcess:
+            continue
+        if len(waiting) == 1:
+            return spare.pid, waiting[0].pid
+    return None
+
+
+def ready(s):
+    """Wait until the spare supervisor and the job process it forked ahead wait."""
+    return wait_for(lambda: spare_and_its_job_process(s), timeout=30)
+
+
+def test_a_job_runs_in_the_process_its_spare_supervisor_forked_before_it_was_submitted(
+    agent_sched, tmp_path, monkeypatch
+):
+    s = agent_sched
+    monkeypatch.chdir(tmp_path)
+    s.submit(abs, -1).result(timeout=30)  # the agent is up
+    _, waiting = ready(s)
+    h = s.submit(whoami)
+    me = h.result(timeout=30)
+    assert me["pid"] == waiting  # the process that waited before the job was submitted
+    # as a job process forked for its job: its own group, its supervisor's child, the
+    # job's environment and the submitter's folder
+    assert me["group"] == me["pid"]
+    assert me["parent"] == "dlsched-sup"
+    assert me["job"] == h.id
+    assert me["cwd"] == str(tmp_path)
+
+
+def test_a_command_runs_in_the_process_forked_ahead(agent_sched):
+    s = agent_sched
+    s.submit(abs, -1).result(timeout=30)
+    _, waiting = ready(s)
+    h = s.submit_command([sys.executable, "-c", "import os; print('pid', os.getpid())"])
+    assert h.result(timeout=30) == 0
+    assert f"pid {waiting}" in h.logs()
+
+
+def test_a_job_in_a_process_forked_ahead_is_stopped_by_its_time_limit_and_by_cancel(
+    agent_sched,
+):
+    s = agent_sched
+    s.submit(abs, -1).result(timeout=30)
+    ready(s)
+    limited = s.submit(sleeper, 60, time_limit=1)
+    assert limited.wait(timeout=30).state == "timeout"
+    ready(s)
+    cancelled = s.submit(sleeper, 60)
+    wait_for(lambda: cancelled.info().job_pid is not None)
+    s.cancel(cancelled.id)
+    assert cancelled.wait(timeout=30).state == "cancelled"
+
+
+def test_a_distributed_job_is_forked_for_and_the_process_forked_ahead_let_go(agent_sched):
+    s = agent_sched
+    s.submit(abs, -1).result(timeout=30)
+    _, waiting = ready(s)
+    h = s.submit(whoami, cpus=2, distributed=True)
+    me = h.result(timeout=30)
+    assert me["rank"] == "0" and me["pid"] != waiting and me["parent"] == "dlsched-sup"
+    assert not psutil.pid_exists(waiting) or psutil.Process(waiting).status() == "zombie"
+    assert h.info().state == "succeeded" and not h.info().reason  # nothing left behind
+
+
+def test_a_stopping_agent_leaves_no_spare_and_no_process_forked_ahead(agent_sched):
+    s = agent_sched
+    s.submit(abs, -1).result(timeout=30)
+    spare, waiting = ready(s)
+    assert s.link is not None
+    s.link.client.call("stop")
+
+    def gone(pid):
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(lambda: gone(spare) and gone(waiting), timeout=30)
+
+
+def test_a_process_forked_ahead_and_not_used_is_killed_and_reaped():
+    warm = WarmProcess.fork()
+    assert warm is not None
+    assert os.getpgid(warm.pid) == warm.pid  # its own group, as a job's first process is
+    warm.discard()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(warm.pid, os.WNOHANG)
+    warm.discard()  # once is enough
+
+
+def test_a_process_forked_ahead_exits_when_its_supervisor_lets_go():
+    warm = WarmProcess.fork()
+    assert warm is not None
+    assert warm._sock is not None
+    warm._sock.close()  # as when the supervisor exits without a job for it
+    warm._sock = None
+    _, status = os.waitpid(warm.pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_a_process_forked_ahead_dies_with_its_supervisor():
+    read, write = os.pipe()
+    supervisor = os.fork()
+    if supervisor == 0:
+        os.close(read)
+        warm = WarmProcess.fork()
+        os.write(write, str(warm.pid if warm else 0).encode())
+        time.sleep(60)
+        os._exit(0)
+    os.close(write)
+    pid = int(os.read(read, 32))
+    os.close(read)
+    assert pid
+    os.kill(supervisor, signal.SIGKILL)
+    os.waitpid(supervisor, 0)
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
