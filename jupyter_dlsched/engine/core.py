@@ -58,6 +58,10 @@ Batch = list[tuple[str, JobSpec, dict[str, bytes]]]
 
 #: Places in line written per transaction by ``Engine.flush_positions``.
 POSITIONS_PER_WRITE = 2_000
+#: Seconds at least between two start-time forecasts. A drain of short jobs decides every
+#: few milliseconds, and the forecast is most of such a decision (it holds up the next):
+#: a decision within this of the last forecast leaves its own for a tick after it.
+FORECAST_EVERY = 0.5
 
 
 class Engine:
@@ -109,6 +113,9 @@ class Engine:
         self._positions_at_once = positions_at_once
         self._positions: dict[str, tuple[int | None, str | None]] = {}
         self._positions_at = 0.0
+        #: the latest whole-queue decision's forecast, not made yet, and when one last was
+        self._forecast_waiting: start_times.Forecasting | None = None
+        self._forecast_at = -math.inf
         if probe_pool or self.store.get_meta(self.inventory_key) is None:
             self.refresh_inventory()
 
@@ -369,14 +376,23 @@ class Engine:
         self.launching.launch_jobs(self, now, started)
         if decisions is not None:
             self._queue_positions(positions)
-            for asked in forecasts:
-                self._forecast(asked, decisions)
+        if forecasts:
+            self._forecast_waiting = forecasts[-1]  # the latest saw the most
+        self._forecast(decisions, at_once=fixed_now is not None)
         return decisions
 
-    def _forecast(self, asked: start_times.Forecasting, decisions: Decisions) -> None:
-        """The start-time estimates a whole-queue decision asked for, made once what it
-        started is launched and without the write lock (the forecast is most of such a
-        decision's time); decide again when they may go stale."""
+    def _forecast(self, decisions: Decisions | None, at_once: bool) -> None:
+        """The start-time estimates the latest whole-queue decision asked for, made once
+        what it started is launched and without the write lock, at most every
+        ``FORECAST_EVERY`` seconds (a tick at a given moment, ``at_once``: now); decide
+        again when they may go stale."""
+        asked = self._forecast_waiting
+        if asked is None:
+            return
+        if not at_once and time.monotonic() - self._forecast_at < FORECAST_EVERY:
+            return  # a later tick makes it: the agent ticks at least once a second
+        self._forecast_waiting = None
+        self._forecast_at = time.monotonic()
         changes, refresh = start_times.estimate(self.store, asked)
         if changes:
             with self.store.transaction() as db:
@@ -385,7 +401,7 @@ class Engine:
             self._index.refresh_at = refresh if refresh is not None else math.inf
         if refresh is not None:
             # a running job may outlive its assumed end: look again then
-            if decisions.wake_at is None or refresh < decisions.wake_at:
+            if decisions is not None and (decisions.wake_at is None or refresh < decisions.wake_at):
                 decisions.wake_at = refresh
             self._decide_again = min(self._decide_again, refresh)
 

@@ -257,3 +257,46 @@ def test_dlsched_sim_reports_the_share_started_by_the_p80_estimate(tmp_path):
         ).stdout
     )
     assert "eta_p80_hit" not in plain["rows"][0]  # only asked for, it costs a forecast per job
+
+
+# -- the forecast's own schedule ------------------------------------------------------------
+
+
+def test_decisions_in_quick_succession_forecast_once_and_the_latest_is_forecast_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drain of short jobs decides every few milliseconds: the start-time forecast (most
+    of such a decision's time) runs at most every ``FORECAST_EVERY`` seconds, and the
+    latest decision's forecast is not lost but made at a tick after that."""
+    from jupyter_dlsched.agent.service import Agent
+    from jupyter_dlsched.engine import core
+
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+    agent = Agent(tmp_path / "home")
+    agent.open()
+    engine = agent.sched
+    assert engine is not None
+    s = Scheduler.of_engine(engine)
+    try:
+        running = s.submit_command(["sleep", "600"], gpus=1, time_limit=60)
+        s.tick(now=time.time())
+        first = s.submit_command(["true"], gpus=1, time_limit=30)
+        s.tick(now=time.time())  # a tick at a given moment (a test's, a replay's): at once
+        began = s.info(running.id).started
+        assert began is not None
+        assert s.info(first.id).expected_start == pytest.approx(began + 60, abs=2)
+
+        monkeypatch.setattr(core, "FORECAST_EVERY", 3600.0)
+        second = s.submit_command(["true"], gpus=1, time_limit=30)
+        decided = s.tick()
+        assert decided is not None and decided.placed  # decided on, placed in line ...
+        assert s.info(second.id).position == 2
+        assert s.info(second.id).expected_start is None  # ... its forecast waits
+
+        monkeypatch.setattr(core, "FORECAST_EVERY", 0.0)
+        assert s.tick() is None  # nothing new to decide on; the forecast waiting is made
+        assert s.info(second.id).expected_start == pytest.approx(began + 90, abs=2)
+    finally:
+        for job in s.jobs(state=["queued", "running"]):
+            s.cancel(job.id)
+        agent.close()
