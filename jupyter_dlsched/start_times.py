@@ -5,7 +5,8 @@ jobs and the capacity, and hands them on as a ``Forecasting``; the engine runs i
 (``estimate``) once the decision's starts are launched, outside the ledger's write lock:
 the forecast (``forecast``), with run times learnt from the ledger's finished jobs,
 then the engine writes each waiting job's ``expected_start`` and ``start_p80``. It runs when places
-in line are recomputed (something changed: a submit, an end, a priority), and again when
+in line are recomputed (something changed: a submit, an end, a priority), at most every
+``engine.core.FORECAST_EVERY`` seconds (the latest decision's waits for it), and again when
 a running job outlives the end the forecast assumed for it (``refresh_at``, handed back
 as a wake-up), never on a decision that only looks at the head of a deep queue.
 
