@@ -14,7 +14,7 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -286,6 +286,13 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN expected_start REAL;
     ALTER TABLE jobs ADD COLUMN start_p80 REAL;
     """,
+    # version 11: a waiting job's `position` is its rank in its backend's line (numbers that
+    # increase along it, not necessarily 1, 2, 3: a start rewrites no other job's), numbered
+    # 1..n when read (store/job_reads.py); the line in rank order, to number it
+    """
+    CREATE INDEX jobs_line ON jobs(backend, position, seq)
+        WHERE position IS NOT NULL AND state IN ('queued','preempted');
+    """,
 ]
 
 
@@ -341,6 +348,8 @@ class JobInfo:
     progress: dict[str, Any] | None
     attained: float
     waiting: str | None
+    # a waiting job's place in its backend's line, 1 first; None before the pool placed it
+    # (the ledger keeps a rank, numbered when read: store/job_reads.py)
     position: int | None
     env: dict[str, str]
     inline: bool
@@ -457,9 +466,13 @@ _JOB_COLUMNS = [f.name for f in fields(JobInfo)]
 _BOOL_COLUMNS = {"preemptible", "distributed", "cancel_requested", "preempt_requested", "inline"}
 
 
-def _row_to_info(row: sqlite3.Row) -> JobInfo:
-    values: dict[str, Any] = {}
+def _row_to_info(row: sqlite3.Row, place: int | None) -> JobInfo:
+    """The ``JobInfo`` of a ``jobs`` row; ``place``: its place in line, numbered by the
+    reader (the row's ``position`` is a rank, ``store/job_reads.py``)."""
+    values: dict[str, Any] = {"position": place}
     for name in _JOB_COLUMNS:
+        if name == "position":
+            continue
         value = row[name]
         if name in _BOOL_COLUMNS:
             value = bool(value)

@@ -147,9 +147,10 @@ def owner_words(job: JobInfo) -> str:
 def renumber(jobs: Iterable[JobInfo]) -> list[JobInfo]:
     """The jobs with queue positions closed up: ``#1, #3`` becomes ``#1, #2``.
 
-    The ledger's positions are written when the pool decides; a job that left the line
-    since (cancelled, started) leaves a gap until then. Pass every waiting job of the
-    pool (filter afterwards), so the numbers are places in the whole line.
+    Jobs read together are numbered 1..n already (the ledger keeps ranks and numbers
+    them as it is read); rows gathered from different reads may leave a gap where a job
+    left the line between them. Pass every waiting job of the pool (filter afterwards),
+    so the numbers are places in the whole line.
     """
     jobs = list(jobs)
     placed = sorted(

@@ -56,7 +56,7 @@ REDECIDE_EVERY = 10.0
 Batch = list[tuple[str, JobSpec, dict[str, bytes]]]
 
 
-#: Places in line written per transaction by ``Engine.flush_positions``.
+#: Ranks in line written per transaction by ``Engine.flush_positions``.
 POSITIONS_PER_WRITE = 2_000
 #: Seconds at least between two start-time forecasts. A drain of short jobs decides every
 #: few milliseconds, and the forecast is most of such a decision (it holds up the next):
@@ -79,9 +79,9 @@ class Engine:
     pool without an agent does, ``OwnJobs``); ``gate`` wraps the policy (a shared
     pool's per-user limits); ``wake`` asks whoever drives the engine for a tick soon
     (default: tick now); ``keep_index`` keeps the waiting jobs in memory between
-    decisions (only the one decider of a ledger may: the agent); with
-    ``positions_at_once``, places in line are written at once only when that few
-    moved, else at most once a second (``flush_positions``).
+    decisions (only the one decider of a ledger may: the agent); with it and
+    ``positions_at_once``, ranks in line are written at once only when that few
+    changed, else at most once a second (``flush_positions``).
     """
 
     def __init__(
@@ -109,9 +109,9 @@ class Engine:
         self.inventory_key = inventory_key(self.backend.name)
         self._decided_on: tuple[int, str | None] = (-1, None)
         self._decide_again = 0.0
-        self._index: QueueIndex | None = QueueIndex() if keep_index else None
         self._positions_at_once = positions_at_once
-        self._positions: dict[str, tuple[int | None, str | None]] = {}
+        self._positions: dict[str, tuple[float | None, str | None]] = {}
+        self._index: QueueIndex | None = QueueIndex(self._positions) if keep_index else None
         self._positions_at = 0.0
         #: the latest whole-queue decision's forecast, not made yet, and when one last was
         self._forecast_waiting: start_times.Forecasting | None = None
@@ -310,7 +310,9 @@ class Engine:
             return self._tick(now)
         except BaseException:
             if self._index is not None:
-                self._index = QueueIndex()  # read everything again after a failure
+                # read everything again after a failure, as the ledger has it
+                self._positions.clear()
+                self._index = QueueIndex(self._positions)
             raise
 
     def _tick(self, fixed_now: float | None) -> Decisions | None:
@@ -330,7 +332,7 @@ class Engine:
         decisions: Decisions | None = None
         reaped: list[JobInfo] = []
         gate: StagingGate | None = None
-        positions: list[tuple[int | None, str | None, str]] = []
+        positions: list[tuple[float | None, str | None, str]] = []
         forecasts: list[start_times.Forecasting] = []
         if (waiting or expired) and due:
             settings = self.settings
@@ -405,12 +407,12 @@ class Engine:
                 decisions.wake_at = refresh
             self._decide_again = min(self._decide_again, refresh)
 
-    def _queue_positions(self, changed: list[tuple[int | None, str | None, str]]) -> None:
-        """Write the waiting jobs' places in line and reasons (after launching what started);
-        with ``positions_at_once``, many moved ones wait for ``flush_positions`` (a deep
-        queue moves every job up at each start: written every time, that would be most of
-        a decision)."""
-        if self._positions_at_once is None:
+    def _queue_positions(self, changed: list[tuple[float | None, str | None, str]]) -> None:
+        """Write the waiting jobs' ranks in line and reasons that changed (after launching
+        what started); with ``positions_at_once``, many at once (a new deep queue ranked, or
+        one reason for all of it) wait for ``flush_positions``. Only the decider that keeps
+        the queue index keeps them back: it knows what it has not written yet."""
+        if self._positions_at_once is None or self._index is None:
             if changed:
                 with self.store.transaction() as db:
                     self.store.set_queue_positions(db, changed)
@@ -420,12 +422,13 @@ class Engine:
             self.flush_positions(force=True)
 
     def flush_positions(self, force: bool = False) -> None:
-        """Write the places in line kept back, at most once a second unless ``force``.
+        """Write the ranks in line kept back, at most once a second unless ``force``.
 
-        In transactions of ``POSITIONS_PER_WRITE`` rows, so that a deep queue's places
-        (every one moved by each start) do not hold the write lock for most of a second
-        while submits and claims wait; a reader between two of them may see some places
-        already moved and others not yet, as between any two decisions."""
+        In transactions of ``POSITIONS_PER_WRITE`` rows, so that a deep queue's (a new one
+        ranked at once) do not hold the write lock for most of a second while submits and
+        claims wait; a reader between two of them may see some jobs already in their new
+        order and others not yet, as between any two decisions (the places read are 1..n
+        all the same: they are numbered from the ranks as they are read)."""
         now = time.monotonic()
         if self._positions and (force or now - self._positions_at >= 1.0):
             rows = [(pos, why, job_id) for job_id, (pos, why) in self._positions.items()]

@@ -15,10 +15,11 @@ import json
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
-from operator import attrgetter
+from itertools import compress, count
+from operator import attrgetter, ne, not_
 from typing import Any
 
 from .. import start_times
@@ -27,6 +28,7 @@ from ..policy.base import passes_through
 from ..resources import Capacity, Placement, Request
 from ..store import TERMINAL, Store
 from ..when import begin_words
+from .line_ranks import rerank
 
 
 def _blocked(
@@ -80,8 +82,8 @@ class QueueIndex:
     state change, a priority change, a staged input bound), so each decision
     reads again only the rows of jobs with an event since the previous one
     (and the few running jobs, whose stop flags change without one). The
-    policy's ``QueuedJob`` of a row is built once, and each job's place in line
-    is compared with the one last computed, not re-read.
+    policy's ``QueuedJob`` of a row is built once, and each job's rank in line
+    (``line_ranks``) and reason are compared with the ones last computed, not re-read.
 
     With ``HEAD_FROM`` or more jobs offered, and a policy that can order its
     queue by lanes (``lane_layout``, ``lane``, ``head``: priority, fair, and
@@ -104,13 +106,25 @@ class QueueIndex:
     #: Seconds between whole-queue decisions (places in line) while heads are decided.
     PLACES_EVERY = 1.0
 
-    def __init__(self) -> None:
+    def __init__(
+        self, unwritten: MutableMapping[str, tuple[float | None, str | None]] | None = None
+    ) -> None:
         self.seq = -1
         self.waiting: dict[str, sqlite3.Row] = {}
         self._in_order = True
         self._queued: dict[str, QueuedJob] = {}
-        #: the place in line and reason last computed for each waiting job
-        self.places: dict[str, tuple[int | None, str | None]] = {}
+        #: each waiting job's rank in line and reason, as last computed (or read)
+        self.ranks: dict[str, float | None] = {}
+        self.reasons: dict[str, str | None] = {}
+        #: ranks and reasons computed but kept back by the engine (``flush_positions``): a
+        #: job read again is taken as the ledger has it, and what was kept for it dropped
+        self._unwritten = unwritten if unwritten is not None else {}
+        #: what the last placement from the lanes told apart (``places_from``): each request's
+        #: words for the jobs the policy did not look at, and the jobs it did look at
+        self._words: dict[Request, str] | None = None
+        self._told: set[str] = set()
+        #: offered since the last placement: their reasons are compared one by one
+        self._unplaced: set[str] = set()
         #: waiting jobs offered to the policy (no dependency, or all of them succeeded)
         self.offered: dict[str, QueuedJob] = {}
         #: waiting jobs with a dependency not known to have succeeded
@@ -159,7 +173,9 @@ class QueueIndex:
             if self.waiting.pop(job_id, None) is None:
                 continue
             self._queued.pop(job_id, None)
-            self.places.pop(job_id, None)
+            self.ranks.pop(job_id, None)
+            self.reasons.pop(job_id, None)
+            self._unwritten.pop(job_id, None)
             self.estimates.pop(job_id, None)
             self.pending.pop(job_id, None)
             job = self.offered.pop(job_id, None)
@@ -173,6 +189,9 @@ class QueueIndex:
             self._in_order = self._in_order and rows[0]["seq"] > last["seq"]
         for row in rows:
             self.waiting[row["id"]] = row
+            self.ranks[row["id"]] = row["position"]
+            self.reasons[row["id"]] = row["waiting"]
+            self._unwritten.pop(row["id"], None)
             if row["after"] == "[]" and row["begin"] is None:
                 self._offer(self.queued(row))
             else:
@@ -180,6 +199,7 @@ class QueueIndex:
 
     def _offer(self, job: QueuedJob) -> None:
         self.offered[job.id] = job
+        self._unplaced.add(job.id)
         if job.resume_on is not None:
             self.resuming += 1
         if not self.shapes[job.request]:
@@ -295,43 +315,90 @@ class QueueIndex:
         explain: Callable[[QueuedJob], str],
         decided: Decisions,
         blocked: Mapping[str, str],
-    ) -> list[tuple[int | None, str | None, str]]:
-        """Each waiting job's place in line and reason after ``decided``, from the whole
-        queue's ``order`` (``line``): ``(place, reason, job id)`` of those that changed
-        since last computed, which are kept as the ones computed now."""
+    ) -> list[tuple[float | None, str | None, str]]:
+        """Each waiting job's rank in line and reason after ``decided``, from the whole
+        queue's ``order`` (``line``): ``(rank, reason, job id)`` of those that changed since
+        last computed, which are kept as the ones computed now. A job keeps its rank while
+        its order with the others holds (``line_ranks``): when the head starts, nothing
+        behind it is written."""
         started = {s.job_id for s in decided.starts}
-        said = decided.waiting
-        places = self.places
-        # one pass per step over the line, in comprehensions: a deep queue's every job
-        # moves up at each start, so this is the whole-queue decision's longest part
-        line = [job for job in order if job.id not in started] if started else order
-        ids = list(map(_job_id, line))
-        told = list(map(said.get, ids))
+        said = {job_id: words for job_id, words in decided.waiting.items() if words}
+        # C-level maps over the line only: a deep queue's whole-queue decision has every
+        # waiting job in it, and each job the policy did not look at shares its request's
+        # words (``per_request``) with the others
+        ids = list(map(_job_id, order))
+        line: Iterable[QueuedJob] = order
+        if started:
+            left = list(map(started.__contains__, ids))
+            ids = list(compress(ids, map(not_, left)))
+            line = list(compress(order, map(not_, left)))
         per_request = getattr(explain, "per_request", None)
+        words: dict[Request, str] | None = None
+        if per_request is not None:
+            words = {r: per_request(r) for r in self.shapes}
+        if words is not None and words == self._words:
+            # every request has the words it had at the last placement: only the jobs the
+            # policy looked at, then or now, and those new to the line may have new reasons
+            same: dict[Request, str] = words
+            told = self._told
+            self._told = set(said)
+            asked = [
+                job_id
+                for job_id in {*said, *told, *self._unplaced}
+                if job_id in self.offered and job_id not in started
+            ]
+            return self.take_places(
+                ids,
+                {j: said.get(j) or same[self.offered[j].request] for j in asked},
+                blocked,
+            )
         if per_request is not None:  # words by request: asked once per request object
             requests = list(map(_job_request, line))
-            words = {id(r): per_request(r) for r in {id(r): r for r in requests}.values()}
-            whys = [w or words[id(r)] for w, r in zip(told, requests, strict=True)]
+            kinds = dict(zip(map(id, requests), requests, strict=True))
+            by_id = {key: per_request(request) for key, request in kinds.items()}
+            whys = list(map(said.get, ids, map(by_id.__getitem__, map(id, requests))))
         else:
-            whys = [w or explain(job) for w, job in zip(told, line, strict=True)]
-        now_at = list(zip(range(1, len(ids) + 1), whys, strict=True))
-        was = list(map(places.get, ids))
-        if None in was:  # not placed since the index read it: the row's own
-            was = [
-                old if old is not None else self.place(job_id, self.waiting[job_id])
-                for job_id, old in zip(ids, was, strict=True)
-            ]
-        changed: list[tuple[int | None, str | None, str]] = [
-            (new[0], new[1], job_id)
-            for job_id, new, old in zip(ids, now_at, was, strict=True)
-            if new != old
-        ]
-        places.update(zip(ids, now_at, strict=True))
-        for job_id, row in self.pending.items():
-            new_pending = (None, blocked.get(job_id))
-            if self.place(job_id, row) != new_pending:
-                changed.append((None, new_pending[1], job_id))
-                places[job_id] = new_pending
+            whys = [said.get(job.id) or explain(job) for job in line]
+        changed = self.take_places(ids, whys, blocked)
+        self._words, self._told = words, set(said)
+        return changed
+
+    def take_places(
+        self,
+        ids: Sequence[str],
+        whys: Sequence[str | None] | Mapping[str, str],
+        blocked: Mapping[str, str],
+    ) -> list[tuple[float | None, str | None, str]]:
+        """Keep the line ``ids`` with their reasons (``whys``: one per job, or those of some
+        of them, by id, the others' as they were) and the reasons of the jobs waiting for a
+        dependency or a time (``blocked``); ``(rank, reason, job id)`` of the jobs whose
+        rank or reason changed."""
+        ranks, reasons = self.ranks, self.reasons
+        moved = rerank(list(map(ranks.get, ids)))
+        for i, rank in moved.items():
+            ranks[ids[i]] = rank
+        if isinstance(whys, Mapping):
+            said = [j for j, why in whys.items() if reasons.get(j) != why]
+            for j in said:
+                reasons[j] = whys[j]
+            at = sorted(moved)
+            changed = [(ranks[ids[i]], reasons[ids[i]], ids[i]) for i in at]
+            if said:
+                seen = {ids[i] for i in at}
+                changed += [(ranks.get(j), reasons[j], j) for j in said if j not in seen]
+        else:
+            told = list(compress(count(), map(ne, whys, map(reasons.get, ids))))
+            for i in told:
+                reasons[ids[i]] = whys[i]
+            self._words = None  # the next placement from the lanes compares every reason
+            at = sorted({*moved, *told})  # in line order: written in that order
+            changed = [(ranks[ids[i]], reasons[ids[i]], ids[i]) for i in at]
+        for job_id in self.pending:
+            now_pending = (None, blocked.get(job_id))
+            if (ranks.get(job_id), reasons.get(job_id)) != now_pending:
+                changed.append((None, now_pending[1], job_id))
+                ranks[job_id], reasons[job_id] = now_pending
+        self._unplaced.clear()
         return changed
 
     def _build_lanes(self, policy: Any) -> None:
@@ -370,9 +437,6 @@ class QueueIndex:
         if job is None:
             job = self._queued[row["id"]] = _queued(row)
         return job
-
-    def place(self, job_id: str, row: sqlite3.Row) -> tuple[int | None, str | None]:
-        return self.places.get(job_id, (row["position"], row["waiting"]))
 
 
 def _dependency_states(

@@ -17,6 +17,7 @@ from .. import start_times
 from ..policy import Decisions, FinishedJob, Policy, QueuedJob, RunningJob
 from ..resources import Capacity, GpuFree, Placement
 from ..store import JobInfo, RunEnd, Store
+from .line_ranks import rerank
 from .queue_index import QueueIndex, _blocked, _dependency_states, _queued, _running
 
 CLAIM_GRACE = 30.0  # seconds an allocated job may wait for its supervisor to claim it
@@ -52,15 +53,14 @@ def decide(
     external_gpu_mem: dict[int, int],
     lease_ttl: float,
     now: float,
-    deferred: list[tuple[int | None, str | None, str]] | None = None,
+    deferred: list[tuple[float | None, str | None, str]] | None = None,
     index: QueueIndex | None = None,
     forecasts: list[start_times.Forecasting] | None = None,
 ) -> Decisions:
     """Snapshot the active jobs, run the policy, commit its starts, preemptions and reasons.
 
-    ``deferred``: a list to receive the waiting jobs' new positions and reasons
-    instead of writing them here, so the caller can launch what started first
-    (with a deep queue every start moves every waiting job up one place).
+    ``deferred``: a list to receive the waiting jobs' new ranks in line and reasons
+    instead of writing them here, so the caller can launch what started first.
     ``index``: the waiting jobs kept from the previous decision (the pool agent's),
     so only the rows of jobs that changed since are read again, and with a deep
     queue a decision looks only at its head (``QueueIndex.head``).
@@ -138,21 +138,32 @@ def decide(
         },
     )
     started_ids = {s.job_id for s in decisions.starts}
-    order = [j for j in decisions.order if j not in started_ids]
-    positions = {job_id: i + 1 for i, job_id in enumerate(order)}
+    order = [j for j in decisions.order if j not in started_ids and j in rows]
     reasons = {**decisions.waiting, **blocked}
-    changed = []
-    for row in waiting:
-        job_id = row["id"]
-        if job_id in started_ids:
-            continue
-        pos, reason = positions.get(job_id), reasons.get(job_id)
-        if index is not None:
-            if index.place(job_id, row) != (pos, reason):
-                changed.append((pos, reason, job_id))
-                index.places[job_id] = (pos, reason)
-        elif row["position"] != pos or row["waiting"] != reason:
-            changed.append((pos, reason, job_id))
+    if index is not None:
+        changed = index.take_places(order, list(map(reasons.get, order)), blocked)
+        # a waiting job in neither the line nor waiting for a dependency or a time
+        in_order = set(order)
+        for row in waiting:
+            job_id = row["id"]
+            if job_id in started_ids or job_id in in_order or job_id in index.pending:
+                continue
+            if (index.ranks.get(job_id), index.reasons.get(job_id)) != (None, reasons.get(job_id)):
+                changed.append((None, reasons.get(job_id), job_id))
+                index.ranks[job_id], index.reasons[job_id] = None, reasons.get(job_id)
+    else:
+        # ranks, not places: a job keeps its rank while its order with the others holds
+        old = [rows[j]["position"] for j in order]
+        moved = rerank(old)
+        rank_of = {j: moved.get(i, old[i]) for i, j in enumerate(order)}
+        changed = []
+        for row in waiting:
+            job_id = row["id"]
+            if job_id in started_ids:
+                continue
+            rank, reason = rank_of.get(job_id), reasons.get(job_id)
+            if row["position"] != rank or row["waiting"] != reason:
+                changed.append((rank, reason, job_id))
     if index is not None:
         index.placed(time.perf_counter() - started)
     _write_places(store, db, changed, deferred)
@@ -206,8 +217,8 @@ def _estimate(
 def _write_places(
     store: Store,
     db: sqlite3.Connection,
-    changed: list[tuple[int | None, str | None, str]],
-    deferred: list[tuple[int | None, str | None, str]] | None,
+    changed: list[tuple[float | None, str | None, str]],
+    deferred: list[tuple[float | None, str | None, str]] | None,
 ) -> None:
     """Write the places in line that changed in this transaction, or hand them to the caller."""
     if deferred is not None:

@@ -9,8 +9,17 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import JobNotFound
-from ..schema import _ID, STATES, JobInfo, _row_to_info
+from ..schema import _ID, STATES, WAITING, JobInfo, _row_to_info
 from .payloads import Payloads
+
+#: The jobs in a line: the words of the ``jobs_line`` index's ``WHERE``, so SQLite uses it.
+#: A waiting job's ``position`` is its rank in its backend's line (``engine/line_ranks.py``):
+#: numbers that increase along the line, with gaps where jobs left it; its place is 1 + the
+#: jobs ranked ahead of it, counted or numbered here, as it is read.
+_IN_LINE = "position IS NOT NULL AND state IN ('queued','preempted')"
+#: Listed jobs in line up to which each one's place is counted (each a range of the index
+#: up to it); past it, the whole line is read once and numbered.
+_COUNTED = 8
 
 
 class JobReads(Payloads):
@@ -32,7 +41,7 @@ class JobReads(Payloads):
         rows = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchall()
         if not rows:
             raise JobNotFound(job_id)
-        return _row_to_info(rows[0])
+        return _row_to_info(rows[0], self._places(rows).get(rows[0]["seq"]))
 
     def owners(self, job_ids: Iterable[str]) -> dict[str, int]:
         """The owner uid of each of these jobs that exists (what a shared pool's replies are
@@ -77,7 +86,33 @@ class JobReads(Payloads):
         if limit is not None:
             sql += " LIMIT ? OFFSET ?"
             args += [int(limit), int(offset)]
-        return [_row_to_info(r) for r in self.db.execute(sql, args)]
+        rows = self.db.execute(sql, args).fetchall()
+        places = self._places(rows)
+        return [_row_to_info(r, places.get(r["seq"])) for r in rows]
+
+    def _places(self, rows: Sequence[sqlite3.Row]) -> dict[int, int]:
+        """The place in line of each of these rows that is in one, by ``seq``: counted for a
+        few, else numbered from each of their backends' whole line (one read of the index)."""
+        ranked = [r for r in rows if r["position"] is not None and r["state"] in WAITING]
+        if len(ranked) <= _COUNTED:
+            return {
+                r["seq"]: 1
+                + self.db.execute(
+                    f"SELECT COUNT(*) FROM jobs WHERE backend=? AND {_IN_LINE} "
+                    "AND (position, seq) < (?, ?)",
+                    (r["backend"], r["position"], r["seq"]),
+                ).fetchone()[0]
+                for r in ranked
+            }
+        places: dict[int, int] = {}
+        for backend in {r["backend"] for r in ranked}:
+            line = self.db.execute(
+                f"SELECT seq FROM jobs INDEXED BY jobs_line WHERE backend=? AND {_IN_LINE} "
+                "ORDER BY position, seq",
+                (backend,),
+            )
+            places.update((seq, n) for n, (seq,) in enumerate(line, start=1))
+        return places
 
     def finished_jobs(
         self, since: float = 0.0, owner: str | None = None, limit: int | None = None
@@ -92,7 +127,7 @@ class JobReads(Payloads):
         if limit is not None:
             sql += " LIMIT ?"
             args.append(int(limit))
-        return [_row_to_info(r) for r in self.db.execute(sql, args)]
+        return [_row_to_info(r, None) for r in self.db.execute(sql, args)]
 
     @staticmethod
     def finished_sizes(

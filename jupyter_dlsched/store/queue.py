@@ -1,5 +1,5 @@
 """The tick's queries (``engine/tick.py``): its inputs, the active jobs' lean snapshot, expired
-leases, places in line, preemption requests, and allocated jobs nobody launched.
+leases, ranks in line, preemption requests, and allocated jobs nobody launched.
 """
 
 from __future__ import annotations
@@ -88,10 +88,11 @@ class Queue(Runs):
 
     @staticmethod
     def set_queue_positions(
-        db: sqlite3.Connection, changes: Iterable[tuple[int | None, str | None, str]]
+        db: sqlite3.Connection, changes: Iterable[tuple[float | None, str | None, str]]
     ) -> None:
-        """Record ``(position, waiting reason, job id)`` of waiting jobs whose place changed
-        (a job that has started meanwhile keeps none)."""
+        """Record ``(rank in line, waiting reason, job id)`` of waiting jobs whose rank or
+        reason changed (a job that has started meanwhile keeps none). The rank is kept in
+        ``position``; the place people see is numbered from it when read (``job_reads``)."""
         db.executemany(
             "UPDATE jobs SET position=?, waiting=? WHERE id=? AND state IN ('queued','preempted')",
             changes,

@@ -202,6 +202,20 @@ def index_of(jobs: list[QueuedJob], k: int) -> QueueIndex:
     return index
 
 
+def numbered(index: QueueIndex, decided: Decisions) -> dict[str, tuple[int | None, str | None]]:
+    """The places in line an index's ranks give after ``decided`` (what it started has
+    left the line), numbered as the ledger's readers do."""
+    started = {s.job_id for s in decided.starts}
+    waiting = [job_id for job_id in index.ranks if job_id not in started]
+    ranked = sorted(
+        (index.ranks[job_id], index.waiting[job_id]["seq"], job_id)
+        for job_id in waiting
+        if index.ranks[job_id] is not None
+    )
+    line = {job_id: n for n, (_, _, job_id) in enumerate(ranked, 1)}
+    return {job_id: (line.get(job_id), index.reasons.get(job_id)) for job_id in waiting}
+
+
 def places(decisions: Decisions) -> dict[str, tuple[int | None, str | None]]:
     """Each waiting job's place in line and reason, as a decision over the whole queue says."""
     started = {s.job_id for s in decisions.starts}
@@ -237,9 +251,18 @@ def test_places_read_from_the_lanes_are_those_of_a_decision_over_the_whole_queue
         return
     assert line is not None
     index.places_from(*line, quick, {})
-    assert index.places == places(whole)
+    assert numbered(index, quick) == places(whole)
     # a second decision with nothing changed writes nothing
     assert index.places_from(*line, quick, {}) == []
+    # one on a longer head looks at other jobs: what it keeps still matches the whole queue
+    index.HEAD = k + 3
+    longer = index.head(policy, now)
+    assert longer is not None
+    again = policy(longer, running, capacity, now)
+    more = index.line(policy, again, longer, running, capacity, now)
+    if more is not None:
+        index.places_from(*more, again, {})
+        assert numbered(index, again) == places(whole)
 
 
 def test_a_gate_that_may_hold_jobs_back_leaves_places_to_the_whole_queue() -> None:
@@ -379,8 +402,8 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
         decision = s.tick(now=time.time())
         assert decision is not None and decision.settled and not decision.placed
         assert [d.job_id for d in decision.starts] == [urgent.id]
-        # places were not rewritten by it (the next whole-queue decision does that)
-        assert s.info(low[0].id).position == 2
+        # the places read move up at once: they are numbered from ranks as they are read
+        assert s.info(low[0].id).position == 1
 
         # once due, a whole-queue decision writes every place again
         QueueIndex.PLACES_EVERY = 0.0
@@ -398,6 +421,93 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
         for job in s.jobs(state="running"):
             s.cancel(job.id)
         agent.close()
+
+
+def test_a_start_rewrites_no_place_behind_it_and_the_places_read_stay_1_to_n(
+    tmp_path: Path, small_head: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each start moves every waiting job up one place; the ledger keeps ranks, so only
+    jobs whose order changed (none here) or that are new are written."""
+    from jupyter_dlsched.agent.service import Agent
+    from jupyter_dlsched.scheduler import Scheduler
+
+    agent = Agent(tmp_path / "home")
+    agent.open()
+    engine = agent.sched
+    assert engine is not None
+    s = Scheduler.of_engine(engine)
+    write = engine.store.set_queue_positions
+    written: list[str] = []
+
+    def counted(db: Any, rows: Any) -> None:
+        rows = list(rows)
+        written.extend(job_id for _, _, job_id in rows)
+        write(db, rows)
+
+    monkeypatch.setattr(engine.store, "set_queue_positions", counted)
+
+    def ranks() -> dict[str, float]:
+        rows = s.store.db.execute(
+            "SELECT id, position FROM jobs WHERE state='queued' AND position IS NOT NULL"
+        )
+        return {job_id: rank for job_id, rank in rows}
+
+    def line() -> list[str]:
+        queued = sorted((j for j in s.jobs(state="queued") if j.position), key=_place)
+        assert [j.position for j in queued] == list(range(1, len(queued) + 1))
+        return [j.id for j in queued]
+
+    try:
+        holders = [s.submit_command(["sleep", "600"], gpus=1, cpus=1) for _ in range(2)]
+        s.tick(now=time.time())
+        low = s.map(nap, range(40), gpus=1, cpus=1, priority="low")
+        time.sleep(0.2)
+        first = s.tick(now=time.time())
+        assert first is not None and first.placed
+        engine.flush_positions(force=True)
+        assert sorted(written) == sorted(h.id for h in low)  # a new line: every job ranked
+        assert line() == [h.id for h in low]
+
+        written.clear()
+        before = ranks()
+        s.cancel(holders[0].id)
+        _until_free(s, holders[0].id)
+        time.sleep(0.2)
+        started = s.tick(now=time.time())  # the first in line starts; every place moves up
+        assert started is not None and started.placed
+        assert s.info(low[0].id).state == "running"
+        engine.flush_positions(force=True)
+        assert written == []
+        assert ranks() == {job_id: rank for job_id, rank in before.items() if job_id != low[0].id}
+        assert line() == [h.id for h in low[1:]]
+        assert s.info(low[1].id).position == 1
+
+        kept = ranks()
+        later = s.map(nap, range(3), gpus=1, cpus=1, priority="low")
+        urgent = s.submit(nap, -1, gpus=1, cpus=1, priority="high")
+        time.sleep(0.2)
+        placed = s.tick(now=time.time())
+        assert placed is not None and placed.placed and not placed.starts
+        engine.flush_positions(force=True)
+        # the new jobs are ranked, at the end and at the front; nobody else is written
+        # (asked of the ledger: a supervisor here, with no agent serving, may decide too)
+        assert set(written) <= {h.id for h in [*later, urgent]}
+        assert {job_id: rank for job_id, rank in ranks().items() if job_id in kept} == kept
+        assert line() == [urgent.id, *(h.id for h in low[1:]), *(h.id for h in later)]
+    finally:
+        with s.store.transaction() as db:
+            db.execute("UPDATE jobs SET state='cancelled' WHERE state='queued'")
+        for job in s.jobs(state="running"):
+            s.cancel(job.id)
+        agent.close()
+
+
+def nap(x: int) -> None:
+    time.sleep(600)
+
+
+def _place(job: Any) -> int:
+    return int(job.position)
 
 
 def test_places_kept_back_are_written_in_parts_and_a_failed_part_is_tried_again(

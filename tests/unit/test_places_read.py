@@ -1,0 +1,50 @@
+"""Places in line as people read them: the ledger keeps ranks, numbered 1..n per backend's
+line as they are read (``store/job_reads.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jupyter_dlsched.resources import Capacity
+from jupyter_dlsched.spec import build_spec
+from jupyter_dlsched.store import Store
+
+POOL = Capacity.empty(n_gpus=2, gpu_mem=16 * 2**30, cpus=4, mem=64 * 2**30)
+
+
+def queued(store: Store, backend: str = "local") -> str:
+    spec = build_spec(capacity=POOL, gpus=1)
+    job = store.insert_job(spec, {"payload.pkl": b"x"}, owner="anna", uid=1000, backend=backend)
+    return job.id
+
+
+def ranked(store: Store, ranks: dict[str, float | None]) -> None:
+    with store.transaction() as db:
+        store.set_queue_positions(db, [(rank, None, job_id) for job_id, rank in ranks.items()])
+
+
+def test_places_read_are_1_to_n_in_rank_order_whatever_the_ranks(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h")
+    a, b, c, d = (queued(store) for _ in range(4))
+    ranked(store, {a: 7.0, b: -3.0, c: 7.5, d: None})  # d has no place yet
+    places = {j.id: j.position for j in store.jobs(states=["queued"])}
+    assert places == {b: 1, a: 2, c: 3, d: None}
+    assert [store.get(x).position for x in (a, b, c, d)] == [2, 1, 3, None]
+    assert {j.id: j.position for j in store.jobs(ids=[c, d])} == {c: 3, d: None}
+
+
+def test_a_job_that_leaves_the_line_moves_everyone_behind_it_up_at_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h")
+    a, b, c, d = (queued(store) for _ in range(4))
+    ranked(store, {a: 1.0, b: 2.0, c: 3.0, d: 4.0})
+    store.transition(a, "running", started=1.0, position=None)  # a start clears its rank
+    store.cancel(c, unsupervised_ends=True)  # a cancel leaves it, but not in the line
+    assert [store.get(x).position for x in (a, b, c, d)] == [None, 1, None, 2]
+    assert [j.position for j in store.jobs()] == [None, 1, None, 2]
+
+
+def test_each_backend_has_a_line_of_its_own(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h")
+    here, there = queued(store), queued(store, backend="ray")
+    ranked(store, {here: 5.0, there: 2.0})
+    assert store.get(here).position == 1 and store.get(there).position == 1
