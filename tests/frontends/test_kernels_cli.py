@@ -56,9 +56,16 @@ def test_install_writes_this_pythons_kernel_with_the_provisioner(
     assert (tmp_path / "data/kernels/python3-2gpu/logo-64x64.png").exists()
 
 
+def gpu_kernelspecs(env: dict[str, str]) -> set[str]:
+    return {spec["name"] for spec in json.loads(run(env, "list", "--json").stdout)}
+
+
 def test_install_share_settings_name_and_prefix_then_list_and_remove(
     env: dict[str, str], tmp_path: Path
 ) -> None:
+    # what the environment has of its own, which the test leaves alone (`make lab` installs
+    # one in the venv's prefix, where every Jupyter of that venv finds it)
+    before = gpu_kernelspecs(env)
     run(
         env,
         "install",
@@ -90,7 +97,9 @@ def test_install_share_settings_name_and_prefix_then_list_and_remove(
 
     run(env, "remove", "half")
     assert not (tmp_path / "data/kernels/half").exists()
-    assert "no GPU kernelspecs" in run(env, "list").stdout
+    assert gpu_kernelspecs(env) == before
+    if not before:
+        assert "no GPU kernelspecs" in run(env, "list").stdout
 
 
 @pytest.mark.parametrize(
