@@ -416,11 +416,7 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
         assert [places[job_id] for job_id in waiting] == list(range(1, len(waiting) + 1))
         assert len(waiting) >= 39
     finally:
-        with s.store.transaction() as db:
-            db.execute("UPDATE jobs SET state='cancelled' WHERE state='queued'")
-        for job in s.jobs(state="running"):
-            s.cancel(job.id)
-        agent.close()
+        leave_nothing_running(s, agent)
 
 
 def test_a_start_rewrites_no_place_behind_it_and_the_places_read_stay_1_to_n(
@@ -495,11 +491,17 @@ def test_a_start_rewrites_no_place_behind_it_and_the_places_read_stay_1_to_n(
         assert {job_id: rank for job_id, rank in ranks().items() if job_id in kept} == kept
         assert line() == [urgent.id, *(h.id for h in low[1:]), *(h.id for h in later)]
     finally:
-        with s.store.transaction() as db:
-            db.execute("UPDATE jobs SET state='cancelled' WHERE state='queued'")
-        for job in s.jobs(state="running"):
-            s.cancel(job.id)
-        agent.close()
+        leave_nothing_running(s, agent)
+
+
+def leave_nothing_running(s: Any, agent: Any) -> None:
+    """End a test's queue at once (the waiting jobs marked cancelled in one statement,
+    the running ones cancelled) and close its agent."""
+    with s.store.transaction() as db:
+        db.execute("UPDATE jobs SET state='cancelled' WHERE state='queued'")
+    for job in s.jobs(state="running"):
+        s.cancel(job.id)
+    agent.close()
 
 
 def nap(x: int) -> None:
@@ -561,11 +563,7 @@ def test_places_kept_back_are_written_in_parts_and_a_failed_part_is_tried_again(
         assert [s.info(h.id).position for h in low] == list(range(1, 41))
     finally:
         monkeypatch.setattr(engine.store, "set_queue_positions", write)
-        with s.store.transaction() as db:
-            db.execute("UPDATE jobs SET state='cancelled' WHERE state='queued'")
-        for job in s.jobs(state="running"):
-            s.cancel(job.id)
-        agent.close()
+        leave_nothing_running(s, agent)
 
 
 def _until_free(s: Any, job_id: str, timeout: float = 30.0) -> None:

@@ -201,10 +201,16 @@ def submitter(lab: Lab) -> Iterator[Scheduler]:
     """A client of the lab's pool, as a user's script would be; what it left is cancelled."""
     s = Scheduler(home=lab.home, loop=False)
     yield s
+    leave(s, lab)
+
+
+def leave(s: Scheduler, lab: Lab) -> None:
+    """Cancel what a submitter left, close it, and remove the lab's state folder (which
+    lets the job launcher exit)."""
     for job in s.jobs(state=["queued", "running", "preempted"]):
         s.cancel(job.id)
     s.close()
-    shutil.rmtree(lab.home, ignore_errors=True)  # lets the job launcher exit
+    shutil.rmtree(lab.home, ignore_errors=True)
 
 
 def sleeper(s: Scheduler, name: str, **resources: Any) -> str:

@@ -9,7 +9,6 @@ by Jupyter has: the notebook's full path becomes the job's origin).
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import pytest
 
 from jupyter_dlsched.scheduler import Scheduler
 
-from ..conftest import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, Lab, start_lab, stop_lab
+from ..conftest import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, Lab, leave, start_lab, stop_lab
 from ..test_cell_line import call
 
 SIDEBAR = "#jupyter-dlsched-sidebar"
@@ -43,10 +42,7 @@ def submitter(lab: Lab, request: pytest.FixtureRequest) -> Iterator[Scheduler]:
         env.setenv("JPY_SESSION_NAME", getattr(request.module, "SESSION_NAME", SESSION_NAME))
         s = Scheduler(home=lab.home, loop=False)
         yield s
-        for job in s.jobs(state=["queued", "running", "preempted"]):
-            s.cancel(job.id)
-        s.close()
-    shutil.rmtree(lab.home, ignore_errors=True)  # lets the job launcher exit
+        leave(s, lab)
 
 
 @pytest.fixture(autouse=True)
