@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import sqlite3
 import time
+from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
-from itertools import compress, count
-from operator import attrgetter, ne, not_
+from itertools import compress, count, islice
+from operator import attrgetter, lt, ne, not_
 from typing import Any
 
 from .. import start_times
 from ..policy import Decisions, Policy, PresortedQueue, QueuedJob, RunningJob
 from ..policy.base import passes_through
+from ..policy.lane_line import LaneLine, Stretch
 from ..resources import Capacity, Placement, Request
 from ..store import TERMINAL, Store
 from ..when import begin_words
@@ -55,24 +58,46 @@ def _blocked(
 
 class _Lane:
     """One lane of a policy's queue: jobs sorted by a key that does not change while they
-    wait (two lists, so a job goes in and out by bisection)."""
+    wait (lists kept side by side, so a job goes in and out by bisection), and each one's
+    rank in line (``nan``: none yet) in an array, which a line read from the lanes copies
+    without touching the jobs (``QueueIndex.places_from``)."""
 
-    __slots__ = ("jobs", "keys")
+    __slots__ = ("jobs", "keys", "ranks")
 
-    def __init__(self, keys: list[Any] | None = None, jobs: list[QueuedJob] | None = None) -> None:
+    def __init__(
+        self,
+        keys: list[Any] | None = None,
+        jobs: list[QueuedJob] | None = None,
+        ranks: Iterable[float | None] = (),
+    ) -> None:
         self.keys: list[Any] = keys or []
         self.jobs: list[QueuedJob] = jobs or []
+        self.ranks = array("d", map(_unset_nan, ranks))
 
-    def add(self, key: Any, job: QueuedJob) -> None:
+    def add(self, key: Any, job: QueuedJob, rank: float | None) -> None:
         i = bisect.bisect_right(self.keys, key)
         self.keys.insert(i, key)
         self.jobs.insert(i, job)
+        self.ranks.insert(i, _unset_nan(rank))
 
-    def remove(self, key: Any, job_id: str) -> None:
+    def at(self, key: Any, job_id: str) -> int:
+        """Where the job ``job_id``, of lane key ``key``, is in the lane."""
         i = bisect.bisect_left(self.keys, key)
         while self.jobs[i].id != job_id:
             i += 1
-        del self.keys[i], self.jobs[i]
+        return i
+
+    def remove(self, key: Any, job_id: str) -> None:
+        i = self.at(key, job_id)
+        del self.keys[i], self.jobs[i], self.ranks[i]
+
+
+def _unset_nan(rank: float | None) -> float:
+    return math.nan if rank is None else rank
+
+
+def _nan_unset(rank: float) -> float | None:
+    return None if rank != rank else rank
 
 
 class QueueIndex:
@@ -136,6 +161,8 @@ class QueueIndex:
         self._layout: Any = None
         self._lanes: dict[Any, _Lane] = {}
         self._lane_of: dict[str, tuple[Any, Any]] = {}
+        #: the lanes' ranks are those of ``ranks`` (else they are read again when next asked)
+        self._lanes_ranked = True
         self._policy: Any = None
         self._places_at = 0.0  # time.monotonic() of the last whole-queue decision
         self._places_took = 0.0
@@ -211,7 +238,7 @@ class QueueIndex:
             kept = self._lanes.get(lane)
             if kept is None:
                 kept = self._lanes[lane] = _Lane()
-            kept.add(key, job)
+            kept.add(key, job, self.ranks.get(job.id))
 
     def _withdraw(self, job: QueuedJob) -> None:
         if job.resume_on is not None:
@@ -323,15 +350,6 @@ class QueueIndex:
         behind it is written."""
         started = {s.job_id for s in decided.starts}
         said = {job_id: words for job_id, words in decided.waiting.items() if words}
-        # C-level maps over the line only: a deep queue's whole-queue decision has every
-        # waiting job in it, and each job the policy did not look at shares its request's
-        # words (``per_request``) with the others
-        ids = list(map(_job_id, order))
-        line: Iterable[QueuedJob] = order
-        if started:
-            left = list(map(started.__contains__, ids))
-            ids = list(compress(ids, map(not_, left)))
-            line = list(compress(order, map(not_, left)))
         per_request = getattr(explain, "per_request", None)
         words: dict[Request, str] | None = None
         if per_request is not None:
@@ -342,16 +360,21 @@ class QueueIndex:
             same: dict[Request, str] = words
             told = self._told
             self._told = set(said)
-            asked = [
-                job_id
+            asked = {
+                job_id: said.get(job_id) or same[self.offered[job_id].request]
                 for job_id in {*said, *told, *self._unplaced}
                 if job_id in self.offered and job_id not in started
-            ]
-            return self.take_places(
-                ids,
-                {j: said.get(j) or same[self.offered[j].request] for j in asked},
-                blocked,
-            )
+            }
+            if isinstance(order, LaneLine):
+                return self._take_places_from_lanes(order, started, asked, blocked)
+            return self.take_places(self._ids_but(order, started), asked, blocked)
+        # C-level maps over the line only: a deep queue's whole-queue decision has every
+        # waiting job in it, and each job the policy did not look at shares its request's
+        # words (``per_request``) with the others
+        line: Sequence[QueuedJob] = order
+        if started:
+            line = [job for job in order if job.id not in started]
+        ids = list(map(_job_id, line))
         if per_request is not None:  # words by request: asked once per request object
             requests = list(map(_job_request, line))
             kinds = dict(zip(map(id, requests), requests, strict=True))
@@ -362,6 +385,81 @@ class QueueIndex:
         changed = self.take_places(ids, whys, blocked)
         self._words, self._told = words, set(said)
         return changed
+
+    @staticmethod
+    def _ids_but(order: Sequence[QueuedJob], started: set[str]) -> list[str]:
+        ids = list(map(_job_id, order))
+        if started:
+            ids = list(compress(ids, map(not_, map(started.__contains__, ids))))
+        return ids
+
+    def _take_places_from_lanes(
+        self,
+        order: LaneLine,
+        started: set[str],
+        whys: Mapping[str, str],
+        blocked: Mapping[str, str],
+    ) -> list[tuple[float | None, str | None, str]]:
+        """``take_places`` for a line told as stretches of the lanes (``LaneLine``), reading
+        and writing ranks in the lanes' arrays: copies of them, not a pass over the jobs."""
+        if not self._lanes_ranked:
+            for kept in self._lanes.values():
+                kept.ranks = array(
+                    "d", map(_unset_nan, map(self.ranks.get, map(_job_id, kept.jobs)))
+                )
+            self._lanes_ranked = True
+        ranks = array("d")
+        starts: list[int] = []  # where each piece begins in the line
+        for piece in order.pieces:
+            starts.append(len(ranks))
+            if isinstance(piece, Stretch):
+                ranks += self._lanes[piece.lane].ranks[piece.start : piece.stop]
+            else:
+                ranks.extend(map(_unset_nan, map(self.ranks.get, map(_job_id, piece))))
+        gone = sorted(self._in_line(order, starts, job_id) for job_id in started)
+        for at in reversed(gone):
+            del ranks[at]
+        if len(ranks) > 1 and all(map(lt, ranks, islice(ranks, 1, None))):
+            moved = {}  # in order and none unranked (nan compares false): the usual case
+        else:
+            moved = rerank(list(map(_nan_unset, ranks)))
+        placed: list[tuple[int, float, str]] = []
+        for i, rank in moved.items():
+            at = i
+            for g in gone:  # the place in the line before the started jobs left it
+                if g > at:
+                    break
+                at += 1
+            p = bisect.bisect_right(starts, at) - 1
+            piece = order.pieces[p]
+            if isinstance(piece, Stretch):
+                kept = self._lanes[piece.lane]
+                within = piece.start + at - starts[p]
+                job_id = kept.jobs[within].id
+            else:
+                job_id = piece[at - starts[p]].id
+                lane, key = self._lane_of[job_id]
+                kept = self._lanes[lane]
+                within = kept.at(key, job_id)
+            kept.ranks[within] = rank
+            self.ranks[job_id] = rank
+            placed.append((i, rank, job_id))
+        placed.sort()
+        changed = self._take_reasons([(rank, job_id) for _, rank, job_id in placed], whys)
+        self._take_blocked(changed, blocked)
+        return changed
+
+    def _in_line(self, order: LaneLine, starts: list[int], job_id: str) -> int:
+        """Where the job ``job_id`` is in ``order`` (``starts``: where each piece begins)."""
+        lane, key = self._lane_of[job_id]
+        within = self._lanes[lane].at(key, job_id)
+        for piece, start in zip(order.pieces, starts, strict=True):
+            if isinstance(piece, Stretch):
+                if piece.lane == lane and piece.start <= within < piece.stop:
+                    return start + within - piece.start
+            elif any(job.id == job_id for job in piece):
+                return start + next(i for i, job in enumerate(piece) if job.id == job_id)
+        raise ValueError(f"{job_id} is not in the line")
 
     def take_places(
         self,
@@ -377,15 +475,9 @@ class QueueIndex:
         moved = rerank(list(map(ranks.get, ids)))
         for i, rank in moved.items():
             ranks[ids[i]] = rank
+        self._lanes_ranked = self._lanes_ranked and not moved  # else read again when asked
         if isinstance(whys, Mapping):
-            said = [j for j, why in whys.items() if reasons.get(j) != why]
-            for j in said:
-                reasons[j] = whys[j]
-            at = sorted(moved)
-            changed = [(ranks[ids[i]], reasons[ids[i]], ids[i]) for i in at]
-            if said:
-                seen = {ids[i] for i in at}
-                changed += [(ranks.get(j), reasons[j], j) for j in said if j not in seen]
+            changed = self._take_reasons([(moved[i], ids[i]) for i in sorted(moved)], whys)
         else:
             told = list(compress(count(), map(ne, whys, map(reasons.get, ids))))
             for i in told:
@@ -393,13 +485,58 @@ class QueueIndex:
             self._words = None  # the next placement from the lanes compares every reason
             at = sorted({*moved, *told})  # in line order: written in that order
             changed = [(ranks[ids[i]], reasons[ids[i]], ids[i]) for i in at]
+        self._take_blocked(changed, blocked)
+        return changed
+
+    def take_unlined(
+        self,
+        rows: Iterable[sqlite3.Row],
+        lined: set[str],
+        reasons: Mapping[str, str],
+        changed: list[tuple[float | None, str | None, str]],
+    ) -> None:
+        """Add to ``changed`` the waiting jobs (``rows``) in neither the line (``lined``,
+        with the jobs that started) nor waiting for a dependency or a time, which have no
+        place in line now, only their reason (``reasons``)."""
+        for row in rows:
+            job_id = row["id"]
+            if job_id in lined or job_id in self.pending:
+                continue
+            if (self.ranks.get(job_id), self.reasons.get(job_id)) != (None, reasons.get(job_id)):
+                changed.append((None, reasons.get(job_id), job_id))
+                self.ranks[job_id], self.reasons[job_id] = None, reasons.get(job_id)
+                self._lanes_ranked = False
+
+    def _take_reasons(
+        self, moved: list[tuple[float, str]], whys: Mapping[str, str]
+    ) -> list[tuple[float | None, str | None, str]]:
+        """Keep the reasons ``whys`` of some jobs: ``(rank, reason, job id)`` of the jobs
+        given a new rank (``moved``: ``(rank, job id)`` in line order), then of those whose
+        reason changed."""
+        ranks, reasons = self.ranks, self.reasons
+        said = [j for j, why in whys.items() if reasons.get(j) != why]
+        for j in said:
+            reasons[j] = whys[j]
+        changed: list[tuple[float | None, str | None, str]] = [
+            (rank, reasons[j], j) for rank, j in moved
+        ]
+        if said:
+            seen = {j for _, j in moved}
+            changed += [(ranks.get(j), reasons[j], j) for j in said if j not in seen]
+        return changed
+
+    def _take_blocked(
+        self, changed: list[tuple[float | None, str | None, str]], blocked: Mapping[str, str]
+    ) -> None:
+        """Add to ``changed`` the jobs waiting for a dependency or a time whose reason changed
+        (``blocked``); the jobs offered since the last placement are placed now."""
+        ranks, reasons = self.ranks, self.reasons
         for job_id in self.pending:
             now_pending = (None, blocked.get(job_id))
             if (ranks.get(job_id), reasons.get(job_id)) != now_pending:
                 changed.append((None, now_pending[1], job_id))
                 ranks[job_id], reasons[job_id] = now_pending
         self._unplaced.clear()
-        return changed
 
     def _build_lanes(self, policy: Any) -> None:
         placed: dict[Any, list[tuple[Any, QueuedJob]]] = {}
@@ -413,7 +550,11 @@ class QueueIndex:
         self._lanes = {}
         for lane, kept in placed.items():
             kept.sort(key=lambda kj: kj[0])
-            self._lanes[lane] = _Lane([k for k, _ in kept], [j for _, j in kept])
+            jobs = [j for _, j in kept]
+            self._lanes[lane] = _Lane(
+                [k for k, _ in kept], jobs, map(self.ranks.get, map(_job_id, jobs))
+            )
+        self._lanes_ranked = True
 
     def stale(self) -> None:
         """A head was decided: places in line wait for the next whole-queue decision."""

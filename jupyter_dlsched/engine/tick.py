@@ -101,7 +101,9 @@ def decide(
                 if line is not None:
                     _commit(store, db, decisions, index.waiting, lease_ttl, now)
                     in_line, explain = line
-                    _estimate(forecasts, backend, policy, in_line, active, capacity, now, index)
+                    # the forecast reads only the front of the line, later: a copy of it
+                    ahead = list(in_line[: start_times.FORECAST_JOBS])
+                    _estimate(forecasts, backend, policy, ahead, active, capacity, now, index)
                     changed = index.places_from(in_line, explain, decisions, blocked)
                     index.placed(time.perf_counter() - started)
                     _write_places(store, db, changed, deferred)
@@ -142,15 +144,7 @@ def decide(
     reasons = {**decisions.waiting, **blocked}
     if index is not None:
         changed = index.take_places(order, list(map(reasons.get, order)), blocked)
-        # a waiting job in neither the line nor waiting for a dependency or a time
-        in_order = set(order)
-        for row in waiting:
-            job_id = row["id"]
-            if job_id in started_ids or job_id in in_order or job_id in index.pending:
-                continue
-            if (index.ranks.get(job_id), index.reasons.get(job_id)) != (None, reasons.get(job_id)):
-                changed.append((None, reasons.get(job_id), job_id))
-                index.ranks[job_id], index.reasons[job_id] = None, reasons.get(job_id)
+        index.take_unlined(waiting, started_ids | set(order), reasons, changed)
     else:
         # ranks, not places: a job keeps its rank while its order with the others holds
         old = [rows[j]["position"] for j in order]

@@ -38,6 +38,7 @@ from .base import (
     smallest_size,
     submit_order,
 )
+from .lane_line import LaneLine, Stretch
 from .preempting import _victims_for
 from .shortfall import Shortfalls, describe_shortfall
 from .sizes import SizeModel
@@ -184,18 +185,19 @@ class PriorityPolicy:
 
         return order, explain
 
-    def _merged(self, lanes: Mapping[Hashable, Sequence[QueuedJob]], now: float) -> list[QueuedJob]:
+    def _merged(self, lanes: Mapping[Hashable, Sequence[QueuedJob]], now: float) -> LaneLine:
         """Every job of the lanes in ``sort_key`` order at ``now``, without a key per job.
 
         Along a lane of one base priority the effective priority only falls (the jobs
         further on have waited less), so each lane is a few runs of one effective
         priority, found by bisection; runs of equal priority from different lanes merge
-        by submit order, and jobs with deadlines go first within their priority."""
+        by submit order, and jobs with deadlines go first within their priority. A run
+        that is the only one of its priority stays a stretch of its lane."""
 
         def rank(job: QueuedJob) -> float:
             return -self.effective_priority(job, now)
 
-        runs: dict[float, list[Sequence[QueuedJob]]] = {}
+        runs: dict[float, list[Stretch]] = {}
         for lane, jobs in lanes.items():
             if lane == _DEADLINE_LANE:
                 continue
@@ -207,24 +209,23 @@ class PriorityPolicy:
                     if self.aging_interval <= 0
                     else bisect.bisect_right(jobs, level, lo=i, key=rank)
                 )
-                runs.setdefault(level, []).append(jobs[i:j] if i or j < len(jobs) else jobs)
+                runs.setdefault(level, []).append(Stretch(lane, i, j))
                 i = j
         due: dict[float, list[QueuedJob]] = {}
         for job in lanes.get(_DEADLINE_LANE, ()):
             due.setdefault(rank(job), []).append(job)
-        order: list[QueuedJob] = []
+        pieces: list[Stretch | list[QueuedJob]] = []
         for level in sorted(runs.keys() | due.keys()):
             early = sorted(due.get(level, ()), key=lambda j: self.sort_key(j, now))
             late = [j for j in early if j.deadline == math.inf]  # ties with no deadline
-            order.extend(j for j in early if j.deadline != math.inf)
+            pieces.append([j for j in early if j.deadline != math.inf])
             same = runs.get(level, [])
-            if late:
-                same = [*same, late]
-            if len(same) == 1:
-                order.extend(same[0])
-            elif same:
-                order.extend(sorted(chain.from_iterable(same), key=attrgetter("seq")))
-        return order
+            if len(same) == 1 and not late:
+                pieces.append(same[0])
+            elif same or late:
+                merged = chain(late, *(islice(lanes[s.lane], s.start, s.stop) for s in same))
+                pieces.append(sorted(merged, key=attrgetter("seq")))
+        return LaneLine(lanes, pieces)
 
     def __call__(
         self,

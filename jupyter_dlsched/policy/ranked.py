@@ -34,6 +34,7 @@ from .base import (
     smallest_size,
     submit_order,
 )
+from .lane_line import LaneLine, Stretch
 from .preempting import RankedPreemption
 from .ranks import RunningRanks
 from .shortfall import Shortfalls, describe_shortfall
@@ -104,7 +105,7 @@ class RankedPolicy(RankedPreemption):
         ``None`` where ``head`` offers none."""
         if self.head({}, now, 0) is None:
             return None
-        order = lanes.get((), ())
+        order = LaneLine(lanes, [Stretch((), 0, len(lanes.get((), ())))])
         if self.skip:
             return order, Shortfalls(left)
         started = {s.job_id for s in decided.starts}
