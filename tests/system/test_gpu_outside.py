@@ -47,7 +47,13 @@ def gpu_processes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 @pytest.fixture
 def sleeper(other_user) -> Iterator[subprocess.Popen[bytes]]:
     """``sleep 300`` run by another Unix user: a process on the GPU nobody asked the pool for."""
+    import psutil
+
     proc = subprocess.Popen(other_user.command("sleep", "300"))
+    # setpriv changes user, then execs: until both are done the pid is root's setpriv, or a
+    # process between images whose command line reads empty.
+    process = psutil.Process(proc.pid)
+    wait_for(lambda: (process.username(), process.cmdline()) == (other_user.name, ["sleep", "300"]))
     yield proc
     proc.kill()
     proc.wait()
