@@ -10,27 +10,25 @@ dependency).
 
 from __future__ import annotations
 
-import bisect
 import json
-import math
 import sqlite3
 import time
-from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
-from itertools import compress, count, islice
-from operator import attrgetter, lt, ne, not_
+from itertools import compress, count
+from operator import attrgetter, ne, not_
 from typing import Any
 
 from .. import start_times
 from ..policy import Decisions, Policy, PresortedQueue, QueuedJob, RunningJob
 from ..policy.base import passes_through
-from ..policy.lane_line import LaneLine, Stretch
+from ..policy.lane_line import LaneLine
 from ..resources import Capacity, Placement, Request
 from ..store import TERMINAL, Store
 from ..when import begin_words
+from .lanes import Lanes
 from .line_ranks import rerank
 
 
@@ -54,50 +52,6 @@ def _blocked(
     if pending:
         return f"waiting for job {pending[0]} to finish"
     return None
-
-
-class _Lane:
-    """One lane of a policy's queue: jobs sorted by a key that does not change while they
-    wait (lists kept side by side, so a job goes in and out by bisection), and each one's
-    rank in line (``nan``: none yet) in an array, which a line read from the lanes copies
-    without touching the jobs (``QueueIndex.places_from``)."""
-
-    __slots__ = ("jobs", "keys", "ranks")
-
-    def __init__(
-        self,
-        keys: list[Any] | None = None,
-        jobs: list[QueuedJob] | None = None,
-        ranks: Iterable[float | None] = (),
-    ) -> None:
-        self.keys: list[Any] = keys or []
-        self.jobs: list[QueuedJob] = jobs or []
-        self.ranks = array("d", map(_unset_nan, ranks))
-
-    def add(self, key: Any, job: QueuedJob, rank: float | None) -> None:
-        i = bisect.bisect_right(self.keys, key)
-        self.keys.insert(i, key)
-        self.jobs.insert(i, job)
-        self.ranks.insert(i, _unset_nan(rank))
-
-    def at(self, key: Any, job_id: str) -> int:
-        """Where the job ``job_id``, of lane key ``key``, is in the lane."""
-        i = bisect.bisect_left(self.keys, key)
-        while self.jobs[i].id != job_id:
-            i += 1
-        return i
-
-    def remove(self, key: Any, job_id: str) -> None:
-        i = self.at(key, job_id)
-        del self.keys[i], self.jobs[i], self.ranks[i]
-
-
-def _unset_nan(rank: float | None) -> float:
-    return math.nan if rank is None else rank
-
-
-def _nan_unset(rank: float) -> float | None:
-    return None if rank != rank else rank
 
 
 class QueueIndex:
@@ -159,11 +113,8 @@ class QueueIndex:
         self.resuming = 0
         self._shapes: frozenset[Request] | None = None  # of ``shapes``, until one comes or goes
         self._layout: Any = None
-        self._lanes: dict[Any, _Lane] = {}
-        self._lane_of: dict[str, tuple[Any, Any]] = {}
-        #: the lanes' ranks are those of ``ranks`` (else they are read again when next asked)
-        self._lanes_ranked = True
-        self._policy: Any = None
+        #: the offered jobs in the policy's lanes, while it has a lane layout (``head``)
+        self._lanes: Lanes | None = None
         self._places_at = 0.0  # time.monotonic() of the last whole-queue decision
         self._places_took = 0.0
         #: places in line may be out of date (something changed since they were written)
@@ -232,13 +183,8 @@ class QueueIndex:
         if not self.shapes[job.request]:
             self._shapes = None
         self.shapes[job.request] += 1
-        if self._layout is not None:
-            lane, key = self._policy.lane(job)
-            self._lane_of[job.id] = (lane, key)
-            kept = self._lanes.get(lane)
-            if kept is None:
-                kept = self._lanes[lane] = _Lane()
-            kept.add(key, job, self.ranks.get(job.id))
+        if self._lanes is not None:
+            self._lanes.add(job, self.ranks.get(job.id))
 
     def _withdraw(self, job: QueuedJob) -> None:
         if job.resume_on is not None:
@@ -247,12 +193,8 @@ class QueueIndex:
         if self.shapes[job.request] <= 0:
             del self.shapes[job.request]
             self._shapes = None
-        placed = self._lane_of.pop(job.id, None)
-        if placed is not None:
-            lane, key = placed
-            self._lanes[lane].remove(key, job.id)
-            if not self._lanes[lane].jobs:
-                del self._lanes[lane]
+        if self._lanes is not None:
+            self._lanes.remove(job.id)
 
     def in_submit_order(self) -> list[sqlite3.Row]:
         """The waiting jobs' rows in submit order (a requeued job keeps its number)."""
@@ -287,12 +229,11 @@ class QueueIndex:
             return None
         if policy.head({}, now, 0) is None:  # type: ignore[attr-defined]
             return None  # it preempts or learns: it looks at the whole queue, keep no lanes
-        if layout() != self._layout:
-            self._layout, self._policy = layout(), policy
-            self._build_lanes(policy)
-        self._policy = policy
-        lanes = {lane: kept.jobs for lane, kept in self._lanes.items()}
-        queue = policy.head(lanes, now, self.HEAD)  # type: ignore[attr-defined]
+        if self._lanes is None or layout() != self._layout:
+            self._layout = layout()
+            self._lanes = Lanes(policy, self.offered.values(), self.ranks)
+        self._lanes.policy = policy
+        queue = policy.head(self._lanes.jobs(), now, self.HEAD)  # type: ignore[attr-defined]
         if queue is not None:
             if self._shapes is None:
                 self._shapes = frozenset(self.shapes)
@@ -325,15 +266,14 @@ class QueueIndex:
         (``passes_through``), and no job waits to resume an elastic run (it would start
         at once wherever it is in line)."""
         line = getattr(policy, "line", None)
-        if not decided.settled or self.resuming or not callable(line) or self._layout is None:
+        if not decided.settled or self.resuming or not callable(line) or self._lanes is None:
             return None
         if not passes_through(policy, decided, head, running):
             return None
         left = capacity
         for start in decided.starts:
             left = left.take(start.placement)
-        lanes = {lane: kept.jobs for lane, kept in self._lanes.items()}
-        made = line(lanes, decided, head, running, left, now)
+        made = line(self._lanes.jobs(), decided, head, running, left, now)
         return None if made is None else (made[0], made[1])
 
     def places_from(
@@ -365,8 +305,13 @@ class QueueIndex:
                 for job_id in {*said, *told, *self._unplaced}
                 if job_id in self.offered and job_id not in started
             }
-            if isinstance(order, LaneLine):
-                return self._take_places_from_lanes(order, started, asked, blocked)
+            if isinstance(order, LaneLine) and self._lanes is not None:
+                moved = self._lanes.place(order, started, self.ranks)
+                for rank, job_id in moved:
+                    self.ranks[job_id] = rank
+                changed = self._take_reasons(moved, asked)
+                self._take_blocked(changed, blocked)
+                return changed
             return self.take_places(self._ids_but(order, started), asked, blocked)
         # C-level maps over the line only: a deep queue's whole-queue decision has every
         # waiting job in it, and each job the policy did not look at shares its request's
@@ -393,74 +338,6 @@ class QueueIndex:
             ids = list(compress(ids, map(not_, map(started.__contains__, ids))))
         return ids
 
-    def _take_places_from_lanes(
-        self,
-        order: LaneLine,
-        started: set[str],
-        whys: Mapping[str, str],
-        blocked: Mapping[str, str],
-    ) -> list[tuple[float | None, str | None, str]]:
-        """``take_places`` for a line told as stretches of the lanes (``LaneLine``), reading
-        and writing ranks in the lanes' arrays: copies of them, not a pass over the jobs."""
-        if not self._lanes_ranked:
-            for kept in self._lanes.values():
-                kept.ranks = array(
-                    "d", map(_unset_nan, map(self.ranks.get, map(_job_id, kept.jobs)))
-                )
-            self._lanes_ranked = True
-        ranks = array("d")
-        starts: list[int] = []  # where each piece begins in the line
-        for piece in order.pieces:
-            starts.append(len(ranks))
-            if isinstance(piece, Stretch):
-                ranks += self._lanes[piece.lane].ranks[piece.start : piece.stop]
-            else:
-                ranks.extend(map(_unset_nan, map(self.ranks.get, map(_job_id, piece))))
-        gone = sorted(self._in_line(order, starts, job_id) for job_id in started)
-        for at in reversed(gone):
-            del ranks[at]
-        if len(ranks) > 1 and all(map(lt, ranks, islice(ranks, 1, None))):
-            moved = {}  # in order and none unranked (nan compares false): the usual case
-        else:
-            moved = rerank(list(map(_nan_unset, ranks)))
-        placed: list[tuple[int, float, str]] = []
-        for i, rank in moved.items():
-            at = i
-            for g in gone:  # the place in the line before the started jobs left it
-                if g > at:
-                    break
-                at += 1
-            p = bisect.bisect_right(starts, at) - 1
-            piece = order.pieces[p]
-            if isinstance(piece, Stretch):
-                kept = self._lanes[piece.lane]
-                within = piece.start + at - starts[p]
-                job_id = kept.jobs[within].id
-            else:
-                job_id = piece[at - starts[p]].id
-                lane, key = self._lane_of[job_id]
-                kept = self._lanes[lane]
-                within = kept.at(key, job_id)
-            kept.ranks[within] = rank
-            self.ranks[job_id] = rank
-            placed.append((i, rank, job_id))
-        placed.sort()
-        changed = self._take_reasons([(rank, job_id) for _, rank, job_id in placed], whys)
-        self._take_blocked(changed, blocked)
-        return changed
-
-    def _in_line(self, order: LaneLine, starts: list[int], job_id: str) -> int:
-        """Where the job ``job_id`` is in ``order`` (``starts``: where each piece begins)."""
-        lane, key = self._lane_of[job_id]
-        within = self._lanes[lane].at(key, job_id)
-        for piece, start in zip(order.pieces, starts, strict=True):
-            if isinstance(piece, Stretch):
-                if piece.lane == lane and piece.start <= within < piece.stop:
-                    return start + within - piece.start
-            elif any(job.id == job_id for job in piece):
-                return start + next(i for i, job in enumerate(piece) if job.id == job_id)
-        raise ValueError(f"{job_id} is not in the line")
-
     def take_places(
         self,
         ids: Sequence[str],
@@ -475,7 +352,12 @@ class QueueIndex:
         moved = rerank(list(map(ranks.get, ids)))
         for i, rank in moved.items():
             ranks[ids[i]] = rank
-        self._lanes_ranked = self._lanes_ranked and not moved  # else read again when asked
+        if self._lanes is not None and moved:  # the lanes' copies too
+            if 8 * len(moved) > len(ids):
+                self._lanes.rank_all(ranks)
+            else:
+                for i, rank in moved.items():
+                    self._lanes.rank(ids[i], rank)
         if isinstance(whys, Mapping):
             changed = self._take_reasons([(moved[i], ids[i]) for i in sorted(moved)], whys)
         else:
@@ -505,7 +387,8 @@ class QueueIndex:
             if (self.ranks.get(job_id), self.reasons.get(job_id)) != (None, reasons.get(job_id)):
                 changed.append((None, reasons.get(job_id), job_id))
                 self.ranks[job_id], self.reasons[job_id] = None, reasons.get(job_id)
-                self._lanes_ranked = False
+                if self._lanes is not None:
+                    self._lanes.rank(job_id, None)
 
     def _take_reasons(
         self, moved: list[tuple[float, str]], whys: Mapping[str, str]
@@ -537,24 +420,6 @@ class QueueIndex:
                 changed.append((None, now_pending[1], job_id))
                 ranks[job_id], reasons[job_id] = now_pending
         self._unplaced.clear()
-
-    def _build_lanes(self, policy: Any) -> None:
-        placed: dict[Any, list[tuple[Any, QueuedJob]]] = {}
-        self._lane_of = {}
-        for job in self.offered.values():
-            lane, key = self._lane_of[job.id] = policy.lane(job)
-            kept = placed.get(lane)
-            if kept is None:
-                kept = placed[lane] = []
-            kept.append((key, job))
-        self._lanes = {}
-        for lane, kept in placed.items():
-            kept.sort(key=lambda kj: kj[0])
-            jobs = [j for _, j in kept]
-            self._lanes[lane] = _Lane(
-                [k for k, _ in kept], jobs, map(self.ranks.get, map(_job_id, jobs))
-            )
-        self._lanes_ranked = True
 
     def stale(self) -> None:
         """A head was decided: places in line wait for the next whole-queue decision."""

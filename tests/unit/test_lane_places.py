@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from queue_cases import POLICIES, SHAPES, index_of, numbered, places, queues, rows_of
@@ -99,7 +100,8 @@ def test_places_read_from_the_lanes_match_those_read_from_the_line_as_the_queue_
         now += data.draw(st.sampled_from([0.0, 1.0, 700.0, 3000.0]))
 
 
-def test_ranks_set_outside_the_lanes_are_read_again_before_a_line_from_the_lanes() -> None:
+@pytest.mark.parametrize("moved", ["all", "one"])
+def test_ranks_set_outside_the_lanes_reach_the_lanes_before_a_line_from_them(moved: str) -> None:
     policy = get_policy("priority", aging_interval=0)
     now = 10_000.0
     capacity = Capacity.empty(n_gpus=1, gpu_mem=16 * GIB, cpus=8, mem=64 * GIB)
@@ -112,11 +114,14 @@ def test_ranks_set_outside_the_lanes_are_read_again_before_a_line_from_the_lanes
     ids = [j.id for j in jobs]
     ranks = index.ranks
     # a placement over the line as a list of jobs (fair's, say) ranks them the other way
-    index.take_places(ids[::-1], {}, {})
-    assert all(ranks[a] > ranks[b] for a, b in zip(ids, ids[1:], strict=False))  # type: ignore[operator]
+    # (every lane array read again), or puts the last job first (one rank written in its lane)
+    other = ids[::-1] if moved == "all" else ids[-1:] + ids[:-1]
+    index.take_places(other, {}, {})
+    assert all(ranks[a] < ranks[b] for a, b in zip(other, other[1:], strict=False))  # type: ignore[operator]
     decided = _decide(index, policy, [], capacity, now)
     assert decided is not None
     quick, line = decided
     changed = index.places_from(line[0], line[1], quick, {})
-    assert len(changed) == len(jobs) - 1  # all but the one kept of the reversed line
+    # all but the one kept of the reversed line; the one put first, back to the end
+    assert len(changed) == (len(jobs) - 1 if moved == "all" else 1)
     assert numbered(index, quick) == places(policy(jobs, [], capacity, now))
