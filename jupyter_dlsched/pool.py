@@ -103,8 +103,16 @@ class PoolInfo:
         }
 
     def __repr__(self) -> str:
+        return self.describe("PoolInfo")
+
+    def __str__(self) -> str:
+        return self.describe("machine")
+
+    def describe(self, label: str) -> str:
+        """The machine's CPUs and memory on a line that starts with ``label``, then a line
+        for each GPU (and for each process on it outside the pool)."""
         lines = [
-            f"PoolInfo: {self.cpus} CPUs ({self.cpu_percent:.0f}% busy), "
+            f"{label}: {self.cpus} CPUs ({self.cpu_percent:.0f}% busy), "
             f"RAM {format_size(self.mem_used)} / {format_size(self.mem_total)}"
         ]
         for g in self.gpus:

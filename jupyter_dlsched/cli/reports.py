@@ -31,7 +31,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{counts['queued'] + counts['preempted']} queued · policy {status['policy']}"
     )
     print(_pool_words(status))
-    print(repr(pool))
+    print(pool)
     return EXIT_OK
 
 

@@ -39,6 +39,9 @@ def test_submit_runs_a_command_in_the_queue(home):
 def test_status_shows_simulated_gpus(home):
     out = dlsched("status").stdout
     assert out.startswith("GPU 0/2 (2 simulated) busy")
+    # the machine's line is labelled for a person, not with the class a notebook's repr names
+    [machine] = [line for line in out.splitlines() if "CPUs (" in line]
+    assert machine.startswith("machine: ") and "PoolInfo" not in out
     data = json.loads(dlsched("status", "--json").stdout)
     assert data["gpus"] == {"total": 2, "busy": 0, "simulated": 2}
     assert [g["simulated"] for g in data["pool"]["gpus"]] == [True, True]
