@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 import traceback
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,23 +127,30 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_ranks(
-    folder: Path,
-    job: JobInfo,
-    env: dict[str, str],
-    context: dict[str, Any],
-    payload: bytes,
-    cores: set[int],
-    log_fd: int,
-    as_user: int | None = None,
-    box: Containment | None = None,
-) -> list[int]:
-    """Fork the job's process(es), all in one process group led by rank 0.
+@dataclass(frozen=True)
+class Launch:
+    """What a job's process is started with, by a fresh fork (``start_ranks``) or by a process
+    forked ahead (``warm.WarmProcess.start``).
 
-    ``as_user``: a shared pool's supervisor (root) runs them as the job's owner.
-    ``box``: what holds every process of the job (its cgroup is entered right after
-    the fork, before anything of the job runs).
+    ``as_user``: a shared pool's supervisor (root) runs it as the job's owner. ``box``: what
+    holds every process of the job (its cgroup is entered right after the fork, before
+    anything of the job runs).
     """
+
+    folder: Path
+    job: JobInfo
+    env: dict[str, str]
+    context: dict[str, Any]
+    payload: bytes
+    cores: set[int]
+    log_fd: int  # the job's log, open for appending: its stdout and stderr
+    as_user: int | None = None
+    box: Containment | None = None
+
+
+def start_ranks(launch: Launch) -> list[int]:
+    """Fork the job's process(es), all in one process group led by rank 0."""
+    job, env, box = launch.job, launch.env, launch.box
     world = world_size(job)
     if job.distributed:
         env = {
@@ -161,20 +169,7 @@ def start_ranks(
         pgid = pids[0] if pids else 0
         pid = os.fork()
         if pid == 0:
-            _run_job(
-                folder,
-                job,
-                rank_env,
-                context,
-                payload,
-                cores,
-                log_fd,
-                supervisor,
-                pgid,
-                rank,
-                as_user,
-                box,
-            )
+            _run_job(replace(launch, env=rank_env), supervisor, pgid, rank)
         if box is not None:
             box.add(pid)
         try:
@@ -185,21 +180,16 @@ def start_ranks(
     return pids
 
 
-def _run_job(
-    folder: Path,
-    job: JobInfo,
-    env: dict[str, str],
-    context: dict[str, Any],
-    payload: bytes,
-    cores: set[int],
-    log_fd: int,
-    supervisor: int,
-    pgid: int = 0,
-    rank: int = 0,
-    as_user: int | None = None,
-    box: Containment | None = None,
-) -> None:
+def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> None:
     """A job process (rank ``rank`` of a distributed job): never returns."""
+    folder, job, env, context = launch.folder, launch.job, launch.env, launch.context
+    payload, cores, log_fd, as_user, box = (
+        launch.payload,
+        launch.cores,
+        launch.log_fd,
+        launch.as_user,
+        launch.box,
+    )
     code = 1
     try:
         if box is not None:

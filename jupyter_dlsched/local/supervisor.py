@@ -38,7 +38,7 @@ from ..settings import Settings
 from ..store import JobInfo, Lease, RunEnd, Store, disk_full
 from ..units import format_size
 from .containment import Containment, sweep_cgroups
-from .jobproc import cores_for, job_environment, start_ranks
+from .jobproc import Launch, cores_for, job_environment, start_ranks
 from .usage import Tree, Usage, gpu_over_grant
 from .warm import WarmProcess
 
@@ -127,17 +127,16 @@ def _supervise(
     if isinstance(agent, str):
         env["DLSCHED_SOCKET"] = agent  # a shared pool: the job reports progress to the service
     cores = cores_for(job, store)
+    launch = Launch(folder, job, env, context, payload, cores, log_fd, owner, box)
     started = None
     if warm is not None and warm.fits(job, payload):
-        started = warm.start(folder, job, env, context, payload, cores, log_fd, owner, box)
+        started = warm.start(launch)
     if started is not None:
         pids = [started]
     else:
         if warm is not None:
             warm.discard()  # before the job's own processes: every descendant is the job's
-        pids = start_ranks(
-            folder, job, env, context, payload, cores, log_fd, as_user=owner, box=box
-        )
+        pids = start_ranks(launch)
     os.close(log_fd)
     try:
         outcome = _monitor(store, lease, pids, settings, folder, owner, box)

@@ -3,13 +3,13 @@
 The pool agent forks a spare supervisor before the next job is known
 (``agent/forking.py``); the spare forks the job's process at once too, which then
 waits on a socket. Once the spare has claimed its job it sends that process what a
-fresh fork would have been given (``jobproc.start_ranks``: the job, its environment,
+fresh fork would have been given (``jobproc.Launch``: the job, its environment,
 payload, cores and containment; its log as a descriptor), and the process runs it
 exactly as a fresh fork does (``jobproc._run_job``): one process per job, as before,
 but the fork is off the path from a decision to the job's first line.
 
     >>> warm = WarmProcess.fork()  # doctest: +SKIP
-    >>> pid = warm.start(folder, job, env, context, payload, cores, log_fd)  # doctest: +SKIP
+    >>> pid = warm.start(Launch(folder, job, env, context, payload, cores, log_fd))  # doctest: +SKIP
 
 A process that is not used (a distributed job, a large payload, no job at all) is killed
 and reaped before the job's own processes are forked: the supervisor's descendants are
@@ -23,12 +23,10 @@ import pickle
 import signal
 import socket
 import struct
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 from ..store import JobInfo
-from .containment import Containment
-from .jobproc import PR_SET_PDEATHSIG, _run_job, libc, world_size
+from .jobproc import PR_SET_PDEATHSIG, Launch, _run_job, libc, world_size
 
 #: The largest payload sent to a waiting process; a larger one is forked with (the fork
 #: shares its pages, where the socket would copy them).
@@ -77,26 +75,16 @@ class WarmProcess:
         """Whether this process can run ``job``: one process, and a payload to send."""
         return self._sock is not None and world_size(job) == 1 and len(payload) <= MAX_PAYLOAD
 
-    def start(
-        self,
-        folder: Path,
-        job: JobInfo,
-        env: dict[str, str],
-        context: dict[str, Any],
-        payload: bytes,
-        cores: set[int],
-        log_fd: int,
-        as_user: int | None = None,
-        box: Containment | None = None,
-    ) -> int | None:
-        """Hand the job to the waiting process (the arguments of ``start_ranks``); its pid,
-        or None when it has gone (it is reaped: fork the job instead)."""
+    def start(self, launch: Launch) -> int | None:
+        """Hand the job to the waiting process; its pid, or None when it has gone (it is
+        reaped: fork the job instead)."""
         assert self._sock is not None
-        order = pickle.dumps((folder, job, env, context, payload, cores, as_user, box))
+        box = launch.box
+        order = pickle.dumps(replace(launch, log_fd=-1))  # the log goes as a descriptor
         if box is not None:
             box.add(self.pid)
         try:
-            socket.send_fds(self._sock, [_LENGTH.pack(len(order))], [log_fd])
+            socket.send_fds(self._sock, [_LENGTH.pack(len(order))], [launch.log_fd])
             self._sock.sendall(order)
         except OSError:
             if box is not None:
@@ -136,11 +124,10 @@ def _wait_for_job(sock: socket.socket, supervisor: int) -> None:
             os._exit(0)  # let go without a job
         data = _read(sock, _LENGTH.unpack(head)[0])
         sock.close()
-        folder, job, env, context, payload, cores, as_user, box = pickle.loads(data)
-        log_fd = fds[0]
+        launch = replace(pickle.loads(data), log_fd=fds[0])
     except BaseException:
         os._exit(1)
-    _run_job(folder, job, env, context, payload, cores, log_fd, supervisor, 0, 0, as_user, box)
+    _run_job(launch, supervisor)
 
 
 def _read(sock: socket.socket, size: int) -> bytes:
