@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -31,6 +31,10 @@ from jupyter_dlsched.policy import (
 )
 from jupyter_dlsched.policy.elastic import with_elastic
 from jupyter_dlsched.resources import Capacity, Request
+
+if TYPE_CHECKING:
+    from jupyter_dlsched.agent.service import Agent
+    from jupyter_dlsched.scheduler import Scheduler
 
 
 def starts(decisions: Decisions) -> list[tuple[str, Any]]:
@@ -352,7 +356,7 @@ def test_a_start_rewrites_no_place_behind_it_and_the_places_read_stay_1_to_n(
         leave_nothing_running(s, agent)
 
 
-def leave_nothing_running(s: Any, agent: Any) -> None:
+def leave_nothing_running(s: Scheduler, agent: Agent) -> None:
     """End a test's queue at once (the waiting jobs marked cancelled in one statement,
     the running ones cancelled) and close its agent."""
     with s.store.transaction() as db:
