@@ -52,11 +52,15 @@ def sleeper(other_user) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(other_user.command("sleep", "300"))
     # setpriv changes user, then execs: until both are done the pid is root's setpriv, or a
     # process between images whose command line reads empty.
-    process = psutil.Process(proc.pid)
-    wait_for(lambda: (process.username(), process.cmdline()) == (other_user.name, ["sleep", "300"]))
-    yield proc
-    proc.kill()
-    proc.wait()
+    try:
+        process = psutil.Process(proc.pid)
+        wait_for(
+            lambda: (process.username(), process.cmdline()) == (other_user.name, ["sleep", "300"])
+        )
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_gpu_process_outside_the_pool_is_shown_with_its_user_and_command(
@@ -69,10 +73,9 @@ def test_a_gpu_process_outside_the_pool_is_shown_with_its_user_and_command(
         [process] = gpu.processes
         assert (process.pid, process.used_mem, process.job_id) == (sleeper.pid, 12 * GiB, None)
         assert (process.user, process.command) == (other_user.name, "sleep 300")
-        # `dlsched status` prints the pool this way
-        assert f"outside the pool: {other_user.name} · 12 GiB · pid {sleeper.pid} · sleep 300" in (
-            repr(s.pool())
-        )
+        # `dlsched status` prints the pool this way, and a notebook's repr too
+        line = f"outside the pool: {other_user.name} · 12 GiB · pid {sleeper.pid} · sleep 300"
+        assert line in str(s.pool()) and line in repr(s.pool())
 
 
 def test_a_jobs_own_gpu_processes_are_the_jobs_down_to_its_grandchildren(

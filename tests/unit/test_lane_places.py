@@ -72,6 +72,7 @@ def test_places_read_from_the_lanes_match_those_read_from_the_line_as_the_queue_
         from_list = flat.places_from(list(line[0]), line[1], quick, {})
         assert from_lanes == from_list
         assert lanes.ranks == flat.ranks and lanes.reasons == flat.reasons
+        assert lane_ranks(lanes) == dict_ranks(lanes)
         whole = policy(sorted(waiting, key=lambda j: j.seq), running, capacity, now)
         assert numbered(lanes, quick) == places(whole)
         # between decisions: what started runs and ends at once (the pool is as it was),
@@ -94,10 +95,33 @@ def test_places_read_from_the_lanes_match_those_read_from_the_line_as_the_queue_
         waiting = [j for j in waiting if j.id not in gone] + new
         if not waiting:
             return
+        # and some are read again with the rank and reason the ledger has for them (an
+        # event of theirs: a priority set to what it was, a staged input bound)
+        kept = [j for j in waiting if j not in new]
+        again = data.draw(st.lists(st.sampled_from(kept), max_size=2, unique=True)) if kept else []
         for index in (lanes, flat):
-            index._forget(gone)
-            index._add(rows_of(new))  # type: ignore[arg-type]
+            rows = rows_of(again)
+            for row in rows:
+                row["position"], row["waiting"] = index.ranks[row["id"]], index.reasons[row["id"]]
+            index._forget(gone | {j.id for j in again})
+            index._add(sorted(rows + rows_of(new), key=lambda r: r["seq"]))  # type: ignore[arg-type]
+        assert lane_ranks(lanes) == dict_ranks(lanes)
         now += data.draw(st.sampled_from([0.0, 1.0, 700.0, 3000.0]))
+
+
+def lane_ranks(index: QueueIndex) -> dict[str, float | None]:
+    """Each job's rank as its lane's array keeps it (``None`` for ``nan``)."""
+    assert index._lanes is not None
+    return {
+        job.id: None if rank != rank else rank
+        for lane in index._lanes._lanes.values()
+        for job, rank in zip(lane.jobs, lane.ranks, strict=True)
+    }
+
+
+def dict_ranks(index: QueueIndex) -> dict[str, float | None]:
+    """The ranks of the jobs in lanes as the index's dict keeps them."""
+    return {job_id: index.ranks.get(job_id) for job_id in lane_ranks(index)}
 
 
 @pytest.mark.parametrize("moved", ["all", "one"])
@@ -117,6 +141,7 @@ def test_ranks_set_outside_the_lanes_reach_the_lanes_before_a_line_from_them(mov
     # (every lane array read again), or puts the last job first (one rank written in its lane)
     other = ids[::-1] if moved == "all" else ids[-1:] + ids[:-1]
     index.take_places(other, {}, {})
+    assert lane_ranks(index) == dict_ranks(index)
     assert all(ranks[a] < ranks[b] for a, b in zip(other, other[1:], strict=False))  # type: ignore[operator]
     decided = _decide(index, policy, [], capacity, now)
     assert decided is not None
