@@ -3,7 +3,8 @@
 This is ``%%schedule --inline``: the cell keeps the notebook's namespace (no
 pickling), while the queue still decides when it runs and on which devices.
 What a thread cannot do: it cannot be killed. Cancel and time limit raise
-``InlineStopped`` inside the thread at the next Python instruction; code
+``InlineStopped`` inside the thread at the next Python instruction (sent again
+until the cell stops: code may swallow one); code
 blocked in C (a long GPU kernel, ``time.sleep``) notices only when it returns
 to Python. If the process dies, the lease expires and the job is ``lost``.
 """
@@ -41,6 +42,8 @@ class InlineRunner:
         #: the leases this process's threads hold, renewed together (``maintain``)
         self.leases: dict[str, Lease] = {}
         self.stopping: dict[str, str] = {}
+        #: jobs whose cell runs now: the only time a stop is raised in their thread
+        self.in_cell: set[str] = set()
         self.results: dict[str, Any] = {}
         self.errors: dict[str, BaseException] = {}
         self._lock = threading.Lock()
@@ -84,18 +87,34 @@ class InlineRunner:
             self.leases[job_id] = lease
         info = lease.job
         token = runtime.bind(job_id, str(store.home))
-        to, why, value, error = "succeeded", "", None, None
-        try:
-            value = fn(info)
-        except InlineStopped:
+        ran: tuple[Any, BaseException | None] | None = None  # (value, error) once it ended
+        with self._lock:
+            self.in_cell.add(job_id)
+        while True:
+            # a stop sent as the cell ended may land anywhere up to here: the cell ended
+            # anyway, and once it is out of ``in_cell`` with none pending, none comes
+            try:
+                if ran is None:
+                    ran = _run_cell(fn, info)
+                with self._lock:
+                    self.in_cell.discard(job_id)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(threading.get_ident()), None
+                )
+                break
+            except InlineStopped:
+                if ran is None:
+                    ran = (None, InlineStopped())
+        runtime.unbind(token)
+        value, error = ran
+        to, why = "succeeded", ""
+        if isinstance(error, InlineStopped):
             reason = self.stopping.get(job_id, "cancel")
             to = "cancelled" if reason == "cancel" else "timeout"
             why = "cancelled by user" if reason == "cancel" else reason
-        except BaseException as exc:  # the cell's own exception, reported like a job's
-            error = exc
-            to, why = "failed", f"{type(exc).__name__}: {str(exc).strip()[:200]}"
-        finally:
-            runtime.unbind(token)
+            error = None
+        elif error is not None:  # the cell's own exception, reported like a job's
+            to, why = "failed", f"{type(error).__name__}: {str(error).strip()[:200]}"
         self._record(lease, to, why, value, error)
 
     def _record(
@@ -128,6 +147,14 @@ class InlineRunner:
             self.stopping.pop(info.id, None)
         self.port.wake()
 
+    def _stop_cell(self, job_id: str, thread: threading.Thread) -> None:
+        """Raise ``InlineStopped`` in ``thread`` at its next instruction, if its cell runs."""
+        with self._lock:
+            if job_id in self.in_cell and thread.ident is not None:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(thread.ident), ctypes.py_object(InlineStopped)
+                )
+
     def maintain(self) -> None:
         """Renew leases of running inline jobs; deliver cancels and time limits."""
         with self._lock:
@@ -141,6 +168,9 @@ class InlineRunner:
         Lease.renew_all(held, now + ttl)
         for job_id, thread in running.items():
             if job_id in self.stopping:
+                # sent again while the cell runs: the last one may have landed in code that
+                # swallowed it (a garbage-collector callback, a __del__, a bare except)
+                self._stop_cell(job_id, thread)
                 continue
             info = store.get(job_id)
             reason = None
@@ -153,6 +183,12 @@ class InlineRunner:
                     reason = f"time limit {format_duration(info.time_limit)} reached"
             if reason is not None and thread.ident is not None:
                 self.stopping[job_id] = reason
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(thread.ident), ctypes.py_object(InlineStopped)
-                )
+                self._stop_cell(job_id, thread)
+
+
+def _run_cell(fn: Callable[[JobInfo], Any], info: JobInfo) -> tuple[Any, BaseException | None]:
+    """The cell's value, or the exception it ended with (``InlineStopped``: it was stopped)."""
+    try:
+        return fn(info), None
+    except BaseException as error:
+        return None, error

@@ -157,6 +157,24 @@ def test_inline_runs_in_the_kernel_with_the_notebook_namespace(ip):
     assert info.progress["done"] == 3 and info.progress["metrics"] == {"loss": 0.5}
 
 
+def test_a_cancel_the_cell_never_saw_is_sent_again_until_it_stops(ip):
+    # the stop is an exception raised at the cell's next instruction; where it lands in code
+    # that swallows it (a garbage-collector callback, a __del__, a bare except), the cell runs
+    # on: it is sent again while the cell runs
+    code = (
+        "import time\nswallowed = 0\nwhile True:\n    try:\n        time.sleep(0.01)\n"
+        "    except BaseException:\n        if swallowed:\n            raise\n"
+        "        swallowed += 1"
+    )
+    schedule(ip, "--inline", code)
+    handle = ip.user_ns["_job"]
+    wait_for(lambda: handle.info().state == "running", what="the inline job to start")
+    wait_for(lambda: "swallowed" in ip.user_ns, what="the cell to run")
+    handle.cancel()
+    assert handle.wait(timeout=30).state == "cancelled"
+    assert ip.user_ns["swallowed"] == 1
+
+
 def test_cancel_stops_an_inline_cell_at_its_next_python_instruction(ip):
     schedule(ip, "--inline", "import time\nwhile True:\n    time.sleep(0.01)")
     handle = ip.user_ns["_job"]
