@@ -14,9 +14,13 @@ from typing import Any
 
 from .resources import Placement, Request
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 ACTIVE = ("queued", "running", "preempted")
 WAITING = ("queued", "preempted")
+#: A job that succeeded while its process still exits keeps its lease, and its grant,
+#: until its supervisor releases them (``Lease.finish(..., hold=True)``, ``Lease.release``);
+#: the SQL condition of such a job, which the ``jobs_held`` index answers.
+HELD_GRANT = "state='succeeded' AND lease_expires IS NOT NULL"
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
 STATES = ACTIVE + TERMINAL
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -292,6 +296,13 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX jobs_line ON jobs(backend, position, seq)
         WHERE position IS NOT NULL AND state IN ('queued','preempted');
+    """,
+    # version 12: a job whose result is recorded while its process still exits keeps its
+    # lease until its supervisor releases it (``HELD_GRANT``): its GPUs stay taken; the
+    # few such jobs, found without reading every finished one
+    """
+    CREATE INDEX jobs_held ON jobs(backend, seq)
+        WHERE state='succeeded' AND lease_expires IS NOT NULL;
     """,
 ]
 

@@ -107,7 +107,8 @@ class Engine:
         self._policy_object = policy
         self.backend = make_backend(backend, self, **backend_options)
         self.inventory_key = inventory_key(self.backend.name)
-        self._decided_on: tuple[int, str | None] = (-1, None)
+        #: ``((newest event, grants held past an end), settings)`` at the last decision
+        self._decided_on: tuple[tuple[int, int], str | None] = ((-1, 0), None)
         self._decide_again = 0.0
         self._positions_at_once = positions_at_once
         self._positions: dict[str, tuple[float | None, str | None]] = {}
@@ -321,8 +322,9 @@ class Engine:
         fire_due(self.store, now)  # schedules whose tick came submit their next run
         waiting, expired, last_event, settings_json = self.store.tick_inputs(backend, now)
         # Deciding again is only worth it when a job changed state (every change is an
-        # event), the settings changed, the policy asked for a wake-up, or a while passed
-        # (aging, GPU memory used outside the scheduler).
+        # event) or released the grant it held past its end, the settings changed, the
+        # policy asked for a wake-up, or a while passed (aging, GPU memory used outside
+        # the scheduler).
         due = (
             fixed_now is not None
             or expired
@@ -366,7 +368,10 @@ class Engine:
                     index=self._index,
                     forecasts=forecasts,
                 )
-                last_event = self.store.last_event_seq(wdb)
+                last_event = (
+                    self.store.last_event_seq(wdb),
+                    self.store.held_grants(wdb, backend),
+                )
             self._decided_on = (last_event, settings_json)
             wake = decisions.wake_at if decisions.wake_at is not None else math.inf
             self._decide_again = min(wake, now + REDECIDE_EVERY)

@@ -26,7 +26,7 @@ from ..policy import Decisions, Policy, PresortedQueue, QueuedJob, RunningJob
 from ..policy.base import passes_through
 from ..policy.lane_line import LaneLine
 from ..resources import Capacity, Placement, Request
-from ..store import TERMINAL, Store
+from ..store import TERMINAL, WAITING, Store
 from ..when import begin_words
 from .lanes import Lanes
 from .line_ranks import rerank
@@ -125,14 +125,15 @@ class QueueIndex:
         self.refresh_at = float("inf")
 
     def read(self, store: Store, db: sqlite3.Connection, backend: str) -> list[sqlite3.Row]:
-        """The running jobs' rows, after bringing the waiting ones up to date."""
+        """The rows of the jobs holding a grant (running, or a success whose process still
+        exits), after bringing the waiting ones up to date."""
         last = store.last_event_seq(db)
         if self.seq < 0:
             rows = store.snapshot(db, backend)
             self._stale = True
             self._forget(list(self.waiting))
-            self._add([r for r in rows if r["state"] != "running"])
-            running = [r for r in rows if r["state"] == "running"]
+            self._add([r for r in rows if r["state"] in WAITING])
+            running = [r for r in rows if r["state"] not in WAITING]
         else:
             if last != self.seq:
                 self._stale = True

@@ -7,6 +7,7 @@ agent keeps between decisions are ``queue_index.QueueIndex``.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 from .. import start_times
 from ..policy import Decisions, FinishedJob, Policy, QueuedJob, RunningJob
 from ..resources import Capacity, GpuFree, Placement
+from ..schema import WAITING
 from ..store import JobInfo, RunEnd, Store
 from .line_ranks import rerank
 from .queue_index import QueueIndex, _blocked, _dependency_states, _queued, _running
@@ -30,7 +32,9 @@ class TickResult:
 
 
 def reap(store: Store, db: sqlite3.Connection, backend: str, now: float) -> list[JobInfo]:
-    """Move running jobs whose lease expired on: cancelled, requeued for a retry, or lost."""
+    """Move running jobs whose lease expired on: cancelled, requeued for a retry, or lost;
+    and release the grants successes held past their end whose lease expired."""
+    store.lapsed_holds(db, backend, now)
     reaped = []
     for job_id in store.expired_leases(db, backend, now):
         info = store.get(job_id)
@@ -41,6 +45,10 @@ def reap(store: Store, db: sqlite3.Connection, backend: str, now: float) -> list
         store.finish_run(db, info, end, now, supervisor_pid=None)
         reaped.append(info)
     return reaped
+
+
+def _placement(row: sqlite3.Row) -> Placement:
+    return Placement.from_json(json.loads(row["placement"]))
 
 
 def decide(
@@ -74,9 +82,14 @@ def decide(
         blocked = index.resolve_dependencies(store, db, now)
     else:
         snapshot = store.snapshot(db, backend)
-        running = [r for r in snapshot if r["state"] == "running"]
-    active = [_running(r, now) for r in running if r["placement"]]
-    capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
+        running = [r for r in snapshot if r["state"] not in WAITING]
+    # a success whose process still exits holds its grant: not the policy's to preempt or
+    # wait for, but its GPUs are not free yet
+    held = [_placement(r) for r in running if r["placement"] and r["state"] != "running"]
+    active = [_running(r, now) for r in running if r["placement"] and r["state"] == "running"]
+    capacity = idle_capacity_minus(
+        inventory, [a.placement for a in active] + held, external_gpu_mem
+    )
     learnt = False
     if index is not None:
         wanted = index.places_wanted(now)
@@ -114,7 +127,7 @@ def decide(
         queued = [index.queued(row) for row in waiting if row["id"] in index.offered]
         rows = index.waiting
     else:
-        waiting = [r for r in snapshot if r["state"] != "running"]
+        waiting = [r for r in snapshot if r["state"] in WAITING]
         queued, blocked = _ready(store, db, waiting, now)
         rows = {r["id"]: r for r in waiting}
     if not learnt:

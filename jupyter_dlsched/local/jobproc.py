@@ -9,8 +9,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import signal
 import socket
+import struct
 import sys
 import traceback
 from dataclasses import dataclass, replace
@@ -23,6 +25,11 @@ from ..store import JobInfo, Store
 from .containment import Containment
 
 PR_SET_PDEATHSIG = 1
+
+#: What a job process that ran its function to a result tells its supervisor on
+#: ``Launch.result_fd`` as its last act before it exits: its CPU seconds and its peak RSS
+#: in KiB (its own and its waited-for children's, as ``wait4`` would give them).
+RESULT_REPORT = struct.Struct("=dq")
 
 
 #: Where a shared pool's job finds programs when its submission carried no environment.
@@ -146,6 +153,9 @@ class Launch:
     log_fd: int  # the job's log, open for appending: its stdout and stderr
     as_user: int | None = None
     box: Containment | None = None
+    #: where a one-process function job says its result is written (``RESULT_REPORT``), so
+    #: its supervisor records the end before the process is torn down; -1: it does not say
+    result_fd: int = -1
 
 
 def start_ranks(launch: Launch) -> list[int]:
@@ -191,6 +201,7 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
         launch.box,
     )
     code = 1
+    report = -1
     try:
         if box is not None:
             try:
@@ -244,14 +255,32 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         code = run_python(folder, payload, rank)
+        if code == 0 and world_size(job) == 1:
+            report = launch.result_fd
     except BaseException:
         traceback.print_exc()
     finally:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
+            if report >= 0:
+                _report_result(report)
         finally:
             os._exit(code)
+
+
+def _report_result(fd: int) -> None:
+    """Tell the supervisor the result is written, with what this process used (its exit,
+    the tearing down of a forked copy of its supervisor, is not waited for)."""
+    me, waited = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    cpu = me.ru_utime + me.ru_stime + waited.ru_utime + waited.ru_stime
+    try:
+        os.write(fd, RESULT_REPORT.pack(cpu, max(me.ru_maxrss, waited.ru_maxrss)))
+    except OSError:
+        pass  # the supervisor records the end at the exit, as it would without a report
 
 
 def _exec_as_owner(

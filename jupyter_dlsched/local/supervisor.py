@@ -20,7 +20,8 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import private
@@ -38,7 +39,7 @@ from ..settings import Settings
 from ..store import JobInfo, Lease, RunEnd, Store, disk_full
 from ..units import format_size
 from .containment import Containment, sweep_cgroups
-from .jobproc import Launch, cores_for, job_environment, start_ranks
+from .jobproc import RESULT_REPORT, Launch, cores_for, job_environment, start_ranks, world_size
 from .usage import Tree, Usage, gpu_over_grant
 from .warm import WarmProcess
 
@@ -105,8 +106,7 @@ def _supervise(
     # a shared pool's supervisor (root) also gives the job a cgroup of its own
     box = Containment.create(job.id, job.attempts, home, cgroup=as_owner and os.geteuid() == 0)
     if box.cgroup is not None:
-        running = store.jobs(states=["running"])
-        sweep_cgroups(home, [(j.id, j.attempts) for j in running])  # crashed supervisors'
+        sweep_cgroups(home, store.holding_attempts())  # crashed supervisors'
     try:
         folder = store.make_spool(job_id, owner=owner)
         private.clear_files(folder, ("result.pkl", "error.json", "error.pkl", STOP_FILE))
@@ -127,7 +127,12 @@ def _supervise(
     if isinstance(agent, str):
         env["DLSCHED_SOCKET"] = agent  # a shared pool: the job reports progress to the service
     cores = cores_for(job, store)
-    launch = Launch(folder, job, env, context, payload, cores, log_fd, owner, box)
+    # a one-process function job run for an agent says when its result is written: its
+    # success is recorded then, for its client, and its grant is released once it exited
+    report_r, report_w = -1, -1
+    if agent is not None and owner is None and job.kind != "command" and world_size(job) == 1:
+        report_r, report_w = os.pipe()
+    launch = Launch(folder, job, env, context, payload, cores, log_fd, owner, box, report_w)
     started = None
     if warm is not None and warm.fits(job, payload):
         started = warm.start(launch)
@@ -138,8 +143,33 @@ def _supervise(
             warm.discard()  # before the job's own processes: every descendant is the job's
         pids = start_ranks(launch)
     os.close(log_fd)
+    if report_w >= 0:
+        os.close(report_w)
+
+    def record_result(usage: Usage) -> bool:
+        """The job's result is written and its process exits: its success, recorded now
+        with its grant held (``Lease.finish(..., hold=True)``), and the agent told."""
+        try:
+            lease.finish(RunEnd("succeeded"), hold=True, **usage.columns(job))
+        except (IllegalTransition, JobNotFound, LedgerUnavailable):
+            return False  # recorded at its exit instead, as without a report
+        try:
+            _after(home, job_id, agent)
+        except Exception:
+            traceback.print_exc()  # the agent sees the end at its next look at the ledger
+        return True
+
     try:
-        outcome = _monitor(store, lease, pids, settings, folder, owner, box)
+        outcome = _monitor(
+            store,
+            lease,
+            pids,
+            settings,
+            folder,
+            owner,
+            box,
+            result=(report_r, record_result) if report_r >= 0 else None,
+        )
     except Exception as error:
         # whatever broke here must not leave the job running unwatched until its lease
         # lapses ("lost"): its processes go, and the job fails saying why
@@ -149,6 +179,8 @@ def _supervise(
         outcome = Outcome(stop_reason="crash", detail=why[:300])
     finally:
         box.close()  # its cgroup, once the last of its processes is gone
+        if report_r >= 0:
+            os.close(report_r)
     _record(lease, outcome, folder, owner)
     store.close()
     _after(home, job_id, agent)
@@ -196,6 +228,9 @@ class Outcome:
     #: processes killed that were not the job's main ones: outside its process group when
     #: it was stopped, or still running once its main processes had exited
     strays: set[int] = field(default_factory=set)
+    #: its success was recorded when its process said its result was written (its grant is
+    #: held until everything of it has exited)
+    recorded: bool = False
 
 
 def _monitor(
@@ -206,10 +241,13 @@ def _monitor(
     folder: Path,
     owner: int | None = None,
     box: Containment | None = None,
+    result: tuple[int, Callable[[Usage], bool]] | None = None,
 ) -> Outcome:
     """Watch the job's processes until all have exited, its main ones and whatever they
     started (``box``); stop them all when the job must end, or when ``lease`` was taken
-    back."""
+    back. ``result``: where the job's process says its result is written
+    (``RESULT_REPORT``), and what records its success then (True once recorded: from
+    then on only what it left behind is stopped, and its held grant is renewed)."""
     job = lease.job
     box = box if box is not None else Containment()
     box.ranks.update(pids)  # reaped here, never by the box: their status is the job's
@@ -220,6 +258,9 @@ def _monitor(
     pidfds = {os.pidfd_open(pid): pid for pid in pids}
     for fd in pidfds:
         poller.register(fd, select.POLLIN)
+    report_fd, record_result = result if result is not None else (-1, None)
+    if report_fd >= 0:
+        poller.register(report_fd, select.POLLIN)
     statuses: dict[int, int] = {}
     started = job.started or time.time()
     next_renew = time.time() + settings.lease_ttl / 4
@@ -246,8 +287,8 @@ def _monitor(
         if left_behind:
             kill_at = time.time()  # the job has ended: what it left goes now
             return
-        if outcome.stop_reason is not None:
-            return
+        if outcome.stop_reason is not None or outcome.recorded:
+            return  # stopping already, or it has ended and its process is exiting
         outcome.stop_reason, outcome.detail = reason, detail
         signal_all(signal.SIGKILL if at_once else signal.SIGTERM)
         if not private.touch(folder / STOP_FILE, owner):
@@ -266,6 +307,16 @@ def _monitor(
         # costs no transaction for it (the end is recorded in one)
         timeout = POLL_SECONDS if pid_recorded else PID_AFTER
         for fd, _ in poller.poll(timeout * 1000):
+            if fd == report_fd:
+                poller.unregister(fd)
+                said = _read_report(fd)
+                # (once its exit is seen, the end is recorded as usual, in one transaction)
+                if said and record_result and outcome.stop_reason is None and not statuses:
+                    usage = replace(outcome.usage)
+                    usage.reported(*said)
+                    if record_result(usage):
+                        outcome.usage, outcome.recorded, pid_recorded = usage, True, True
+                continue
             pid = pidfds[fd]
             poller.unregister(fd)
             os.close(fd)
@@ -299,7 +350,10 @@ def _monitor(
         if now >= next_renew:
             next_renew = now + settings.lease_ttl / 4
             try:
-                kept = lease.renew(now + settings.lease_ttl)
+                if outcome.recorded:
+                    kept = lease.renew_held(now + settings.lease_ttl)
+                else:
+                    kept = lease.renew(now + settings.lease_ttl)
             except LedgerUnavailable:
                 kept = True  # disk full: keep the job and try again at the next renewal
             if not kept:
@@ -335,7 +389,7 @@ def _monitor(
             over = gpu_over_grant(processes, grants)
             if over:
                 stop("oom", over, at_once=True)
-        if now >= next_live and pid_recorded:
+        if now >= next_live and pid_recorded and not outcome.recorded:
             next_live = now + LIVE_SECONDS
             try:
                 store.set_live_usage(
@@ -359,6 +413,19 @@ def _monitor(
     bad = [st for st in statuses.values() if st != 0]
     outcome.status = statuses[pgid] if statuses[pgid] != 0 or not bad else bad[0]
     return outcome
+
+
+def _read_report(fd: int) -> tuple[float, int] | None:
+    """What the job process reported as its result was written (``RESULT_REPORT``), or
+    None when it closed its end without a report (it failed, or it exec'd a program)."""
+    try:
+        data = os.read(fd, RESULT_REPORT.size)
+    except OSError:
+        return None
+    if len(data) != RESULT_REPORT.size:
+        return None
+    cpu, maxrss = RESULT_REPORT.unpack(data)
+    return float(cpu), int(maxrss)
 
 
 def _wait_status(result: os.waitid_result | None) -> int:
@@ -406,6 +473,14 @@ def _record(lease: Lease, outcome: Outcome, folder: Path, owner: int | None = No
     job = lease.job
     if outcome.stop_reason == "lease":
         return  # the reaper already recorded this job as lost or requeued
+    if outcome.recorded:
+        # its success was recorded when its result was written: its grant goes now, and
+        # its reason says what was killed once it had ended
+        try:
+            lease.release(_left_behind(outcome.strays))
+        except LedgerUnavailable:
+            pass  # a full disk: the held grant lapses with its lease
+        return
     end = _run_end(job, outcome, folder, owner)
     usage = outcome.usage.columns(job)
     for attempt in range(RECORD_TRIES):
@@ -436,13 +511,18 @@ def _run_end(job: JobInfo, outcome: Outcome, folder: Path, owner: int | None = N
         to, why = "succeeded", ""
     else:
         to, why = "failed", detail
-    if outcome.strays:
+    killed = _left_behind(outcome.strays)
+    if killed:
         # what it left running was killed: the end says so (the state is the main
         # processes' own)
-        n = len(outcome.strays)
-        killed = f"killed {n} process{'es' if n > 1 else ''} left behind"
         why = f"{why}; {killed}" if why else killed
     return RunEnd(to, why, exit_code=exit_code, term_signal=term_signal)
+
+
+def _left_behind(strays: set[int]) -> str:
+    """What the end says of the processes killed that it left behind ("" for none)."""
+    n = len(strays)
+    return f"killed {n} process{'es' if n > 1 else ''} left behind" if n else ""
 
 
 def wake_pool(home: str | os.PathLike[str]) -> None:

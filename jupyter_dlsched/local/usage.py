@@ -58,6 +58,13 @@ class Usage:
         self.cpu_time = max(self.cpu_time, self.cpu_reaped)
         self.peak_rss = max(self.peak_rss, rusage.ru_maxrss * 1024)
 
+    def reported(self, cpu: float, maxrss_kib: int) -> None:
+        """Fold in what the job process said it used as it ended (``RESULT_REPORT``): the
+        same figures ``wait4`` gives at its exit."""
+        self.cpu_reaped += cpu
+        self.cpu_time = max(self.cpu_time, self.cpu_reaped)
+        self.peak_rss = max(self.peak_rss, maxrss_kib * 1024)
+
     def columns(self, job: JobInfo) -> dict[str, Any]:
         """Ledger columns: totals over every attempt of the job, peaks over all of them."""
         gpu = self.peak_gpu_mem

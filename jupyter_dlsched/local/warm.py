@@ -80,11 +80,13 @@ class WarmProcess:
         reaped: fork the job instead)."""
         assert self._sock is not None
         box = launch.box
-        order = pickle.dumps(replace(launch, log_fd=-1))  # the log goes as a descriptor
+        # the log (and where the result is reported) go as descriptors
+        order = pickle.dumps(replace(launch, log_fd=-1, result_fd=-1))
+        fds = [launch.log_fd] + ([launch.result_fd] if launch.result_fd >= 0 else [])
         if box is not None:
             box.add(self.pid)
         try:
-            socket.send_fds(self._sock, [_LENGTH.pack(len(order))], [launch.log_fd])
+            socket.send_fds(self._sock, [_LENGTH.pack(len(order))], fds)
             self._sock.sendall(order)
         except OSError:
             if box is not None:
@@ -118,13 +120,16 @@ def _wait_for_job(sock: socket.socket, supervisor: int) -> None:
             pass
         if os.getppid() != supervisor:
             os._exit(0)  # the supervisor died before the death signal was asked for
-        head, fds, _, _ = socket.recv_fds(sock, _LENGTH.size, 1)
+        head, fds, _, _ = socket.recv_fds(sock, _LENGTH.size, 2)
         head += _read(sock, _LENGTH.size - len(head))
         if len(head) < _LENGTH.size or not fds:
             os._exit(0)  # let go without a job
         data = _read(sock, _LENGTH.unpack(head)[0])
         sock.close()
-        launch = replace(pickle.loads(data), log_fd=fds[0])
+        result_fd = fds[1] if len(fds) > 1 else -1
+        if result_fd >= 0:
+            os.set_inheritable(result_fd, False)  # a program the job runs does not get it
+        launch = replace(pickle.loads(data), log_fd=fds[0], result_fd=result_fd)
     except BaseException:
         os._exit(1)
     _run_job(launch, supervisor)

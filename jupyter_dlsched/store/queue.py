@@ -9,38 +9,56 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 
 from ..resources import Placement
+from ..schema import HELD_GRANT
 from .ledger import (
     _SNAPSHOT_COLUMNS,
 )
 from .runs import Runs
 
+#: The jobs whose grant is taken: those running, and those that succeeded while their
+#: process still exits (``HELD_GRANT``).
+_HOLDING = f"(state='running' OR ({HELD_GRANT}))"
+
 
 class Queue(Runs):
     """The ledger's queue part of ``Store`` (see this module's docstring)."""
 
-    def tick_inputs(self, backend: str, now: float) -> tuple[int, int, int, str | None]:
-        """``(any waiting, any lease expired, newest event, settings)`` on ``backend``: what a
-        tick reads, in one query, to know whether deciding again is worth the write lock."""
-        waiting, expired, last_event, settings_json = self.db.execute(
+    def tick_inputs(self, backend: str, now: float) -> tuple[int, int, tuple[int, int], str | None]:
+        """``(any waiting, any lease expired, (newest event, grants held past an end),
+        settings)`` on ``backend``: what a tick reads, in one query, to know whether
+        deciding again is worth the write lock. A held grant's release is no event (the
+        job's state does not change), but it changes the count."""
+        waiting, expired, last_event, held, settings_json = self.db.execute(
             # a running elastic job counts as waiting: idle GPUs may be its to grow into
             "SELECT EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state IN ('queued','preempted'))"
             " OR EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running'"
             " AND max_gpus IS NOT NULL),"
-            " EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running' AND lease_expires < ?),"
+            " EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running' AND lease_expires < ?)"
+            f" OR EXISTS(SELECT 1 FROM jobs WHERE backend=? AND {HELD_GRANT} AND lease_expires < ?),"
             " (SELECT COALESCE(MAX(seq), 0) FROM events),"
+            f" (SELECT COUNT(*) FROM jobs WHERE backend=? AND {HELD_GRANT}),"
             " (SELECT value FROM meta WHERE key='settings')",
-            (backend, backend, backend, now),
+            (backend, backend, backend, now, backend, now, backend),
         ).fetchall()[0]
-        return waiting, expired, last_event, settings_json
+        return waiting, expired, (last_event, held), settings_json
 
     def running_job_pids(self, backend: str) -> list[int | None]:
-        """The job process of each running job on ``backend`` (``None`` until it started)."""
+        """The job process of each job on ``backend`` that holds its grant (``None`` until
+        it started): running, or succeeded with its process still exiting."""
         return [
             r[0]
             for r in self.db.execute(
-                "SELECT job_pid FROM jobs WHERE state='running' AND backend=?", (backend,)
+                f"SELECT job_pid FROM jobs WHERE {_HOLDING} AND backend=?", (backend,)
             ).fetchall()
         ]
+
+    def holding_attempts(self) -> list[tuple[str, int]]:
+        """``(id, attempt)`` of every job on this machine holding its grant: running, or a
+        success whose process still exits (its cgroup is still in use)."""
+        rows = self.db.execute(
+            f"SELECT id, attempts FROM jobs WHERE backend='local' AND {_HOLDING}"
+        ).fetchall()
+        return [(r[0], r[1]) for r in rows]
 
     @staticmethod
     def expired_leases(db: sqlite3.Connection, backend: str, now: float) -> list[str]:
@@ -55,22 +73,41 @@ class Queue(Runs):
 
     @staticmethod
     def snapshot(db: sqlite3.Connection, backend: str) -> list[sqlite3.Row]:
-        """The waiting and running jobs on ``backend`` in submit order, with the columns a
+        """The waiting jobs on ``backend`` and those holding a grant (running, or a success
+        whose process still exits: ``HELD_GRANT``), in submit order, with the columns a
         policy decides on (``_SNAPSHOT_COLUMNS``): one lean read per tick."""
         return db.execute(
             f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? "
-            "AND state IN ('queued','preempted','running') ORDER BY seq",
+            f"AND (state IN ('queued','preempted') OR {_HOLDING}) ORDER BY seq",
             (backend,),
         ).fetchall()
 
     @staticmethod
     def snapshot_running(db: sqlite3.Connection, backend: str) -> list[sqlite3.Row]:
-        """The running jobs of ``snapshot``."""
+        """The jobs of ``snapshot`` that hold a grant."""
         return db.execute(
-            f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? AND state='running' "
-            "ORDER BY seq",
+            f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? AND {_HOLDING} ORDER BY seq",
             (backend,),
         ).fetchall()
+
+    @staticmethod
+    def held_grants(db: sqlite3.Connection, backend: str) -> int:
+        """How many successes on ``backend`` still hold their grant (``HELD_GRANT``)."""
+        return int(
+            db.execute(
+                f"SELECT COUNT(*) FROM jobs WHERE backend=? AND {HELD_GRANT}", (backend,)
+            ).fetchone()[0]
+        )
+
+    @staticmethod
+    def lapsed_holds(db: sqlite3.Connection, backend: str, now: float) -> int:
+        """Release the grants held past a success whose lease ran out before ``now`` (its
+        supervisor stopped renewing it); how many."""
+        return db.execute(
+            f"UPDATE jobs SET lease_expires=NULL WHERE backend=? AND {HELD_GRANT} "
+            "AND lease_expires < ?",
+            (backend, now),
+        ).rowcount
 
     @staticmethod
     def snapshot_of(db: sqlite3.Connection, backend: str, ids: Sequence[str]) -> list[sqlite3.Row]:

@@ -17,6 +17,7 @@ from typing import Any, cast
 from ..errors import IllegalTransition
 from ..resources import Placement
 from ..schema import (
+    HELD_GRANT,
     WAITING,
     JobInfo,
     RunEnd,
@@ -30,8 +31,14 @@ _RENEW_RUN = (
     "UPDATE jobs SET lease_expires=? WHERE id=? AND state='running' AND supervisor_pid=? "
     "AND (? IS NULL OR attempts=?)"
 )
-#: A follower's renewal: held by this process, in whatever state the job is now.
-_RENEW_FOLLOW = "UPDATE jobs SET lease_expires=? WHERE id=? AND supervisor_pid=?"
+#: A follower's renewal: held by this process, in whatever unfinished state the job is now.
+_RENEW_FOLLOW = (
+    "UPDATE jobs SET lease_expires=? WHERE id=? AND supervisor_pid=? "
+    "AND state IN ('queued','preempted','running')"
+)
+#: A held grant's renewal: the job's result is recorded, its process still exits
+#: (``Lease.finish(..., hold=True)``), and this process still holds it.
+_RENEW_HOLD = f"UPDATE jobs SET lease_expires=? WHERE id=? AND supervisor_pid=? AND {HELD_GRANT}"
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,8 @@ class Lease:
         end: RunEnd,
         now: float | None = None,
         db: sqlite3.Connection | None = None,
+        *,
+        hold: bool = False,
         **columns: Any,
     ) -> str:
         """Record how this lease's run ended, by the one rule (``Store.finish_run``), with
@@ -122,13 +131,44 @@ class Lease:
         ``IllegalTransition`` if the job no longer runs or this lease no longer holds it
         (a holder that stalled past its lease: the job was taken back, and may run again
         under another holder). ``db``: an open transaction to write in; without one, a
-        transaction of its own."""
+        transaction of its own.
+
+        ``hold``: the job succeeded (its result is written) while its process still
+        exits: the end is recorded now, for its client, and the lease goes on holding the
+        job's grant (``HELD_GRANT``: its GPUs stay taken) until ``release`` after the
+        exit, renewed by ``renew_held``, or until it lapses. Only a success is held.
+        """
+        if hold and end.outcome != "succeeded":
+            raise ValueError(f"only a success holds its grant past its end, not {end.outcome!r}")
         if db is None:
             with self.store.transaction() as own:
-                return self.finish(end, now, own, **columns)
+                return self.finish(end, now, own, hold=hold, **columns)
         if not self.holds(db):
             raise IllegalTransition(f"job {self.job.id}: this process no longer holds its run")
+        if hold:
+            kept = db.execute("SELECT lease_expires FROM jobs WHERE id=?", (self.job.id,))
+            columns["lease_expires"] = kept.fetchone()[0]
         return self.store.finish_run(db, self.job, end, now, **columns)
+
+    def renew_held(self, until: float) -> bool:
+        """Extend the grant a held success keeps (``finish(..., hold=True)``) to ``until``;
+        False when it lapsed and was released meanwhile."""
+        with self.store.transaction() as db:
+            return bool(db.execute(_RENEW_HOLD, (until, self.job.id, self.pid)).rowcount)
+
+    def release(self, note: str = "") -> bool:
+        """End the grant a held success kept (``finish(..., hold=True)``): its process has
+        exited, and everything it started; ``note`` is added to its reason (what was
+        killed once it had ended). False when the grant had lapsed meanwhile."""
+        with self.store.transaction() as db:
+            released = db.execute(
+                "UPDATE jobs SET lease_expires=NULL, "
+                "reason=CASE WHEN ?='' THEN reason WHEN reason='' THEN ? "
+                "ELSE reason || '; ' || ? END "
+                f"WHERE id=? AND supervisor_pid=? AND {HELD_GRANT}",
+                (note, note, note, self.job.id, self.pid),
+            ).rowcount
+        return bool(released)
 
     # -- what a remote runner records (the Ray backend's monitor) ------------------------
 

@@ -122,6 +122,81 @@ def test_a_distributed_job_is_forked_for_and_the_process_forked_ahead_let_go(age
     assert h.info().state == "succeeded" and not h.info().reason  # nothing left behind
 
 
+#: A process that ignores SIGTERM (argv: PIDFILE): only the kill at the end of the grace
+#: stops it.
+STUBBORN = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+while True:
+    time.sleep(1)
+"""
+
+
+def leave_a_stubborn_process(pidfile: str, script: str, ballast: bytes) -> int:
+    """A job function that returns (its pid) while a process it started runs on in a
+    session of its own (``ballast``: only its size matters)."""
+    import os
+    import subprocess
+    import time
+
+    subprocess.Popen(["/usr/bin/python3", "-c", script, pidfile], start_new_session=True)
+    while not os.path.exists(pidfile):
+        time.sleep(0.01)
+    return os.getpid()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def gpu_and_whether_running(pid: int) -> tuple[str, bool]:
+    import os
+
+    return os.environ["CUDA_VISIBLE_DEVICES"], alive(pid)
+
+
+@pytest.mark.parametrize("process", ["forked ahead", "forked for it"])
+def test_a_functions_result_comes_at_once_and_its_gpu_waits_for_what_it_left_behind(
+    home, monkeypatch, tmp_path, process
+):
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+    pidfile = tmp_path / "stubborn"
+    # a payload over MAX_PAYLOAD is not sent to the process forked ahead: one is forked for it
+    ballast = b"x" * (2 << 20) if process == "forked for it" else b""
+    with Scheduler(home, lease_ttl=3.0, grace=3.0) as s:
+        s.submit(abs, -1, cpus=0.5).result(timeout=30)  # the agent is up
+        _, waiting = ready(s)
+        first = s.submit(
+            leave_a_stubborn_process, str(pidfile), STUBBORN, ballast, gpus=1, cpus=0.5
+        )
+        ran_in = first.result(timeout=60)
+        stubborn = int(pidfile.read_text())
+        try:
+            assert (ran_in == waiting) == (process == "forked ahead")
+            second = s.submit(gpu_and_whether_running, stubborn, gpus=1, cpus=0.5)
+            # the result is the client's as soon as it is written: what the function left
+            # running is stopped afterwards, killed at the end of its grace (3 s) ...
+            assert alive(stubborn)
+            assert first.info().state == "succeeded"
+            # ... and until it is gone, the GPU stays the finished job's
+            assert second.info().state == "queued"
+            assert second.result(timeout=60) == ("0", False)
+        finally:
+            if alive(stubborn):
+                os.kill(stubborn, signal.SIGKILL)
+        done = first.info()
+    assert done.reason == "killed 1 process left behind"
+    assert done.cpu_time is not None and done.peak_rss
+
+
 def test_a_stopping_agent_leaves_no_spare_and_no_process_forked_ahead(agent_sched):
     s = agent_sched
     s.submit(abs, -1).result(timeout=30)

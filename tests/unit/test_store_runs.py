@@ -8,12 +8,20 @@ import os
 
 import pytest
 
+from jupyter_dlsched.engine import tick
+from jupyter_dlsched.engine.queue_index import QueueIndex
 from jupyter_dlsched.errors import IllegalTransition
-from jupyter_dlsched.resources import Capacity
+from jupyter_dlsched.policy import get_policy
+from jupyter_dlsched.resources import Capacity, Placement
 from jupyter_dlsched.spec import build_spec
 from jupyter_dlsched.store import Lease, RunEnd, Store
 
 POOL = Capacity.empty(n_gpus=2, gpu_mem=16 * 2**30, cpus=4, mem=64 * 2**30)
+INVENTORY = {
+    "gpus": [{"index": i, "mem_total": 16 * 2**30} for i in range(2)],
+    "cpus": 4,
+    "mem_total": 64 * 2**30,
+}
 TTL = 60.0
 
 
@@ -380,3 +388,120 @@ def test_a_follower_taken_over_records_no_end(store):
     store.update(lease.job.id, supervisor_pid=os.getpid() + 1)
     assert lease.end_followed(RunEnd("succeeded", exit_code=0), 200.0) is None
     assert store.get(lease.job.id).state == "queued"
+
+
+# -- a success whose process still exits holds its grant -----------------------------------
+
+
+def on_gpu(store, gpu=0):
+    """A job the queue started on GPU ``gpu``, claimed by this process at 120 s."""
+    spec = build_spec(capacity=POOL, gpus=1)
+    job = store.insert_job(spec, {"payload.pkl": b"x"}, owner="anna", uid=1)
+    placement = Placement(gpus=(gpu,), gpu_mem=(16 * 2**30,), cpus=(0,))
+    store.transition(job.id, "running", started=100.0, attempts=1, placement=placement)
+    return store.claim(store.get(job.id), TTL, now=120.0)
+
+
+def holding(store):
+    with store.transaction() as db:
+        return [r["id"] for r in store.snapshot_running(db, "local")]
+
+
+def test_a_success_held_past_its_end_keeps_its_grant_until_it_is_released(store):
+    lease = on_gpu(store)
+    assert lease.finish(RunEnd("succeeded"), 150.0, hold=True, cpu_time=1.5) == "succeeded"
+    after = store.get(lease.job.id)
+    # its client sees the end; the lease, and with it the GPU, is still held
+    assert (after.state, after.finished, after.cpu_time) == ("succeeded", 150.0, 1.5)
+    assert after.lease_expires == 180.0
+    assert holding(store) == [lease.job.id]
+    with store.transaction() as db:
+        assert store.held_grants(db, "local") == 1
+    assert store.holding_attempts() == [(lease.job.id, 1)]
+    assert lease.renew_held(400.0)
+    assert not lease.renew(500.0)  # the run's own renewal: it no longer runs
+    assert store.get(lease.job.id).lease_expires == 400.0
+    assert lease.release("killed 1 process left behind")
+    after = store.get(lease.job.id)
+    assert (after.state, after.lease_expires) == ("succeeded", None)
+    assert after.reason == "killed 1 process left behind"
+    assert holding(store) == [] and store.holding_attempts() == []
+    assert not lease.release() and not lease.renew_held(600.0)  # released once
+
+
+def test_only_a_success_holds_its_grant_past_its_end(store):
+    lease = on_gpu(store)
+    with pytest.raises(ValueError, match="only a success"):
+        lease.finish(RunEnd("failed", "boom", retry=False), 150.0, hold=True)
+    assert store.get(lease.job.id).state == "running"
+
+
+def test_a_held_grant_is_released_only_by_the_process_that_holds_it(store):
+    lease = on_gpu(store)
+    lease.finish(RunEnd("succeeded"), 150.0, hold=True)
+    other = Lease(lease.job, lease.pid + 1, lease.host, store=store)
+    assert not other.release() and not other.renew_held(400.0)
+    assert holding(store) == [lease.job.id]
+
+
+def test_a_held_grant_whose_lease_lapsed_is_released_by_the_reaper(store):
+    lease = on_gpu(store)
+    lease.finish(RunEnd("succeeded"), 150.0, hold=True)
+    with store.transaction() as db:
+        assert tick.reap(store, db, "local", 170.0) == []  # not yet: held until 180 s
+        assert store.held_grants(db, "local") == 1
+        waiting, expired, _, _ = store.tick_inputs("local", 190.0)
+    assert expired  # the tick's cue that there is something to reap
+    with store.transaction() as db:
+        assert tick.reap(store, db, "local", 190.0) == []  # nothing to end: it succeeded
+        assert store.held_grants(db, "local") == 0
+    after = store.get(lease.job.id)
+    assert (after.state, after.lease_expires, after.reason) == ("succeeded", None, "")
+
+
+def test_a_follow_lease_is_not_renewed_once_the_job_ended(store):
+    lease = followed(store)
+    lease.started(150.0, placement=None, host="node-3")
+    # ended while the follower still names itself (it has not seen the end yet): its
+    # renewal must not make the success look like one that holds its grant
+    store.transition(lease.job.id, "succeeded", finished=200.0, lease_expires=None)
+    assert not lease.renew(300.0)
+    assert store.get(lease.job.id).lease_expires is None
+    assert holding(store) == []
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["whole snapshot", "queue index"])
+def test_a_decision_leaves_a_held_grants_gpu_taken_and_no_policy_sees_it_run(store, kept):
+    lease = on_gpu(store)
+    spec = build_spec(capacity=POOL, gpus=1)
+    waiting = [store.insert_job(spec, {"payload.pkl": b"x"}, owner="anna", uid=1) for _ in "ab"]
+    lease.finish(RunEnd("succeeded"), 150.0, hold=True)
+    index = QueueIndex() if kept else None
+    seen: list[list[str]] = []
+
+    def decide(now):
+        policy = get_policy("fifo")
+
+        def spy(queued, running, capacity, now):
+            seen.append([r.id for r in running])
+            return policy(queued, running, capacity, now)
+
+        with store.transaction() as db:
+            return tick.decide(
+                store,
+                db,
+                backend="local",
+                policy=spy,
+                inventory=INVENTORY,
+                external_gpu_mem={},
+                lease_ttl=30.0,
+                now=now,
+                index=index,
+            )
+
+    # two GPUs: one is free, the other is the held grant's
+    assert [s.job_id for s in decide(160.0).starts] == [waiting[0].id]
+    assert seen == [[]]  # the held success is not a running job to preempt or wait for
+    assert decide(161.0).starts == []
+    lease.release()
+    assert [s.job_id for s in decide(162.0).starts] == [waiting[1].id]
