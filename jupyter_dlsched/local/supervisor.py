@@ -246,8 +246,9 @@ def _monitor(
     """Watch the job's processes until all have exited, its main ones and whatever they
     started (``box``); stop them all when the job must end, or when ``lease`` was taken
     back. ``result``: where the job's process says its result is written
-    (``RESULT_REPORT``), and what records its success then (True once recorded: from
-    then on only what it left behind is stopped, and its held grant is renewed)."""
+    (``RESULT_REPORT``), and what records its success then (True once recorded: its held
+    grant is renewed from then on, and the process is killed if it is not gone within
+    ``grace``)."""
     job = lease.job
     box = box if box is not None else Containment()
     box.ranks.update(pids)  # reaped here, never by the box: their status is the job's
@@ -287,8 +288,8 @@ def _monitor(
         if left_behind:
             kill_at = time.time()  # the job has ended: what it left goes now
             return
-        if outcome.stop_reason is not None or outcome.recorded:
-            return  # stopping already, or it has ended and its process is exiting
+        if outcome.stop_reason is not None:
+            return
         outcome.stop_reason, outcome.detail = reason, detail
         signal_all(signal.SIGKILL if at_once else signal.SIGTERM)
         if not private.touch(folder / STOP_FILE, owner):
@@ -316,6 +317,10 @@ def _monitor(
                     usage.reported(*said)
                     if record_result(usage):
                         outcome.usage, outcome.recorded, pid_recorded = usage, True, True
+                        # it said it is done: it has the grace to be gone (its limits, a
+                        # cancel and a lease taken back still stop it sooner)
+                        grace_end = time.time() + settings.grace
+                        kill_at = grace_end if kill_at is None else min(kill_at, grace_end)
                 continue
             pid = pidfds[fd]
             poller.unregister(fd)
@@ -471,8 +476,6 @@ def _describe_status(
 
 def _record(lease: Lease, outcome: Outcome, folder: Path, owner: int | None = None) -> None:
     job = lease.job
-    if outcome.stop_reason == "lease":
-        return  # the reaper already recorded this job as lost or requeued
     if outcome.recorded:
         # its success was recorded when its result was written: its grant goes now, and
         # its reason says what was killed once it had ended
@@ -481,6 +484,8 @@ def _record(lease: Lease, outcome: Outcome, folder: Path, owner: int | None = No
         except LedgerUnavailable:
             pass  # a full disk: the held grant lapses with its lease
         return
+    if outcome.stop_reason == "lease":
+        return  # the reaper already recorded this job as lost or requeued
     end = _run_end(job, outcome, folder, owner)
     usage = outcome.usage.columns(job)
     for attempt in range(RECORD_TRIES):

@@ -197,6 +197,46 @@ def test_a_functions_result_comes_at_once_and_its_gpu_waits_for_what_it_left_beh
     assert done.cpu_time is not None and done.peak_rss
 
 
+def report_done_and_linger(pidfile: str) -> None:
+    """A job function that says its result is written on every pipe it holds (its
+    supervisor's report among them), then goes on running."""
+    import os
+    import time
+
+    from jupyter_dlsched.local.jobproc import RESULT_REPORT
+
+    with open(pidfile, "w") as f:
+        f.write(str(os.getpid()))
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if int(name) > 2 and os.readlink(f"/proc/self/fd/{name}").startswith("pipe:"):
+                os.write(int(name), RESULT_REPORT.pack(0.0, 0))
+        except OSError:
+            pass
+    time.sleep(120)
+
+
+def test_a_process_that_says_it_is_done_and_goes_on_is_killed_after_the_grace(
+    home, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+    pidfile = tmp_path / "pid"
+    with Scheduler(home, lease_ttl=3.0, grace=2.0) as s:
+        first = s.submit(report_done_and_linger, str(pidfile), gpus=1, cpus=0.5)
+        assert first.wait(timeout=60).state == "succeeded"  # as it said
+        pid = int(pidfile.read_text())
+        try:
+            # it is not let run on, and its GPU goes on once it is gone
+            wait_for(lambda: not alive(pid), timeout=30)
+            assert s.submit(gpu_and_whether_running, pid, gpus=1).result(timeout=60) == (
+                "0",
+                False,
+            )
+        finally:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_stopping_agent_leaves_no_spare_and_no_process_forked_ahead(agent_sched):
     s = agent_sched
     s.submit(abs, -1).result(timeout=30)
