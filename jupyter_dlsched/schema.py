@@ -300,7 +300,10 @@ MIGRATIONS: list[str] = [
     # version 12: a job whose result is recorded while its process still exits keeps its
     # lease until its supervisor releases it (``HELD_GRANT``): its GPUs stay taken; the
     # few such jobs, found without reading every finished one
+    # (an earlier follower's renewal could leave a lease on a finished job: none is held)
     """
+    UPDATE jobs SET lease_expires=NULL
+        WHERE state IN ('succeeded','failed','cancelled','timeout','lost');
     CREATE INDEX jobs_held ON jobs(backend, seq)
         WHERE state='succeeded' AND lease_expires IS NOT NULL;
     """,

@@ -488,6 +488,9 @@ def _queued(row: sqlite3.Row) -> QueuedJob:
 
 
 def _running(row: sqlite3.Row, now: float) -> RunningJob:
+    """A job holding a grant as the policy sees it: running, or a success whose process
+    still exits (about to be free: neither a victim nor elastic any more)."""
+    ended = row["state"] != "running"
     placement = Placement.from_json(json.loads(row["placement"]))
     request = _request(row)
     if row["max_gpus"] is not None:  # an elastic job holds what it was last sized to
@@ -502,11 +505,12 @@ def _running(row: sqlite3.Row, now: float) -> RunningJob:
         priority=row["priority"],
         owner=row["owner"],
         time_limit=row["time_limit"],
-        preemptible=bool(row["preemptible"]),
+        preemptible=bool(row["preemptible"]) and not ended,
         attained=row["attained"],
         name=row["name"],
-        min_gpus=None if row["max_gpus"] is None else int(row["gpus"]),
-        max_gpus=row["max_gpus"],
-        # already asked to stop: its devices are about to be free, pick no new victim for it
-        stopping=bool(row["preempt_requested"] or row["cancel_requested"]),
+        min_gpus=None if row["max_gpus"] is None or ended else int(row["gpus"]),
+        max_gpus=None if ended else row["max_gpus"],
+        # already asked to stop, or a success whose process still exits (it holds its
+        # grant, ``HELD_GRANT``): its devices are about to be free, pick no new victim for it
+        stopping=bool(row["preempt_requested"] or row["cancel_requested"] or ended),
     )

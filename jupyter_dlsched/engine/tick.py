@@ -7,7 +7,6 @@ agent keeps between decisions are ``queue_index.QueueIndex``.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -47,10 +46,6 @@ def reap(store: Store, db: sqlite3.Connection, backend: str, now: float) -> list
     return reaped
 
 
-def _placement(row: sqlite3.Row) -> Placement:
-    return Placement.from_json(json.loads(row["placement"]))
-
-
 def decide(
     store: Store,
     db: sqlite3.Connection,
@@ -83,13 +78,8 @@ def decide(
     else:
         snapshot = store.snapshot(db, backend)
         running = [r for r in snapshot if r["state"] not in WAITING]
-    # a success whose process still exits holds its grant: not the policy's to preempt or
-    # wait for, but its GPUs are not free yet
-    held = [_placement(r) for r in running if r["placement"] and r["state"] != "running"]
-    active = [_running(r, now) for r in running if r["placement"] and r["state"] == "running"]
-    capacity = idle_capacity_minus(
-        inventory, [a.placement for a in active] + held, external_gpu_mem
-    )
+    active = [_running(r, now) for r in running if r["placement"]]
+    capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
     learnt = False
     if index is not None:
         wanted = index.places_wanted(now)

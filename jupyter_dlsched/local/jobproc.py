@@ -27,9 +27,9 @@ from .containment import Containment
 PR_SET_PDEATHSIG = 1
 
 #: What a job process that ran its function to a result tells its supervisor on
-#: ``Launch.result_fd`` as its last act before it exits: its CPU seconds and its peak RSS
-#: in KiB (its own and its waited-for children's, as ``wait4`` would give them).
-RESULT_REPORT = struct.Struct("=dq")
+#: ``Launch.result_fd`` as its last act before it exits: its pid, its CPU seconds and its
+#: peak RSS in KiB (its own and its waited-for children's, as ``wait4`` would give them).
+RESULT_REPORT = struct.Struct("=qdq")
 
 
 #: Where a shared pool's job finds programs when its submission carried no environment.
@@ -278,7 +278,7 @@ def _report_result(fd: int) -> None:
     )
     cpu = me.ru_utime + me.ru_stime + waited.ru_utime + waited.ru_stime
     try:
-        os.write(fd, RESULT_REPORT.pack(cpu, max(me.ru_maxrss, waited.ru_maxrss)))
+        os.write(fd, RESULT_REPORT.pack(os.getpid(), cpu, max(me.ru_maxrss, waited.ru_maxrss)))
     except OSError:
         pass  # the supervisor records the end at the exit, as it would without a report
 

@@ -146,13 +146,17 @@ def _supervise(
     if report_w >= 0:
         os.close(report_w)
 
+    held = False
+
     def record_result(usage: Usage) -> bool:
         """The job's result is written and its process exits: its success, recorded now
         with its grant held (``Lease.finish(..., hold=True)``), and the agent told."""
+        nonlocal held
         try:
             lease.finish(RunEnd("succeeded"), hold=True, **usage.columns(job))
         except (IllegalTransition, JobNotFound, LedgerUnavailable):
             return False  # recorded at its exit instead, as without a report
+        held = True
         try:
             _after(home, job_id, agent)
         except Exception:
@@ -176,7 +180,8 @@ def _supervise(
         traceback.print_exc()
         box.kill_all()
         why = f"its supervisor failed: {type(error).__name__}: {error}"
-        outcome = Outcome(stop_reason="crash", detail=why[:300])
+        # (a success already recorded stays one: its grant is released below)
+        outcome = Outcome(stop_reason="crash", detail=why[:300], recorded=held)
     finally:
         box.close()  # its cgroup, once the last of its processes is gone
         if report_r >= 0:
@@ -310,7 +315,7 @@ def _monitor(
         for fd, _ in poller.poll(timeout * 1000):
             if fd == report_fd:
                 poller.unregister(fd)
-                said = _read_report(fd)
+                said = _read_report(fd, pgid)
                 # (once its exit is seen, the end is recorded as usual, in one transaction)
                 if said and record_result and outcome.stop_reason is None and not statuses:
                     usage = replace(outcome.usage)
@@ -420,17 +425,19 @@ def _monitor(
     return outcome
 
 
-def _read_report(fd: int) -> tuple[float, int] | None:
-    """What the job process reported as its result was written (``RESULT_REPORT``), or
-    None when it closed its end without a report (it failed, or it exec'd a program)."""
+def _read_report(fd: int, pid: int) -> tuple[float, int] | None:
+    """What the job's process ``pid`` reported as its result was written
+    (``RESULT_REPORT``), or None when it closed its end without a report (it failed, or
+    it exec'd a program), or the report is another process's (a fork of it that returned
+    through the same code keeps the pipe)."""
     try:
         data = os.read(fd, RESULT_REPORT.size)
     except OSError:
         return None
     if len(data) != RESULT_REPORT.size:
         return None
-    cpu, maxrss = RESULT_REPORT.unpack(data)
-    return float(cpu), int(maxrss)
+    sender, cpu, maxrss = RESULT_REPORT.unpack(data)
+    return (float(cpu), int(maxrss)) if sender == pid else None
 
 
 def _wait_status(result: os.waitid_result | None) -> int:

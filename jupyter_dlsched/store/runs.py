@@ -148,6 +148,8 @@ class Lease:
         if hold:
             kept = db.execute("SELECT lease_expires FROM jobs WHERE id=?", (self.job.id,))
             columns["lease_expires"] = kept.fetchone()[0]
+            if columns["lease_expires"] is None:  # nothing to hold the grant with
+                raise IllegalTransition(f"job {self.job.id}: its run holds no lease")
         return self.store.finish_run(db, self.job, end, now, **columns)
 
     def renew_held(self, until: float) -> bool:

@@ -210,7 +210,7 @@ def report_done_and_linger(pidfile: str) -> None:
     for name in os.listdir("/proc/self/fd"):
         try:
             if int(name) > 2 and os.readlink(f"/proc/self/fd/{name}").startswith("pipe:"):
-                os.write(int(name), RESULT_REPORT.pack(0.0, 0))
+                os.write(int(name), RESULT_REPORT.pack(os.getpid(), 0.0, 0))
         except OSError:
             pass
     time.sleep(120)
@@ -235,6 +235,23 @@ def test_a_process_that_says_it_is_done_and_goes_on_is_killed_after_the_grace(
         finally:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def fork_and_return_in_both() -> str:
+    """A job function whose fork returns through the job's own code first."""
+    import os
+    import time
+
+    if os.fork() == 0:
+        return "the fork"  # and on to writing a result and reporting it, as the job would
+    os.wait()
+    time.sleep(0.5)
+    return "the job"
+
+
+def test_only_the_jobs_own_process_reports_its_result(agent_sched):
+    h = agent_sched.submit(fork_and_return_in_both)
+    assert h.result(timeout=60) == "the job"
 
 
 def test_a_stopping_agent_leaves_no_spare_and_no_process_forked_ahead(agent_sched):

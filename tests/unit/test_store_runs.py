@@ -394,8 +394,9 @@ def test_a_follower_taken_over_records_no_end(store):
 
 
 def on_gpu(store, gpu=0):
-    """A job the queue started on GPU ``gpu``, claimed by this process at 120 s."""
-    spec = build_spec(capacity=POOL, gpus=1)
+    """A (preemptible) job the queue started on GPU ``gpu``, claimed by this process at
+    120 s."""
+    spec = build_spec(capacity=POOL, gpus=1, preemptible=True)
     job = store.insert_job(spec, {"payload.pkl": b"x"}, owner="anna", uid=1)
     placement = Placement(gpus=(gpu,), gpu_mem=(16 * 2**30,), cpus=(0,))
     store.transition(job.id, "running", started=100.0, attempts=1, placement=placement)
@@ -471,19 +472,19 @@ def test_a_follow_lease_is_not_renewed_once_the_job_ended(store):
 
 
 @pytest.mark.parametrize("kept", [False, True], ids=["whole snapshot", "queue index"])
-def test_a_decision_leaves_a_held_grants_gpu_taken_and_no_policy_sees_it_run(store, kept):
+def test_a_decision_leaves_a_held_grants_gpu_taken_and_sees_it_about_to_be_free(store, kept):
     lease = on_gpu(store)
     spec = build_spec(capacity=POOL, gpus=1)
     waiting = [store.insert_job(spec, {"payload.pkl": b"x"}, owner="anna", uid=1) for _ in "ab"]
     lease.finish(RunEnd("succeeded"), 150.0, hold=True)
     index = QueueIndex() if kept else None
-    seen: list[list[str]] = []
+    seen: list[list[tuple[str, bool, bool]]] = []
 
     def decide(now):
         policy = get_policy("fifo")
 
         def spy(queued, running, capacity, now):
-            seen.append([r.id for r in running])
+            seen.append([(r.id, r.stopping, r.preemptible) for r in running])
             return policy(queued, running, capacity, now)
 
         with store.transaction() as db:
@@ -501,7 +502,8 @@ def test_a_decision_leaves_a_held_grants_gpu_taken_and_no_policy_sees_it_run(sto
 
     # two GPUs: one is free, the other is the held grant's
     assert [s.job_id for s in decide(160.0).starts] == [waiting[0].id]
-    assert seen == [[]]  # the held success is not a running job to preempt or wait for
+    # the policy sees the held success as a job about to free its GPU: no victim
+    assert seen == [[(lease.job.id, True, False)]]
     assert decide(161.0).starts == []
     lease.release()
     assert [s.job_id for s in decide(162.0).starts] == [waiting[1].id]
