@@ -546,7 +546,10 @@ def team_service(n_users: int, per_user: int, timeout: float) -> TeamRun:
 
     folder = Path(tempfile.mkdtemp(prefix="dlsched-team-"))
     os.chmod(folder, 0o755)
-    socket_path = folder / "run" / "dlsched.sock"
+    # clients trust a socket only in folders no other user can write: not under /tmp
+    run = Path(tempfile.mkdtemp(prefix="dlsched-bench-", dir="/run"))
+    os.chmod(run, 0o755)
+    socket_path = run / "dlsched.sock"
     config = folder / "service.toml"
     config.write_text("")
     logs = folder / "logs"
@@ -631,6 +634,7 @@ def team_service(n_users: int, per_user: int, timeout: float) -> TeamRun:
                     service.kill()
                     service.wait()
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def team_agent(root: Path, n_procs: int, per_proc: int, timeout: float) -> TeamRun:
