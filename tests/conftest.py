@@ -28,6 +28,15 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     stop_agent(path)
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
 def wait_for(predicate: Any, timeout: float = 60.0, step: float = 0.05, what: Any = None) -> Any:
     """Poll ``predicate`` until it returns something true (returned), or fail after
     ``timeout`` seconds saying ``what()`` when given."""

@@ -54,13 +54,11 @@ class Usage:
 
     def reaped(self, rusage: Any) -> None:
         """Fold in a rank's own accounting from ``wait4`` (it includes what it waited for)."""
-        self.cpu_reaped += rusage.ru_utime + rusage.ru_stime
-        self.cpu_time = max(self.cpu_time, self.cpu_reaped)
-        self.peak_rss = max(self.peak_rss, rusage.ru_maxrss * 1024)
+        self.reported(rusage.ru_utime + rusage.ru_stime, rusage.ru_maxrss)
 
     def reported(self, cpu: float, maxrss_kib: int) -> None:
-        """Fold in what the job process said it used as it ended (``RESULT_REPORT``): the
-        same figures ``wait4`` gives at its exit."""
+        """Fold in a rank's CPU seconds and peak RSS (KiB): from ``wait4`` at its exit, or
+        what its process said as it ended (``RESULT_REPORT``), the same figures."""
         self.cpu_reaped += cpu
         self.cpu_time = max(self.cpu_time, self.cpu_reaped)
         self.peak_rss = max(self.peak_rss, maxrss_kib * 1024)

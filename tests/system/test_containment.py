@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import OtherUser, wait_for
+from conftest import OtherUser, alive, wait_for
 
 from jupyter_dlsched.agent.client import AgentClient
 from jupyter_dlsched.scheduler import Scheduler
@@ -70,15 +70,6 @@ STYLES = ["setsid", "daemon"]
 
 def escaper(pidfile: Path, style: str, mib: int = 0, main_seconds: float = 600) -> list[str]:
     return ["/usr/bin/python3", "-c", ESCAPER, str(pidfile), style, str(mib), str(main_seconds)]
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its parent counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
 
 
 _started: list[int] = []

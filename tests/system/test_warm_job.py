@@ -12,7 +12,7 @@ import time
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import alive, wait_for
 
 from jupyter_dlsched.local.warm import WarmProcess
 from jupyter_dlsched.scheduler import Scheduler
@@ -146,15 +146,6 @@ def leave_a_stubborn_process(pidfile: str, script: str, ballast: bytes) -> int:
     while not os.path.exists(pidfile):
         time.sleep(0.01)
     return os.getpid()
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its parent counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
 
 
 def gpu_and_whether_running(pid: int) -> tuple[str, bool]:

@@ -84,6 +84,24 @@ def test_the_schema_migrates_forward(tmp_path, monkeypatch):
     assert "note" in columns
 
 
+def test_migrating_to_held_grants_clears_leases_left_on_finished_jobs(tmp_path, monkeypatch):
+    # before version 12 a follower's renewal could set a lease on a job that had ended;
+    # from 12 on, a success with a lease holds its grant: none of those may look held
+    monkeypatch.setattr(store_mod.ledger, "MIGRATIONS", store_mod.MIGRATIONS[:11])
+    old = Store(tmp_path / "h")
+    job = queued_job(old)
+    old.transition(job.id, "running", started=1.0, attempts=1)
+    old.transition(job.id, "succeeded", finished=2.0)
+    old.update(job.id, lease_expires=1e12)
+    old.close()
+    monkeypatch.setattr(store_mod.ledger, "MIGRATIONS", store_mod.MIGRATIONS)
+    store = Store(tmp_path / "h")
+    assert store.get_meta("schema_version") == 12
+    assert store.get(job.id).lease_expires is None
+    with store.transaction() as db:
+        assert store.held_grants(db, "local") == 0
+
+
 def test_a_ledger_from_a_newer_version_is_refused(tmp_path):
     store = Store(tmp_path / "h")
     store.set_meta("schema_version", 99)
