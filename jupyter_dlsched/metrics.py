@@ -78,7 +78,9 @@ class PoolCollector(Collector):
         gpus.add_metric(["1"], simulated)
         yield gpus
 
-        running = [j for j in store.jobs(states=["running"]) if j.backend == "local"]
+        # a success whose process still exits holds its GPUs until it is gone
+        granted = [j for j in store.jobs(holding=True) if j.backend == "local"]
+        running = [j for j in granted if j.state == "running"]
         allocated: dict[int, float] = defaultdict(float)
         per_user: dict[str, float] = defaultdict(float)
         running_per_user: dict[str, int] = defaultdict(int)
@@ -88,6 +90,7 @@ class PoolCollector(Collector):
             running_per_user[job.owner] += 1
             if job.started is not None:
                 held_now[job.owner] += max(0.0, self.now - job.started) * job.gpus
+        for job in granted:
             placement = job.placement
             if placement is None:
                 continue

@@ -36,7 +36,7 @@ def pool_with_jobs(store: Any, inventory: dict[str, Any]) -> PoolInfo:
     # is cached and shared: never mutate it
     simulate = remembered_simulation(inventory)
     info = copy.deepcopy(probe(usage=True, simulate=simulate))
-    running = store.jobs(states=["running"])
+    running = store.jobs(holding=True)  # a success whose process still exits holds its GPUs
     by_pid = {j.job_pid: j.id for j in running if j.job_pid}
     by_pid.update({j.supervisor_pid: j.id for j in running if j.supervisor_pid})
     for gpu in info.gpus:
@@ -62,7 +62,7 @@ def pool_with_jobs(store: Any, inventory: dict[str, Any]) -> PoolInfo:
 
 def pool_shape(store: Any, inventory: dict[str, Any], backend: str) -> dict[str, Any]:
     """A backend's name and pool: GPUs (total, busy, simulated), CPUs, memory."""
-    running = store.jobs(states=["running"])
+    running = store.jobs(holding=True)
     busy = {i for j in running if j.placement and j.backend == backend for i in j.placement.gpus}
     return {
         "backend": backend,

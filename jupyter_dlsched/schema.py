@@ -21,6 +21,9 @@ WAITING = ("queued", "preempted")
 #: until its supervisor releases them (``Lease.finish(..., hold=True)``, ``Lease.release``);
 #: the SQL condition of such a job, which the ``jobs_held`` index answers.
 HELD_GRANT = "state='succeeded' AND lease_expires IS NOT NULL"
+#: The jobs whose grant is taken: running ones and held successes. What the pool's views
+#: count as busy, as the decisions do.
+HOLDING = f"(state='running' OR ({HELD_GRANT}))"
 TERMINAL = ("succeeded", "failed", "cancelled", "timeout", "lost")
 STATES = ACTIVE + TERMINAL
 TRANSITIONS: dict[str, frozenset[str]] = {

@@ -299,6 +299,7 @@ class RemoteLedger:
         offset: int = 0,
         ids: Sequence[str] | None = None,
         newest_first: bool = False,
+        holding: bool = False,
     ) -> list[JobInfo]:
         reply = self._client.call(
             "jobs",
@@ -308,6 +309,7 @@ class RemoteLedger:
             offset=offset,
             ids=list(ids) if ids is not None else None,
             newest_first=newest_first,
+            holding=holding,
         )
         return [info_from_json(r) for r in reply["jobs"]]
 

@@ -77,7 +77,7 @@ def _count_arg(msg: Mapping[str, Any], key: str) -> int:
 
 
 def _list_args(msg: Mapping[str, Any]) -> dict[str, Any]:
-    """The filters of a ``jobs`` request, checked: states, owner, ids, order."""
+    """The filters of a ``jobs`` request, checked: states, owner, ids, order, holding."""
     from ..schema import STATES
 
     states, owner, ids = msg.get("states"), msg.get("owner"), msg.get("ids")
@@ -94,7 +94,16 @@ def _list_args(msg: Mapping[str, Any]) -> dict[str, Any]:
     newest_first = msg.get("newest_first", False)
     if not isinstance(newest_first, bool | None):
         raise SpecError("newest_first", newest_first, "true or false")
-    return {"states": states, "owner": owner, "ids": ids, "newest_first": bool(newest_first)}
+    holding = msg.get("holding", False)
+    if not isinstance(holding, bool | None):
+        raise SpecError("holding", holding, "true or false")
+    return {
+        "states": states,
+        "owner": owner,
+        "ids": ids,
+        "newest_first": bool(newest_first),
+        "holding": bool(holding),
+    }
 
 
 def _page(msg: Mapping[str, Any]) -> int:

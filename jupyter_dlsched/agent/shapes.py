@@ -83,6 +83,7 @@ class JobsRequest(TypedDict, total=False):
     offset: int
     ids: list[str] | None
     newest_first: bool
+    holding: bool
 
 
 class FinishedRequest(TypedDict, total=False):

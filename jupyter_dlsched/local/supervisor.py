@@ -312,7 +312,9 @@ def _monitor(
         # the job's pid is written once it has run for a moment: a job that ends at once
         # costs no transaction for it (the end is recorded in one)
         timeout = POLL_SECONDS if pid_recorded else PID_AFTER
-        for fd, _ in poller.poll(timeout * 1000):
+        # the report before an exit seen in the same wake-up: it was written before the exit
+        # (and a job that left processes behind keeps its early result)
+        for fd, _ in sorted(poller.poll(timeout * 1000), key=lambda ready: ready[0] != report_fd):
             if fd == report_fd:
                 poller.unregister(fd)
                 said = _read_report(fd, pgid)

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import JobNotFound
-from ..schema import _ID, STATES, WAITING, JobInfo, _row_to_info
+from ..schema import _ID, HOLDING, STATES, WAITING, JobInfo, _row_to_info
 from .payloads import Payloads
 
 #: The jobs in a line: the words of the ``jobs_line`` index's ``WHERE``, so SQLite uses it.
@@ -65,9 +65,12 @@ class JobReads(Payloads):
         offset: int = 0,
         ids: Sequence[str] | None = None,
         newest_first: bool = False,
+        holding: bool = False,
     ) -> list[JobInfo]:
-        """Jobs in submit order (or newest first), filtered by state, owner or ids."""
-        clauses: list[str] = []
+        """Jobs in submit order (or newest first), filtered by state, owner or ids; with
+        ``holding``, only those that hold a grant now (``schema.HOLDING``: running, or a
+        success whose process still exits)."""
+        clauses: list[str] = [HOLDING] if holding else []
         args: list[Any] = []
         if states is not None:
             states = list(states)

@@ -9,15 +9,11 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 
 from ..resources import Placement
-from ..schema import HELD_GRANT
+from ..schema import HELD_GRANT, HOLDING
 from .ledger import (
     _SNAPSHOT_COLUMNS,
 )
 from .runs import Runs
-
-#: The jobs whose grant is taken: those running, and those that succeeded while their
-#: process still exits (``HELD_GRANT``).
-_HOLDING = f"(state='running' OR ({HELD_GRANT}))"
 
 
 class Queue(Runs):
@@ -48,7 +44,7 @@ class Queue(Runs):
         return [
             r[0]
             for r in self.db.execute(
-                f"SELECT job_pid FROM jobs WHERE {_HOLDING} AND backend=?", (backend,)
+                f"SELECT job_pid FROM jobs WHERE {HOLDING} AND backend=?", (backend,)
             ).fetchall()
         ]
 
@@ -56,7 +52,7 @@ class Queue(Runs):
         """``(id, attempt)`` of every job on this machine holding its grant: running, or a
         success whose process still exits (its cgroup is still in use)."""
         rows = self.db.execute(
-            f"SELECT id, attempts FROM jobs WHERE backend='local' AND {_HOLDING}"
+            f"SELECT id, attempts FROM jobs WHERE backend='local' AND {HOLDING}"
         ).fetchall()
         return [(r[0], r[1]) for r in rows]
 
@@ -78,7 +74,7 @@ class Queue(Runs):
         policy decides on (``_SNAPSHOT_COLUMNS``): one lean read per tick."""
         return db.execute(
             f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? "
-            f"AND (state IN ('queued','preempted') OR {_HOLDING}) ORDER BY seq",
+            f"AND (state IN ('queued','preempted') OR {HOLDING}) ORDER BY seq",
             (backend,),
         ).fetchall()
 
@@ -86,7 +82,7 @@ class Queue(Runs):
     def snapshot_running(db: sqlite3.Connection, backend: str) -> list[sqlite3.Row]:
         """The jobs of ``snapshot`` that hold a grant."""
         return db.execute(
-            f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? AND {_HOLDING} ORDER BY seq",
+            f"SELECT {_SNAPSHOT_COLUMNS} FROM jobs WHERE backend=? AND {HOLDING} ORDER BY seq",
             (backend,),
         ).fetchall()
 

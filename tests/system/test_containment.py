@@ -591,3 +591,51 @@ def _alive(pid: int | None) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def leave_a_process_holding(pidfile: str) -> str:
+    """A function job whose work is done but which left a process running in a session
+    of its own that ignores SIGTERM (it goes only at the grace's SIGKILL)."""
+    import signal
+    import time
+
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            with open(pidfile + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(pidfile + ".tmp", pidfile)
+            while True:
+                time.sleep(1)
+        os._exit(0)
+    os.wait()
+    while not os.path.exists(pidfile):
+        time.sleep(0.01)
+    return os.environ["CUDA_VISIBLE_DEVICES"]
+
+
+def test_a_success_whose_escapee_still_runs_shows_its_gpu_taken(home, monkeypatch, tmp_path):
+    """Its result is given before its grant is released: until the escapee is gone the
+    pool, the status and the metrics count its GPU as taken, by that job."""
+    import time
+
+    from jupyter_dlsched.metrics import exposition, parse
+
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+    pidfile = tmp_path / "escapee"
+    with Scheduler(home, lease_ttl=3.0, grace=6.0) as s:
+        handle = s.submit(leave_a_process_holding, str(pidfile), gpus=1, cpus=0.5)
+        assert handle.result(timeout=60) == "0"
+        pid = escaped_pid(pidfile)
+        assert s.info(handle.id).state == "succeeded"
+        assert s.pool().gpus[0].jobs == [handle.id]
+        assert s.status()["gpus"]["busy"] == 1
+        scraped = parse(exposition(s.store, None, time.time()).decode())
+        assert scraped["dlsched_gpu_allocated_ratio"] == [
+            ({"gpu": "0"}, 1.0, "dlsched_gpu_allocated_ratio")
+        ]
+        wait_for(lambda: not alive(pid), timeout=30, what=lambda: "the escapee was never killed")
+        wait_for(lambda: s.pool().gpus[0].jobs == [], timeout=30)
+        assert s.status()["gpus"]["busy"] == 0
+    assert s.info(handle.id).reason == "killed 1 process left behind"

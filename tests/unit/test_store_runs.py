@@ -416,6 +416,11 @@ def test_a_success_held_past_its_end_keeps_its_grant_until_it_is_released(store)
     assert (after.state, after.finished, after.cpu_time) == ("succeeded", 150.0, 1.5)
     assert after.lease_expires == 180.0
     assert holding(store) == [lease.job.id]
+    # what the pool's views count as busy: the job with its grant, beside a running one
+    other = on_gpu(store)
+    assert [j.id for j in store.jobs(holding=True)] == [lease.job.id, other.job.id]
+    assert [j.id for j in store.jobs(holding=True, states=["succeeded"])] == [lease.job.id]
+    other.finish(RunEnd("succeeded"), 160.0)
     with store.transaction() as db:
         assert store.held_grants(db, "local") == 1
     assert store.holding_attempts() == [(lease.job.id, 1)]
@@ -427,6 +432,7 @@ def test_a_success_held_past_its_end_keeps_its_grant_until_it_is_released(store)
     assert (after.state, after.lease_expires) == ("succeeded", None)
     assert after.reason == "killed 1 process left behind"
     assert holding(store) == [] and store.holding_attempts() == []
+    assert store.jobs(holding=True) == []
     assert not lease.release() and not lease.renew_held(600.0)  # released once
 
 
