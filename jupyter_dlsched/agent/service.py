@@ -48,7 +48,7 @@ from .client import IDLE_EXIT, trusted_server_uids, user_address
 from .config import ServiceConfig
 from .connections import Connections, Peer
 from .deciding import agent_engine
-from .forking import Forking, _set_name
+from .forking import SPARES, Forking, _set_name
 from .protocol import ProtocolError, error_reply
 from .ray_keeper import RayKeeper
 from .requests import Requests
@@ -130,7 +130,7 @@ class Agent(Requests, Forking):
         self._stopping = False
         self._address: str | bytes | None = None
         #: a supervisor forked ahead of time: (pid, the pipe its job id is written to)
-        self._spare: tuple[int, int] | None = None
+        self._spares: list[tuple[int, int]] = []
         self._spare_after = 0.0
         #: this ledger's Ray driver, started while a Ray job waits or runs
         self.ray = RayKeeper(self.home, lambda: self._store, self.shared)
@@ -288,9 +288,9 @@ class Agent(Requests, Forking):
         self._stopping = True
 
     def close(self) -> None:
-        if self._spare is not None:
-            os.close(self._spare[1])  # the spare reads the end of its pipe and exits
-            self._spare = None
+        for _, pipe in self._spares:
+            os.close(pipe)  # the spare reads the end of its pipe and exits
+        self._spares = []
         bound = self.conns.listener is not None
         self.conns.close_all()
         if self.scrape is not None:
@@ -356,7 +356,7 @@ class Agent(Requests, Forking):
                 time.sleep(0.5)
             self._answer_watchers()
             self.conns.serve_ready()
-            if self._spare is None and not self._dirty:
+            if len(self._spares) < SPARES and not self._dirty:
                 self.fork_spare()  # off the path of the launch that used the last one
             if self.peers or not self.shared and self._has_waiting():
                 last_busy = now

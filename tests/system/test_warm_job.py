@@ -14,6 +14,7 @@ import psutil
 import pytest
 from conftest import alive, wait_for
 
+from jupyter_dlsched.agent.forking import SPARES
 from jupyter_dlsched.local.warm import WarmProcess
 from jupyter_dlsched.scheduler import Scheduler
 
@@ -47,11 +48,12 @@ def agent_sched(home):
         yield s
 
 
-def spare_and_its_job_process(s):
-    """The spare supervisor's pid and that of the job process it forked ahead, once both
-    are there (None until then)."""
+def spares(s):
+    """(spare supervisor, the job process it forked ahead) for each spare whose job
+    process is there."""
     assert s.link is not None
     agent = psutil.Process(int(s.link.hello["pid"]))
+    found = []
     for spare in agent.children():
         try:
             if spare.name() != "dlsched-sup" or spare.status() == psutil.STATUS_ZOMBIE:
@@ -60,13 +62,16 @@ def spare_and_its_job_process(s):
         except psutil.NoSuchProcess:
             continue
         if len(waiting) == 1:
-            return spare.pid, waiting[0].pid
-    return None
+            found.append((spare.pid, waiting[0].pid))
+    return found
 
 
 def ready(s):
-    """Wait until the spare supervisor and the job process it forked ahead wait."""
-    return wait_for(lambda: spare_and_its_job_process(s), timeout=30)
+    """Wait until every spare supervisor and the job process it forked ahead wait; the
+    oldest spare's pid and its job process's (the next job's: spares are taken oldest
+    first)."""
+    found = wait_for(lambda: len(spares(s)) == SPARES and spares(s), timeout=30)
+    return min(found, key=lambda pair: (psutil.Process(pair[0]).create_time(), pair[0]))
 
 
 def test_a_job_runs_in_the_process_its_spare_supervisor_forked_before_it_was_submitted(
@@ -85,6 +90,18 @@ def test_a_job_runs_in_the_process_its_spare_supervisor_forked_before_it_was_sub
     assert me["parent"] == "dlsched-sup"
     assert me["job"] == h.id
     assert me["cwd"] == str(tmp_path)
+
+
+def test_jobs_started_together_each_run_in_a_process_forked_ahead(agent_sched):
+    """Two spares: a queue draining back to back does not fork a supervisor per job."""
+    s = agent_sched
+    s.submit(abs, -1).result(timeout=30)
+    assert SPARES == 2
+    waiting = wait_for(lambda: {w for _, w in spares(s)} if len(spares(s)) == 2 else None)
+    first, second = s.submit(whoami), s.submit(whoami)
+    assert {first.result(timeout=30)["pid"], second.result(timeout=30)["pid"]} == waiting
+    # and both spares come back for the next ones
+    assert wait_for(lambda: len(spares(s)) == 2)
 
 
 def test_a_command_runs_in_the_process_forked_ahead(agent_sched):
@@ -245,10 +262,12 @@ def test_only_the_jobs_own_process_reports_its_result(agent_sched):
     assert h.result(timeout=60) == "the job"
 
 
-def test_a_stopping_agent_leaves_no_spare_and_no_process_forked_ahead(agent_sched):
+def test_a_stopping_agent_leaves_no_spares_and_no_processes_forked_ahead(agent_sched):
     s = agent_sched
     s.submit(abs, -1).result(timeout=30)
-    spare, waiting = ready(s)
+    ready(s)
+    pids = [pid for pair in spares(s) for pid in pair]
+    assert len(pids) == 2 * SPARES
     assert s.link is not None
     s.link.client.call("stop")
 
@@ -258,7 +277,7 @@ def test_a_stopping_agent_leaves_no_spare_and_no_process_forked_ahead(agent_sche
         except psutil.NoSuchProcess:
             return True
 
-    wait_for(lambda: gone(spare) and gone(waiting), timeout=30)
+    wait_for(lambda: all(gone(pid) for pid in pids), timeout=30)
 
 
 def test_a_process_forked_ahead_and_not_used_is_killed_and_reaped():
