@@ -1,5 +1,11 @@
 """How the pool agent forks: each job's supervisor and each stager, from its preloaded
-state (no interpreter start), and one spare supervisor forked ahead of the next launch.
+state (no interpreter start), and spare supervisors forked ahead of the next launches.
+
+A spare supervisor is handed its job's id through a pipe; when that job has ended (and
+everything of it exited) it says so and waits on the same pipe for another job
+(``take_back``), up to ``REUSE`` jobs: a queue draining back to back costs one fork per
+job (its job process), not three (a supervisor, its job process forked ahead, and the
+refill of the spare).
 
 A forked child leaves the agent first (``_leave_agent``): its own session and name,
 none of the agent's sockets, the agent's signal handlers undone.
@@ -17,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..schema import JobInfo
 from .config import ServiceConfig
-from .connections import Connections
+from .connections import Connections, Peer
 
 log = logging.getLogger("jupyter_dlsched.agent")
 
@@ -30,6 +36,8 @@ SPARE_DELAY = 0.05
 #: Spare supervisors kept forked ahead: two, so that jobs started back to back (a queue
 #: draining, each job shorter than ``SPARE_DELAY``) each find one.
 SPARES = 2
+#: Jobs one spare supervisor runs, one after the other, before it exits.
+REUSE = 100
 
 
 def _set_name(name: bytes) -> None:
@@ -52,6 +60,7 @@ class Forking:
         conns: Connections
         scrape: ScrapeEndpoint | None
         _spares: list[tuple[int, int]]
+        _lent: dict[int, int]
         _spare_after: float
         _dirty: bool
         _stopping: bool
@@ -79,11 +88,11 @@ class Forking:
                 self._spare_after = now + SPARE_DELAY
             try:
                 os.write(pipe, f"{job.id}\n".encode())
-                return
             except OSError:
-                pass  # the spare has gone: fork one for this job
-            finally:
-                os.close(pipe)
+                os.close(pipe)  # the spare has gone: fork one for this job
+            else:
+                self._lent[pid] = pipe  # for its next job, when it says it waits for one
+                return
         try:
             pid = self._fork()
         except OSError as error:
@@ -141,10 +150,34 @@ class Forking:
         self.conns.close_in_child()
         if self.scrape is not None:
             self.scrape.listener.close()
-        for _, pipe in self._spares:
+        for pipe in [pipe for _, pipe in self._spares] + list(self._lent.values()):
             os.close(pipe)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
+
+    def take_back(self, peer: Peer, again: bool) -> None:
+        """A supervisor's last word for its job (``ended`` with ``again``): a spare again,
+        waiting on its pipe for the next job, while fewer than ``SPARES`` wait; else (or
+        when it does not wait, ``again`` false) its pipe is closed and it exits."""
+        if peer.uid != os.geteuid():
+            return  # only this agent's own supervisors
+        pipe = self._lent.pop(peer.pid, None)
+        if pipe is None:
+            return
+        if again and len(self._spares) < SPARES and not self._stopping:
+            self._spares.append((peer.pid, pipe))
+        else:
+            os.close(pipe)
+
+    def sweep_lent(self) -> None:
+        """Forget supervisors that died with their pipe lent (killed: no last word)."""
+        for pid in list(self._lent):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os.close(self._lent.pop(pid))
+            except PermissionError:
+                pass
 
     def fork_spare(self) -> None:
         """Fork a supervisor that opens the ledger and waits for the id of the next job."""
@@ -175,22 +208,35 @@ class Forking:
             from ..local.warm import WarmProcess
             from ..store import Store
 
-            if pipe is not None:
-                # a spare forks its job's process ahead too (before it opens the ledger,
-                # which that process must not share): the job is handed to it once known
-                warm = WarmProcess.fork(close=(pipe,))
             store = Store(self.home)
-            if pipe is not None:
-                with os.fdopen(pipe, "rb") as waiting:
+            if pipe is None:
+                assert job_id is not None
+                code = supervise(
+                    self.home, job_id, as_owner=self.shared, agent=self.address, store=store
+                )
+                return
+            with os.fdopen(pipe, "rb") as waiting:
+                for run in range(1, REUSE + 1):
+                    # a spare forks its job's process ahead too, with the ledger closed
+                    # (that process must not share its connection): the job is handed to
+                    # it once known
+                    store.close()
+                    warm = WarmProcess.fork(close=(pipe,))
+                    store.data_version()  # opened again, before the job is known
                     line = waiting.readline().decode().strip()
-                if not line:
-                    code = 0  # the agent has gone (or exited): nothing to supervise
-                    return
-                job_id = line
-            assert job_id is not None
-            code = supervise(
-                self.home, job_id, as_owner=self.shared, agent=self.address, store=store, warm=warm
-            )
+                    if not line:
+                        code = 0  # the agent has gone (or exited): nothing to supervise
+                        return
+                    code = supervise(
+                        self.home,
+                        line,
+                        as_owner=self.shared,
+                        agent=self.address,
+                        store=store,
+                        warm=warm,
+                        again=run < REUSE,
+                    )
+                    warm = None  # given the job, or let go
         except BaseException:
             import traceback
 

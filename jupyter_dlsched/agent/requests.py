@@ -27,6 +27,7 @@ from .protocol import ProtocolError
 from .reads import Reads
 from .shapes import (
     Done,
+    EndedRequest,
     HelloReply,
     JobIdRequest,
     JobReply,
@@ -240,8 +241,10 @@ class Requests(Reads):
         self._store.update(info.id, progress=progress)
         return {"recorded": True}
 
-    def _ended(self, peer: Peer, msg: JobIdRequest, blobs: list[bytes]) -> Done:
+    def _ended(self, peer: Peer, msg: EndedRequest, blobs: list[bytes]) -> Done:
         self._dirty = True  # a job's resources are free: decide now
+        if "again" in msg:
+            self.take_back(peer, msg["again"] is True)  # its supervisor's last word
         return {}
 
     def _tick_request(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> Done:

@@ -131,6 +131,9 @@ class Agent(Requests, Forking):
         self._address: str | bytes | None = None
         #: a supervisor forked ahead of time: (pid, the pipe its job id is written to)
         self._spares: list[tuple[int, int]] = []
+        #: supervisors handed a job through their pipe: pid → the pipe, kept to hand them
+        #: the next job when they say they wait for one (``Forking.take_back``)
+        self._lent: dict[int, int] = {}
         self._spare_after = 0.0
         #: this ledger's Ray driver, started while a Ray job waits or runs
         self.ray = RayKeeper(self.home, lambda: self._store, self.shared)
@@ -288,9 +291,9 @@ class Agent(Requests, Forking):
         self._stopping = True
 
     def close(self) -> None:
-        for _, pipe in self._spares:
+        for pipe in [pipe for _, pipe in self._spares] + list(self._lent.values()):
             os.close(pipe)  # the spare reads the end of its pipe and exits
-        self._spares = []
+        self._spares, self._lent = [], {}
         bound = self.conns.listener is not None
         self.conns.close_all()
         if self.scrape is not None:
@@ -322,6 +325,7 @@ class Agent(Requests, Forking):
             if now - last_sweep >= 0.5:
                 last_sweep = now
                 self.conns.sweep(now)
+                self.sweep_lent()
                 if scrape is not None:
                     scrape.sweep(now)
             try:

@@ -17,7 +17,7 @@ package's own error (``SpecError``, ``ProtocolError``), as it always has.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, overload
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11
@@ -63,9 +63,19 @@ class SubmitRequest(_Submission):
 
 
 class JobIdRequest(TypedDict):
-    """A request about one job (``get``, ``cancel``, ``requeue``, ``ended``)."""
+    """A request about one job (``get``, ``cancel``, ``requeue``)."""
 
     id: str
+
+
+class EndedRequest(TypedDict):
+    """A supervisor's word that its job ended (or that its success is recorded while its
+    process still exits)."""
+
+    id: str
+    #: its last word for the job: whether it waits for another job on the pipe the agent
+    #: handed it this one through (absent: the job's grant is still held)
+    again: NotRequired[bool]
 
 
 class PriorityRequest(TypedDict):
@@ -279,7 +289,7 @@ OPS: dict[str, tuple[type, type]] = {
     "events": (EventsRequest, EventsReply),
     "meta": (MetaRequest, MetaReply),
     "progress": (ProgressRequest, ProgressReply),
-    "ended": (JobIdRequest, Done),
+    "ended": (EndedRequest, Done),
     "tick": (NoFields, Done),
     "settings": (SettingsRequest, SettingsReply),
     "cache": (NoFields, CacheReply),
@@ -337,7 +347,7 @@ class Calls:
         self, op: Literal["progress"], /, **fields: Unpack[ProgressRequest]
     ) -> ProgressReply: ...
     @overload
-    def call(self, op: Literal["ended"], /, **fields: Unpack[JobIdRequest]) -> Done: ...
+    def call(self, op: Literal["ended"], /, **fields: Unpack[EndedRequest]) -> Done: ...
     @overload
     def call(self, op: Literal["tick"], /) -> Done: ...
     @overload

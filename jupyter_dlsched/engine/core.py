@@ -10,7 +10,7 @@ subclassed, by whoever decides:
 * the pool agent (``agent/deciding.py``): its per-user limits as the policy's
   ``gate``, its forks as the ``launching``, its loop as the ``wake`` hook;
 * a ``Scheduler`` without an agent, through ``EngineLink`` (``engine/link.py``);
-* a job's supervisor, for its one decision after the job (``tick_after``);
+* a job's supervisor, for its one decision after the job (``local/wake.tick_after``);
 * the Ray driver.
 
 The engine is also the ``Port`` of its backend: the backend records jobs in the

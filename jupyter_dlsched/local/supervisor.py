@@ -1,11 +1,13 @@
-"""The supervisor of one job.
+"""The supervisor of one job at a time.
 
 A supervisor runs in its own session (so it outlives the kernel), claims the
 job in the ledger, forks the job process(es) (``jobproc.py``) with their
 devices, cores and environment set, streams output to ``spool/<id>/log``, renews the lease,
 enforces time limit, memory limit, cancellation and preemption, records how
-the job ended, and then ticks the scheduler once so the queue keeps draining
-with no kernel or server alive.
+the job ended, and then has the pool decide what starts next: it tells the pool
+agent, or without one ticks the scheduler once itself, so the queue keeps
+draining with no kernel or server alive. A spare supervisor of the pool agent
+then waits for another job (``agent/forking.py``).
 
     python -m jupyter_dlsched.local.supervisor --home DLSCHED_HOME JOB_ID
 """
@@ -21,14 +23,11 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from .. import private
-from ..agent.client import AgentClient, agent_wanted, notify, user_address
-from ..engine import Engine
 from ..errors import (
-    DlschedError,
     IllegalTransition,
     JobNotFound,
     LedgerUnavailable,
@@ -36,11 +35,13 @@ from ..errors import (
 )
 from ..runtime import STOP_FILE
 from ..settings import Settings
-from ..store import JobInfo, Lease, RunEnd, Store, disk_full
+from ..store import Lease, RunEnd, Store
 from ..units import format_size
 from .containment import Containment, sweep_cgroups
-from .jobproc import RESULT_REPORT, Launch, cores_for, job_environment, start_ranks, world_size
+from .ending import Outcome, describe_status, read_report, record_end, record_refusal, wait_status
+from .jobproc import Launch, cores_for, job_environment, start_ranks, world_size
 from .usage import Tree, Usage, gpu_over_grant
+from .wake import LastWord, decide_after, tell_agent
 from .warm import WarmProcess
 
 POLL_SECONDS = 0.2
@@ -51,8 +52,6 @@ MEMORY_CHECK_SECONDS = 0.5
 USAGE_SECONDS = 1.0
 #: How often a running job's CPU and RSS now are written to the ledger.
 LIVE_SECONDS = 2.0
-#: Tries at recording a job's end while the disk stays full (about 30 s in all).
-RECORD_TRIES = 8
 
 
 def supervise(
@@ -63,6 +62,7 @@ def supervise(
     agent: str | bytes | None = None,
     store: Store | None = None,
     warm: WarmProcess | None = None,
+    again: bool | None = None,
 ) -> int:
     """Run ``job_id`` to its end; returns the supervisor's exit status.
 
@@ -71,13 +71,21 @@ def supervise(
     ``agent``: the pool agent to tell when the job has ended. ``store``: the ledger,
     when the caller opened it already (a spare supervisor, before its job was known).
     ``warm``: the job's process, forked ahead of the job (``warm.py``), when there is
-    one; it is let go if the job does not run in it.
+    one; it is let go if the job does not run in it. ``again``: a spare supervisor's job,
+    after which it waits for another (True) or exits (False), as it tells the agent with
+    the job's end (``ended`` with ``again``; ``agent/forking.py``).
     """
+    word = LastWord(again)
     try:
-        return _supervise(home, job_id, as_owner, agent, store, warm)
+        return _supervise(home, job_id, as_owner, agent, store, warm, word)
+    except BaseException:
+        word.again = False if again is not None else None  # it exits
+        raise
     finally:
         if warm is not None:
             warm.discard()  # not given the job: it goes
+        if agent is not None and word.again is not None and not word.said:
+            tell_agent(agent, job_id, home, word)  # it ended before it ran (or failed)
 
 
 def _supervise(
@@ -87,6 +95,7 @@ def _supervise(
     agent: str | bytes | None,
     store: Store | None,
     warm: WarmProcess | None,
+    word: LastWord,
 ) -> int:
     store = store if store is not None else Store(home)
     try:
@@ -114,8 +123,8 @@ def _supervise(
     except (UnsafeStateFolder, OSError) as error:
         # a link, FIFO or folder the job's owner planted: the job fails, and says why
         box.close()
-        _record_refusal(store, lease, str(error))
-        _after(home, job_id, agent)
+        record_refusal(store, lease, str(error))
+        decide_after(home, job_id, agent, word)
         return 0
     if job.attempts > 1:
         os.write(log_fd, f"[dlsched] attempt {job.attempts}\n".encode())
@@ -158,7 +167,7 @@ def _supervise(
             return False  # recorded at its exit instead, as without a report
         held = True
         try:
-            _after(home, job_id, agent)
+            decide_after(home, job_id, agent)
         except Exception:
             traceback.print_exc()  # the agent sees the end at its next look at the ledger
         return True
@@ -186,56 +195,10 @@ def _supervise(
         box.close()  # its cgroup, once the last of its processes is gone
         if report_r >= 0:
             os.close(report_r)
-    _record(lease, outcome, folder, owner)
+    record_end(lease, outcome, folder, owner)
     store.close()
-    _after(home, job_id, agent)
+    decide_after(home, job_id, agent, word)
     return 0
-
-
-def _after(home: str | os.PathLike[str], job_id: str, agent: str | bytes | None) -> None:
-    """Have the pool decide what starts now that this job's grant is free."""
-    if agent is None:
-        tick_after(home)
-    else:
-        _tell_agent(agent, job_id, home)
-
-
-def _record_refusal(store: Store, lease: Lease, why: str) -> None:
-    """End a run that could not start (its spool folder was tampered with): failed, no retry."""
-    try:
-        lease.finish(RunEnd("failed", why, retry=False))
-    except (IllegalTransition, JobNotFound, LedgerUnavailable):
-        pass  # reaped meanwhile, or a full disk: the lease lapses and the reaper says so
-    store.close()
-
-
-def _tell_agent(address: str | bytes, job_id: str, home: str | os.PathLike[str]) -> None:
-    """Tell the pool agent a job ended, so it decides what starts next.
-
-    This user's agent is started again if it has gone (it is the only one that
-    decides); a shared pool's service that is down decides when it is back.
-    """
-    if isinstance(address, str):
-        notify(address, {"op": "ended", "id": job_id})
-        return
-    try:
-        AgentClient(address, home=home).call("ended", id=job_id)
-    except DlschedError:
-        traceback.print_exc()
-
-
-@dataclass
-class Outcome:
-    status: int = 0
-    stop_reason: str | None = None  # cancel, preempt, timeout, oom, rank, lease, crash
-    detail: str = ""
-    usage: Usage = field(default_factory=lambda: Usage())
-    #: processes killed that were not the job's main ones: outside its process group when
-    #: it was stopped, or still running once its main processes had exited
-    strays: set[int] = field(default_factory=set)
-    #: its success was recorded when its process said its result was written (its grant is
-    #: held until everything of it has exited)
-    recorded: bool = False
 
 
 def _monitor(
@@ -317,7 +280,7 @@ def _monitor(
         for fd, _ in sorted(poller.poll(timeout * 1000), key=lambda ready: ready[0] != report_fd):
             if fd == report_fd:
                 poller.unregister(fd)
-                said = _read_report(fd, pgid)
+                said = read_report(fd, pgid)
                 # (once its exit is seen, the end is recorded as usual, in one transaction)
                 if said and record_result and outcome.stop_reason is None and not statuses:
                     usage = replace(outcome.usage)
@@ -335,14 +298,14 @@ def _monitor(
             if pid == pgid:
                 # the group's leader is reaped last, after the group is killed: until then
                 # its number (the group's) cannot be given to another process
-                status = _wait_status(os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT))
+                status = wait_status(os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT))
             else:
                 _, status, rusage = os.wait4(pid, 0)
                 outcome.usage.reaped(rusage)
             statuses[pid] = status
             if status != 0 and len(pids) > 1 and outcome.stop_reason is None:
                 rank = pids.index(pid)
-                _, _, why = _describe_status(status, folder, owner)
+                _, _, why = describe_status(status, folder, owner)
                 stop("rank", f"rank {rank} failed ({why}); stopped the other ranks")
         if len(statuses) == len(pids):
             box.reap()
@@ -427,142 +390,11 @@ def _monitor(
     return outcome
 
 
-def _read_report(fd: int, pid: int) -> tuple[float, int] | None:
-    """What the job's process ``pid`` reported as its result was written
-    (``RESULT_REPORT``), or None when it closed its end without a report (it failed, or
-    it exec'd a program), or the report is another process's (a fork of it that returned
-    through the same code keeps the pipe)."""
-    try:
-        data = os.read(fd, RESULT_REPORT.size)
-    except OSError:
-        return None
-    if len(data) != RESULT_REPORT.size:
-        return None
-    sender, cpu, maxrss = RESULT_REPORT.unpack(data)
-    return (float(cpu), int(maxrss)) if sender == pid else None
-
-
-def _wait_status(result: os.waitid_result | None) -> int:
-    """The ``wait()`` status word of a ``waitid`` result (an exit code, or a signal)."""
-    assert result is not None
-    if result.si_code == os.CLD_EXITED:
-        return result.si_status << 8
-    return result.si_status | (0x80 if result.si_code == os.CLD_DUMPED else 0)
-
-
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _describe_status(
-    status: int, folder: Path, owner: int | None = None
-) -> tuple[int | None, int | None, str]:
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        return None, sig, f"killed by signal {signal.Signals(sig).name}"
-    code = os.WEXITSTATUS(status)
-    try:
-        # the job's own report, never through a link, and never more of it than a line needs
-        text = private.read_file(folder / "error.json", owner, max_bytes=1_000_000)
-    except (OSError, UnsafeStateFolder):
-        text = None
-    if text is not None:
-        try:
-            error = json.loads(text[:1_000_000])
-            message = error["message"].strip().splitlines()
-            first = message[0] if message else ""
-            return code, None, f"{error['type']}: {first}"[:300]
-        except (ValueError, KeyError):
-            pass
-    if code != 0 and disk_full(folder):
-        # its output (or its error report) could not be written: say so, not "exit code 1"
-        return code, None, f"no space left on device for its output in {folder.parent.parent}"
-    return code, None, f"exit code {code}"
-
-
-def _record(lease: Lease, outcome: Outcome, folder: Path, owner: int | None = None) -> None:
-    job = lease.job
-    if outcome.recorded:
-        # its success was recorded when its result was written: its grant goes now, and
-        # its reason says what was killed once it had ended
-        try:
-            lease.release(_left_behind(outcome.strays))
-        except LedgerUnavailable:
-            pass  # a full disk: the held grant lapses with its lease
-        return
-    if outcome.stop_reason == "lease":
-        return  # the reaper already recorded this job as lost or requeued
-    end = _run_end(job, outcome, folder, owner)
-    usage = outcome.usage.columns(job)
-    for attempt in range(RECORD_TRIES):
-        try:
-            lease.finish(end, **usage)
-            return
-        except (IllegalTransition, JobNotFound):
-            return  # the job was reaped (lease expired) while this supervisor was stalled
-        except LedgerUnavailable:
-            # the disk is full even past the reserve: keep trying while the lease lasts
-            # (after that the reaper records the job as lost, and says why)
-            time.sleep(min(2.0**attempt, 5.0))
-
-
-def _run_end(job: JobInfo, outcome: Outcome, folder: Path, owner: int | None = None) -> RunEnd:
-    """How this run ended, from why it was stopped, its exit status and what it left."""
-    exit_code, term_signal, detail = _describe_status(outcome.status, folder, owner)
-    reason = outcome.stop_reason
-    if reason == "cancel":
-        to, why = "cancelled", "cancelled by user"
-    elif reason == "preempt":
-        to, why = "preempted", ""
-    elif reason == "timeout":
-        to, why = "timeout", outcome.detail
-    elif reason in ("oom", "rank", "crash"):
-        to, why = "failed", outcome.detail
-    elif exit_code == 0 and (job.kind == "command" or (folder / "result.pkl").exists()):
-        to, why = "succeeded", ""
-    else:
-        to, why = "failed", detail
-    killed = _left_behind(outcome.strays)
-    if killed:
-        # what it left running was killed: the end says so (the state is the main
-        # processes' own)
-        why = f"{why}; {killed}" if why else killed
-    return RunEnd(to, why, exit_code=exit_code, term_signal=term_signal)
-
-
-def _left_behind(strays: set[int]) -> str:
-    """What the end says of the processes killed that it left behind ("" for none)."""
-    n = len(strays)
-    return f"killed {n} process{'es' if n > 1 else ''} left behind" if n else ""
-
-
-def wake_pool(home: str | os.PathLike[str]) -> None:
-    """Have the pool decide now: this user's agent when the pool has one (started again if
-    it has gone), else a tick on the ledger directly."""
-    if not agent_wanted():
-        tick_after(home)
-        return
-    try:
-        AgentClient(user_address(home), home=home).call("tick")
-    except DlschedError:
-        traceback.print_exc()
-
-
-def tick_after(home: str | os.PathLike[str]) -> None:
-    """Start whatever can start now that a job's resources (or its data) are ready."""
-    if not (Path(home) / "ledger.sqlite").exists():
-        return  # the state folder was removed while the job ran: nothing to schedule
-    try:
-        # the ledger directly: this supervisor belongs to a pool run without an agent
-        with Engine(Store(home), "local", probe_pool=False) as engine:
-            engine.tick()
-    except LedgerUnavailable:
-        pass  # disk full: the next participant with room ticks
-    except Exception:
-        traceback.print_exc()
 
 
 def main(argv: list[str] | None = None) -> int:

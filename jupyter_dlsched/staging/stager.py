@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from ..local.supervisor import wake_pool
+from ..local.wake import wake_pool
 from ..settings import Settings
 from ..store import Store
 from ..units import format_size

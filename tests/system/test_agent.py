@@ -26,13 +26,14 @@ def sleeper(seconds, value=None):
 
 
 def agent_pids(home):
-    """Agent processes serving ``home`` (there must never be two)."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "name"]):
+    """Agent processes serving ``home`` (there must never be two); a child the agent has
+    just forked, which carries its name until it takes its own, is not one."""
+    found = {}
+    for p in psutil.process_iter(["cmdline", "name", "ppid"]):
         cmd = p.info["cmdline"] or []
         if p.info["name"] == "dlsched-agent" and str(home) in cmd:
-            found.append(p.pid)
-    return found
+            found[p.pid] = p.info["ppid"]
+    return [pid for pid, parent in found.items() if parent not in found]
 
 
 @pytest.fixture

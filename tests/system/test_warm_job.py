@@ -67,11 +67,23 @@ def spares(s):
 
 
 def ready(s):
-    """Wait until every spare supervisor and the job process it forked ahead wait; the
-    oldest spare's pid and its job process's (the next job's: spares are taken oldest
-    first)."""
-    found = wait_for(lambda: len(spares(s)) == SPARES and spares(s), timeout=30)
-    return min(found, key=lambda pair: (psutil.Process(pair[0]).create_time(), pair[0]))
+    """Wait until every spare supervisor and the job process it forked ahead wait, and
+    no job holds a grant (the supervisors of the jobs before are spares again or gone):
+    each spare's pid → its job process's. A job's ``supervisor_pid`` says which it took."""
+
+    def settled():
+        if s.store.jobs(holding=True):
+            return None
+        first = spares(s)
+        time.sleep(0.05)
+        return dict(first) if len(first) == SPARES and spares(s) == first else None
+
+    return wait_for(settled, timeout=30)
+
+
+def forked_ahead(pairs, h):
+    """The process forked ahead by the spare supervisor that took job ``h``."""
+    return pairs[h.info().supervisor_pid]
 
 
 def test_a_job_runs_in_the_process_its_spare_supervisor_forked_before_it_was_submitted(
@@ -80,10 +92,11 @@ def test_a_job_runs_in_the_process_its_spare_supervisor_forked_before_it_was_sub
     s = agent_sched
     monkeypatch.chdir(tmp_path)
     s.submit(abs, -1).result(timeout=30)  # the agent is up
-    _, waiting = ready(s)
+    pairs = ready(s)
     h = s.submit(whoami)
     me = h.result(timeout=30)
-    assert me["pid"] == waiting  # the process that waited before the job was submitted
+    # the process that waited before the job was submitted
+    assert me["pid"] == forked_ahead(pairs, h)
     # as a job process forked for its job: its own group, its supervisor's child, the
     # job's environment and the submitter's folder
     assert me["group"] == me["pid"]
@@ -97,20 +110,59 @@ def test_jobs_started_together_each_run_in_a_process_forked_ahead(agent_sched):
     s = agent_sched
     s.submit(abs, -1).result(timeout=30)
     assert SPARES == 2
-    waiting = wait_for(lambda: {w for _, w in spares(s)} if len(spares(s)) == 2 else None)
+    waiting = set(ready(s).values())
     first, second = s.submit(whoami), s.submit(whoami)
     assert {first.result(timeout=30)["pid"], second.result(timeout=30)["pid"]} == waiting
     # and both spares come back for the next ones
-    assert wait_for(lambda: len(spares(s)) == 2)
+    assert len(ready(s)) == 2
+
+
+def test_a_spare_supervisor_takes_the_next_job_once_its_own_has_ended(agent_sched):
+    """Short jobs one at a time: a job's supervisor, once its job has ended, waits for
+    another (with a new process forked ahead), instead of each job costing a supervisor
+    of its own (one still running 50 ms after its launch finds a spare forked to replace
+    it, and exits at its end)."""
+    s = agent_sched
+    s.submit(abs, -1).result(timeout=30)
+    ready(s)
+    supervisors = []
+    for _ in range(6):
+        h = s.submit(abs, -1)
+        assert h.result(timeout=30) == 1
+        supervisors.append(h.info().supervisor_pid)
+        ready(s)
+    assert None not in supervisors
+    assert len(set(supervisors)) < len(supervisors)
+
+
+def test_supervisors_beyond_the_spares_exit_when_their_jobs_end(agent_sched):
+    s = agent_sched
+    s.submit(abs, -1).result(timeout=30)
+    ready(s)
+    handles = [s.submit(sleeper, 0.5, cpus=0.1) for _ in range(2 * SPARES)]
+    ran = {h.result(timeout=60) and h.info().supervisor_pid for h in handles}
+    assert len(ran) == 2 * SPARES
+    ready(s)
+    agent = psutil.Process(int(s.link.hello["pid"]))
+
+    def supervisors():
+        return {
+            p.pid
+            for p in agent.children()
+            if p.name() == "dlsched-sup" and p.status() != psutil.STATUS_ZOMBIE
+        }
+
+    # the spares wait (some of them the jobs' own supervisors), the others have gone
+    assert wait_for(lambda: len(supervisors()) == SPARES, timeout=30)
 
 
 def test_a_command_runs_in_the_process_forked_ahead(agent_sched):
     s = agent_sched
     s.submit(abs, -1).result(timeout=30)
-    _, waiting = ready(s)
+    pairs = ready(s)
     h = s.submit_command([sys.executable, "-c", "import os; print('pid', os.getpid())"])
     assert h.result(timeout=30) == 0
-    assert f"pid {waiting}" in h.logs()
+    assert f"pid {forked_ahead(pairs, h)}" in h.logs()
 
 
 def test_a_job_in_a_process_forked_ahead_is_stopped_by_its_time_limit_and_by_cancel(
@@ -131,9 +183,10 @@ def test_a_job_in_a_process_forked_ahead_is_stopped_by_its_time_limit_and_by_can
 def test_a_distributed_job_is_forked_for_and_the_process_forked_ahead_let_go(agent_sched):
     s = agent_sched
     s.submit(abs, -1).result(timeout=30)
-    _, waiting = ready(s)
+    pairs = ready(s)
     h = s.submit(whoami, cpus=2, distributed=True)
     me = h.result(timeout=30)
+    waiting = forked_ahead(pairs, h)
     assert me["rank"] == "0" and me["pid"] != waiting and me["parent"] == "dlsched-sup"
     assert not psutil.pid_exists(waiting) or psutil.Process(waiting).status() == "zombie"
     assert h.info().state == "succeeded" and not h.info().reason  # nothing left behind
@@ -181,14 +234,14 @@ def test_a_functions_result_comes_at_once_and_its_gpu_waits_for_what_it_left_beh
     ballast = b"x" * (2 << 20) if process == "forked for it" else b""
     with Scheduler(home, lease_ttl=3.0, grace=3.0) as s:
         s.submit(abs, -1, cpus=0.5).result(timeout=30)  # the agent is up
-        _, waiting = ready(s)
+        pairs = ready(s)
         first = s.submit(
             leave_a_stubborn_process, str(pidfile), STUBBORN, ballast, gpus=1, cpus=0.5
         )
         ran_in = first.result(timeout=60)
         stubborn = int(pidfile.read_text())
         try:
-            assert (ran_in == waiting) == (process == "forked ahead")
+            assert (ran_in == forked_ahead(pairs, first)) == (process == "forked ahead")
             second = s.submit(gpu_and_whether_running, stubborn, gpus=1, cpus=0.5)
             # the result is the client's as soon as it is written: what the function left
             # running is stopped afterwards, killed at the end of its grace (3 s) ...

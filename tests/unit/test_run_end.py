@@ -81,7 +81,7 @@ def test_a_peeked_exit_status_reads_as_the_reaped_one(end: str) -> None:
     import os
     import signal
 
-    from jupyter_dlsched.local.supervisor import _wait_status
+    from jupyter_dlsched.local.ending import wait_status as _wait_status
 
     pid = os.fork()
     if pid == 0:
