@@ -14,7 +14,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Literal
 
 from .agent.link import AgentLink, connect
 from .backends import Backend, make_backend
+from .context import origin, submit_context
 from .engine import Engine, EngineLink
 from .errors import SpecError, raised_here
 from .following import Follower
@@ -37,41 +37,6 @@ from .settings import Settings, check_resize_every
 from .spec import pickle_payload
 from .store import JobInfo, Store, inventory_key
 from .sweep import member_suffixes
-
-# variables that describe the submitting kernel, not the job
-_ENV_DROP = (
-    "DLSCHED_JOB_ID",
-    "DLSCHED_DEVICES",
-    "DLSCHED_GPU_MEM",
-    "CUDA_VISIBLE_DEVICES",
-    # a GPU kernel's own lease (docs/kernels.md): a job it submits is not that kernel
-    "DLSCHED_KERNEL_LEASE",
-    "DLSCHED_KERNEL_JOB",
-)
-
-
-def origin() -> str:
-    """Where a submission comes from: the notebook path in a Jupyter kernel, else the program."""
-    session = os.environ.get("JPY_SESSION_NAME")
-    if session:
-        return session
-    if "ipykernel" in sys.modules:
-        return "notebook"
-    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
-
-
-def submit_context() -> dict[str, Any]:
-    """Working folder, import path and environment a job process will get."""
-    env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
-    if env.get("MPLBACKEND", "").startswith("module://"):
-        env.pop("MPLBACKEND")  # an inline backend means nothing in a background process
-    return {
-        "cwd": os.getcwd(),
-        "sys_path": [p for p in sys.path if p],
-        "env": env,
-        # a shared pool runs the job in this interpreter (as its owner), not in the service's
-        "executable": sys.executable,
-    }
 
 
 class Scheduler(Watching):
