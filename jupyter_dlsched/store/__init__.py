@@ -18,14 +18,13 @@ the cache) and ``samples`` (utilisation history).
 
 from __future__ import annotations
 
+from ..migrations import MIGRATIONS, SCHEMA_VERSION  # noqa: F401  (re-exported)
 from ..schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
     _ID,
     _ID_ALPHABET,
     _JOB_COLUMNS,
     _SOURCE_ID,
     ACTIVE,
-    MIGRATIONS,
-    SCHEMA_VERSION,
     STATES,
     TERMINAL,
     TRANSITIONS,

@@ -15,12 +15,10 @@ from typing import Any
 
 from .. import private
 from ..errors import LedgerUnavailable
+from ..migrations import MIGRATIONS
 from ..private import default_home
 from ..resources import Placement
-from ..schema import (
-    _JOB_COLUMNS,
-    MIGRATIONS,
-)
+from ..schema import _JOB_COLUMNS
 from ..units import parse_duration
 
 #: What a tick reads of each active job: the policy's inputs, and the columns it compares

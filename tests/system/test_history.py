@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from jupyter_dlsched.schema import MIGRATIONS
+from jupyter_dlsched.migrations import MIGRATIONS
 from jupyter_dlsched.store import Store
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))

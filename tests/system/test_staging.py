@@ -299,7 +299,7 @@ def test_the_cli_flag_stages_data_for_a_command(home: Path, tmp_path: Path) -> N
 def test_a_ledger_from_before_staging_opens_and_its_jobs_have_no_inputs(tmp_path: Path) -> None:
     import sqlite3
 
-    from jupyter_dlsched.schema import MIGRATIONS
+    from jupyter_dlsched.migrations import MIGRATIONS
     from jupyter_dlsched.store import Store
 
     home = tmp_path / "home"
