@@ -1,22 +1,17 @@
-"""The waiting jobs a decider keeps between decisions, and a ledger row as a policy sees it.
+"""The waiting jobs a decider keeps between decisions.
 
 ``QueueIndex`` is the agent's: each decision reads again only the rows of jobs with
 an event since the last one, keeps each job's ``QueuedJob`` and, for a policy that
 orders its queue in lanes, keeps the lanes sorted so a decision can offer it only the
-head of the queue. ``_queued``, ``_running`` and ``_request`` turn ledger rows into
-the policy's inputs; ``_blocked`` says why a job cannot start yet (``begin``, a
-dependency).
+head of the queue. The rows become the policy's inputs in ``rows.py``.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
-from dataclasses import replace
-from functools import lru_cache
 from itertools import compress, count
 from operator import attrgetter, ne, not_
 from typing import Any
@@ -25,33 +20,14 @@ from .. import start_times
 from ..policy import Decisions, Policy, PresortedQueue, QueuedJob, RunningJob
 from ..policy.base import passes_through
 from ..policy.lane_line import LaneLine
-from ..resources import Capacity, Placement, Request
-from ..store import TERMINAL, WAITING, Store
-from ..when import begin_words
+from ..resources import Capacity, Request
+from ..store import WAITING, Store
 from .lanes import Lanes
 from .line_ranks import rerank
+from .rows import dependency_states, queued_job, why_blocked
 
-
-def _blocked(
-    store: Store, db: sqlite3.Connection, row: sqlite3.Row, dep_states: dict[str, str], now: float
-) -> str | None:
-    """Why ``row`` waits for its ``begin`` or its dependencies (``None``: it may start;
-    ``""``: a dependency failed, and so has the job now)."""
-    if row["begin"] is not None and row["begin"] > now:
-        return begin_words(row["begin"], now)
-    if row["after"] == "[]":
-        return None
-    after = json.loads(row["after"])
-    states = [dep_states.get(d, "missing") for d in after]
-    bad = [d for d, s in zip(after, states, strict=True) if s in TERMINAL and s != "succeeded"]
-    if bad:
-        why = f"dependency {bad[0]} {dep_states.get(bad[0], 'missing')}"
-        store.transition_in(db, row["id"], "failed", why, now=now, finished=now)
-        return ""
-    pending = [d for d, s in zip(after, states, strict=True) if s != "succeeded"]
-    if pending:
-        return f"waiting for job {pending[0]} to finish"
-    return None
+_job_id = attrgetter("id")
+_job_request = attrgetter("request")
 
 
 class QueueIndex:
@@ -212,10 +188,10 @@ class QueueIndex:
         if not self.pending:
             return {}
         rows = list(self.pending.values())
-        dep_states = _dependency_states(store, db, rows)
+        dep_states = dependency_states(store, db, rows)
         blocked: dict[str, str] = {}
         for row in rows:
-            why = _blocked(store, db, row, dep_states, now)
+            why = why_blocked(store, db, row, dep_states, now)
             if why is None:
                 del self.pending[row["id"]]
                 self._offer(self.queued(row))
@@ -311,7 +287,7 @@ class QueueIndex:
                 for rank, job_id in moved:
                     self.ranks[job_id] = rank
                 changed = self._take_reasons(moved, asked)
-                self._take_blocked(changed, blocked)
+                self._takeblocked(changed, blocked)
                 return changed
             return self.take_places(self._ids_but(order, started), asked, blocked)
         # C-level maps over the line only: a deep queue's whole-queue decision has every
@@ -368,7 +344,7 @@ class QueueIndex:
             self._words = None  # the next placement from the lanes compares every reason
             at = sorted({*moved, *told})  # in line order: written in that order
             changed = [(ranks[ids[i]], reasons[ids[i]], ids[i]) for i in at]
-        self._take_blocked(changed, blocked)
+        self._takeblocked(changed, blocked)
         return changed
 
     def take_unlined(
@@ -409,7 +385,7 @@ class QueueIndex:
             changed += [(ranks.get(j), reasons[j], j) for j in said if j not in seen]
         return changed
 
-    def _take_blocked(
+    def _takeblocked(
         self, changed: list[tuple[float | None, str | None, str]], blocked: Mapping[str, str]
     ) -> None:
         """Add to ``changed`` the jobs waiting for a dependency or a time whose reason changed
@@ -442,75 +418,5 @@ class QueueIndex:
     def queued(self, row: sqlite3.Row) -> QueuedJob:
         job = self._queued.get(row["id"])
         if job is None:
-            job = self._queued[row["id"]] = _queued(row)
+            job = self._queued[row["id"]] = queued_job(row)
         return job
-
-
-def _dependency_states(
-    store: Store, db: sqlite3.Connection, waiting: list[sqlite3.Row]
-) -> dict[str, str]:
-    deps = sorted({d for r in waiting if r["after"] != "[]" for d in json.loads(r["after"])})
-    return store.states(deps, db)
-
-
-_job_id = attrgetter("id")
-_job_request = attrgetter("request")
-
-
-def _request(row: sqlite3.Row) -> Request:
-    return _shape(row["gpus"], row["gpu_mem"], row["cpus"], row["mem"])
-
-
-@lru_cache(maxsize=1024)
-def _shape(gpus: float, gpu_mem: int | None, cpus: float, mem: int) -> Request:
-    """One request object per shape, shared by the waiting jobs that ask for it (a map's
-    thousands), so what is worked out per request is found by identity."""
-    return Request(gpus, gpu_mem, cpus, mem)
-
-
-def _queued(row: sqlite3.Row) -> QueuedJob:
-    return QueuedJob(
-        id=row["id"],
-        seq=row["seq"],
-        submitted=row["submitted"],
-        request=_request(row),
-        priority=row["priority"],
-        owner=row["owner"],
-        deadline=row["deadline"],
-        time_limit=row["time_limit"],
-        preemptible=bool(row["preemptible"]),
-        attained=row["attained"],
-        preemptions=row["preemptions"],
-        name=row["name"],
-        max_gpus=row["max_gpus"],
-        resume_on=Placement.from_json(json.loads(row["resize_to"])) if row["resize_to"] else None,
-    )
-
-
-def _running(row: sqlite3.Row, now: float) -> RunningJob:
-    """A job holding a grant as the policy sees it: running, or a success whose process
-    still exits (about to be free: neither a victim nor elastic any more)."""
-    ended = row["state"] != "running"
-    placement = Placement.from_json(json.loads(row["placement"]))
-    request = _request(row)
-    if row["max_gpus"] is not None:  # an elastic job holds what it was last sized to
-        request = replace(request, gpus=float(len(placement.gpus)))
-    return RunningJob(
-        id=row["id"],
-        seq=row["seq"],
-        submitted=row["submitted"],
-        started=row["started"] or now,
-        request=request,
-        placement=placement,
-        priority=row["priority"],
-        owner=row["owner"],
-        time_limit=row["time_limit"],
-        preemptible=bool(row["preemptible"]) and not ended,
-        attained=row["attained"],
-        name=row["name"],
-        min_gpus=None if row["max_gpus"] is None or ended else int(row["gpus"]),
-        max_gpus=None if ended else row["max_gpus"],
-        # already asked to stop, or a success whose process still exits (it holds its
-        # grant, ``HELD_GRANT``): its devices are about to be free, pick no new victim for it
-        stopping=bool(row["preempt_requested"] or row["cancel_requested"] or ended),
-    )

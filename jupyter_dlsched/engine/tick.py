@@ -19,7 +19,8 @@ from ..resources import Capacity, GpuFree, Placement
 from ..schema import WAITING
 from ..store import JobInfo, RunEnd, Store
 from .line_ranks import rerank
-from .queue_index import QueueIndex, _blocked, _dependency_states, _queued, _running
+from .queue_index import QueueIndex
+from .rows import dependency_states, queued_job, running_job, why_blocked
 
 CLAIM_GRACE = 30.0  # seconds an allocated job may wait for its supervisor to claim it
 
@@ -78,7 +79,7 @@ def decide(
     else:
         snapshot = store.snapshot(db, backend)
         running = [r for r in snapshot if r["state"] not in WAITING]
-    active = [_running(r, now) for r in running if r["placement"]]
+    active = [running_job(r, now) for r in running if r["placement"]]
     capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
     learnt = False
     if index is not None:
@@ -236,13 +237,13 @@ def _ready(
 ) -> tuple[list[QueuedJob], dict[str, str]]:
     """The waiting jobs whose dependencies have succeeded, and the others' reasons (a job
     whose dependency failed fails here)."""
-    dep_states = _dependency_states(store, db, waiting)
+    dep_states = dependency_states(store, db, waiting)
     queued: list[QueuedJob] = []
     blocked: dict[str, str] = {}
     for row in waiting:
-        why = _blocked(store, db, row, dep_states, now)
+        why = why_blocked(store, db, row, dep_states, now)
         if why is None:
-            queued.append(_queued(row))
+            queued.append(queued_job(row))
         elif why:
             blocked[row["id"]] = why
     return queued, blocked
