@@ -204,7 +204,7 @@ class Forking:
         warm = None
         try:
             self._leave_agent(b"dlsched-sup")
-            from ..local.supervisor import supervise
+            from ..local.supervisor import rehearse, supervise
             from ..local.warm import WarmProcess
             from ..store import Store
 
@@ -215,6 +215,7 @@ class Forking:
                     self.home, job_id, as_owner=self.shared, agent=self.address, store=store
                 )
                 return
+            line = ""  # the job it ran last
             with os.fdopen(pipe, "rb") as waiting:
                 for run in range(1, REUSE + 1):
                     # a spare forks its job's process ahead too, with the ledger closed
@@ -223,6 +224,8 @@ class Forking:
                     store.close()
                     warm = WarmProcess.fork(close=(pipe,))
                     store.data_version()  # opened again, before the job is known
+                    if line:
+                        rehearse(store, line)  # the pages its next start touches, copied now
                     line = waiting.readline().decode().strip()
                     if not line:
                         code = 0  # the agent has gone (or exited): nothing to supervise

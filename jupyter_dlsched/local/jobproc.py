@@ -240,8 +240,8 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
             os.chdir(cwd)
         if cores:
             os.sched_setaffinity(0, cores)
-        os.environ.clear()
-        os.environ.update(env)
+        # a program run next is given ``env`` by the exec; this process takes it only to
+        # run the function itself
         if as_user is not None:
             _exec_as_owner(folder, job, env, context, payload, rank)  # never returns
         if job.kind == "command":
@@ -251,6 +251,7 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
             except OSError as error:
                 print(f"[dlsched] cannot run {argv[0]!r}: {error}", file=sys.stderr)
                 os._exit(127)
+        take_environment(env)
         for entry in reversed(context.get("sys_path") or []):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
@@ -267,6 +268,17 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
                 _report_result(report)
         finally:
             os._exit(code)
+
+
+def take_environment(env: dict[str, str]) -> None:
+    """This process's environment becomes ``env``, changing only the variables that differ:
+    a job's environment is mostly what this forked copy has already, and rewriting all of
+    it would copy the pages of every variable's objects shared with its supervisor."""
+    for name in [name for name in os.environ if name not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _report_result(fd: int) -> None:

@@ -80,8 +80,10 @@ class WarmProcess:
         reaped: fork the job instead)."""
         assert self._sock is not None
         box = launch.box
-        # the log (and where the result is reported) go as descriptors
-        order = pickle.dumps(replace(launch, log_fd=-1, result_fd=-1))
+        # the log (and where the result is reported) go as descriptors; the submitted
+        # environment is not sent twice (``launch.env`` has it, with the job's grant)
+        context = {k: v for k, v in launch.context.items() if k != "env"}
+        order = pickle.dumps(replace(launch, context=context, log_fd=-1, result_fd=-1))
         fds = [launch.log_fd] + ([launch.result_fd] if launch.result_fd >= 0 else [])
         if box is not None:
             box.add(self.pid)

@@ -5,6 +5,7 @@ the supervisor its parent), and the process is let go when it does not fit the j
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -15,8 +16,10 @@ import pytest
 from conftest import alive, wait_for
 
 from jupyter_dlsched.agent.forking import SPARES
+from jupyter_dlsched.local.supervisor import rehearse
 from jupyter_dlsched.local.warm import WarmProcess
 from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.store import Store
 
 
 def whoami():
@@ -163,6 +166,56 @@ def test_a_command_runs_in_the_process_forked_ahead(agent_sched):
     h = s.submit_command([sys.executable, "-c", "import os; print('pid', os.getpid())"])
     assert h.result(timeout=30) == 0
     assert f"pid {forked_ahead(pairs, h)}" in h.logs()
+
+
+def job_environment_names():
+    import os
+
+    return {name: os.environ.get(name) for name in ("DLSCHED_T_DROPPED", "DLSCHED_T_CHANGED")}
+
+
+ENV_SCRIPT = (
+    "import json, os; print(json.dumps({name: os.environ.get(name) for name in "
+    "('DLSCHED_T_DROPPED', 'DLSCHED_T_CHANGED')}))"
+)
+
+
+@pytest.mark.parametrize("kind", ["function", "command"])
+def test_a_job_forked_ahead_sees_its_submitters_environment_not_the_agents(home, monkeypatch, kind):
+    """The agent (and the process it forks ahead) started with variables the submitter
+    then dropped or changed: the job sees the submitter's, for a function run in that
+    process and for a program it runs."""
+    monkeypatch.setenv("DLSCHED_T_DROPPED", "the agent's")
+    monkeypatch.setenv("DLSCHED_T_CHANGED", "the agent's")
+    with Scheduler(home, agent=True) as s:
+        s.submit(abs, -1).result(timeout=30)  # the agent starts with both
+        pairs = ready(s)
+        monkeypatch.delenv("DLSCHED_T_DROPPED")
+        monkeypatch.setenv("DLSCHED_T_CHANGED", "the submitter's")
+        if kind == "function":
+            h = s.submit(job_environment_names)
+            seen = h.result(timeout=30)
+        else:
+            h = s.submit_command([sys.executable, "-c", ENV_SCRIPT])
+            assert h.result(timeout=30) == 0
+            seen = json.loads(h.logs().strip().splitlines()[-1])
+        assert h.info().supervisor_pid in pairs  # it ran in a process forked ahead
+        assert seen == {"DLSCHED_T_DROPPED": None, "DLSCHED_T_CHANGED": "the submitter's"}
+
+
+def test_a_spares_rehearsal_reads_and_writes_nothing(agent_sched):
+    """While it waits, a spare reads what its next job's start reads first, those of the job
+    it ran last: it writes nothing to the ledger, and a job it cannot read is no error."""
+    s = agent_sched
+    h = s.submit(abs, -1)
+    h.result(timeout=30)
+    store = Store(s.home)
+    store.get(h.id)
+    written = store.db.total_changes  # rows this connection changed
+    rehearse(store, h.id)
+    rehearse(store, "nosuchjb")
+    assert store.db.total_changes == written
+    store.close()
 
 
 def test_a_job_in_a_process_forked_ahead_is_stopped_by_its_time_limit_and_by_cancel(
