@@ -48,8 +48,12 @@ lint: install
 	$(VENV)/bin/ruff format --check jupyter_dlsched tests benchmarks
 	$(VENV)/bin/mypy
 
+# The suite runs in parallel, a file to a worker (tests of one file share its fixtures and
+# run in order): one worker more than the cores, since most tests wait on processes.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+
 test: install lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 # JupyterLab on the quickstart notebook, the sidebar on the left, simulated GPUs when there are none.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)

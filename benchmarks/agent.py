@@ -243,10 +243,10 @@ def decision_times(
     the start), not of launching. And the seconds of each start-time forecast those
     decisions asked for (``start_times.estimate``, run after launching, outside the write
     lock) and of each write of places in line (``Store.set_queue_positions``)."""
-    from jupyter_dlsched import start_times
     from jupyter_dlsched.agent.service import Agent
+    from jupyter_dlsched.client.scheduler import Scheduler
     from jupyter_dlsched.engine import tick as tick_steps
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.forecast import start_times
 
     with core.simulated("1x16GiB"):
         agent = Agent(root / f"decide-{n}")

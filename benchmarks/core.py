@@ -79,8 +79,8 @@ def simulated(spec: str) -> Iterator[None]:
 @contextmanager
 def scheduler_home(root: Path, name: str, **options: Any) -> Iterator[Any]:
     """A ``Scheduler`` on a fresh folder; its launcher is stopped on the way out."""
+    from jupyter_dlsched.client.scheduler import Scheduler
     from jupyter_dlsched.local import launcher
-    from jupyter_dlsched.scheduler import Scheduler
 
     home = root / name
     # The launcher's socket name follows the package files' newest change. In an
@@ -303,7 +303,7 @@ def drain_dlsched(root: Path, n: int) -> tuple[list[float], list[float], list[fl
 def policy_snapshot(n: int) -> tuple[list[Any], list[Any], Any]:
     """``n`` one-GPU jobs queued behind 8 running ones that hold every GPU."""
     from jupyter_dlsched.policy import QueuedJob, RunningJob
-    from jupyter_dlsched.resources import Capacity, Placement, Request
+    from jupyter_dlsched.vocab.resources import Capacity, Placement, Request
 
     now = time.time()
     request = Request(gpus=1, cpus=1 / 64)
@@ -336,7 +336,7 @@ def policy_ticks(n: int, repeats: int, presorted: bool = False) -> list[float]:
 
 def fill_queue(s: Any, n: int) -> None:
     """``n`` queued one-GPU jobs behind 8 running ones, in one transaction of plain SQL."""
-    from jupyter_dlsched.resources import Placement
+    from jupyter_dlsched.vocab.resources import Placement
 
     seed = s.store.insert_job(
         _spec(s), {}, owner=s.owner, uid=s.uid, backend=s.backend.name, job_id="seed0000"
@@ -375,8 +375,8 @@ def fill_queue(s: Any, n: int) -> None:
 
 
 def _spec(s: Any) -> Any:
-    from jupyter_dlsched.pool import idle_capacity
-    from jupyter_dlsched.spec import build_spec
+    from jupyter_dlsched.machine.inventory import idle_capacity
+    from jupyter_dlsched.vocab.spec import build_spec
 
     return build_spec(
         capacity=idle_capacity(s.inventory),

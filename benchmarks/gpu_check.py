@@ -107,7 +107,7 @@ def train_throughput(
     import torch
 
     import jupyter_dlsched.torch as dlt
-    from jupyter_dlsched.runtime import current_job
+    from jupyter_dlsched.inside.runtime import current_job
 
     if current_job() is not None:
         dev = dlt.device()
@@ -220,7 +220,7 @@ class Report:
 
 
 def check_inventory(report: Report, cpu: bool) -> list[Any]:
-    from jupyter_dlsched.pool import probe
+    from jupyter_dlsched.machine.inventory import probe
 
     info = probe(usage=False, max_age=0)
     seen = _in_subprocess(torch_inventory, env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
@@ -291,7 +291,7 @@ def check_sharing(report: Report, sched: Any, cpu: bool, steps: int) -> None:
 
 
 def check_memory(report: Report, sched: Any, gpus: list[Any]) -> None:
-    from jupyter_dlsched.units import format_size
+    from jupyter_dlsched.vocab.units import format_size
 
     if not gpus:
         report.add("GPU memory grant enforced", "skipped: needs NVML and a real GPU")
@@ -313,7 +313,7 @@ def check_memory(report: Report, sched: Any, gpus: list[Any]) -> None:
                 info.state == "failed" and expected in info.reason,
             )
 
-        from jupyter_dlsched.pool import probe
+        from jupyter_dlsched.machine.inventory import probe
 
         ready, release = scratch / "ready-acct", scratch / "release-acct"
         before = [g.mem_used for g in probe(usage=True, max_age=0).gpus]
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("DLSCHED_SIMULATE_GPUS", None)
     if args.cpu:
         os.environ["DLSCHED_SIMULATE_GPUS"] = "1x16GiB"
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     report = Report()
     started = time.time()

@@ -54,8 +54,8 @@ def measure(runs: int, tmp: Path) -> dict[str, list[float]]:
     from jupyter_client import KernelManager
 
     from jupyter_dlsched.agent.client import AgentClient, user_address
+    from jupyter_dlsched.client.scheduler import Scheduler
     from jupyter_dlsched.kernels.kernelspecs import GpuKernelRequest, install
-    from jupyter_dlsched.scheduler import Scheduler
 
     install_plain(user=True, kernel_name="plain")
     install(GpuKernelRequest(gpus=1, idle="never"), user=True, name="gpu")

@@ -98,7 +98,7 @@ def main() -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # stay on loopback
     import ray
 
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     temp = tempfile.mkdtemp(prefix="dlsray", dir="/tmp")
     home = tempfile.mkdtemp(prefix="dlsched-bench-")

@@ -36,7 +36,7 @@ SIMULATED = "4x16GiB"
 
 def fill_ledger(home: Path, n_finished: int, n_queued: int) -> None:
     """One real job run to the end, copied ``n_finished`` times; one running, ``n_queued`` waiting."""
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     with Scheduler(home=home) as s:
         first = s.submit_command([sys.executable, "-c", "print('done')"], cpus=1, name="seed")
@@ -58,8 +58,8 @@ def fill_ledger(home: Path, n_finished: int, n_queued: int) -> None:
 
 
 def cleanup(home: Path) -> None:
+    from jupyter_dlsched.client.scheduler import Scheduler
     from jupyter_dlsched.local import launcher
-    from jupyter_dlsched.scheduler import Scheduler
 
     if home.exists():
         with Scheduler(home=home, loop=False) as s:
@@ -199,7 +199,7 @@ def measure_sampler(home: Path, seconds: float) -> dict[str, float]:
     """
     import psutil
 
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
     from jupyter_dlsched.server.state import ServerState
 
     os.environ["DLSCHED_SIMULATE_GPUS"] = SIMULATED

@@ -83,7 +83,7 @@ def drop_page_cache(path: Path) -> None:
 
 
 def run(mode: str, root: Path, source: Path, rate: float, blocker_s: float) -> dict[str, Any]:
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     home = root / f"home-{mode}"
     with Scheduler(home) as s:
@@ -135,8 +135,8 @@ def touch() -> str:
 def http_run(folder: Path, root: Path, compress: bool, rate: float) -> dict[str, Any]:
     from http_source import serving
 
+    from jupyter_dlsched.client.scheduler import Scheduler
     from jupyter_dlsched.local import launcher
-    from jupyter_dlsched.scheduler import Scheduler
 
     home = root / f"home-http-{folder.name}-{compress}"
     names = sorted(p.name for p in folder.iterdir())
@@ -159,7 +159,7 @@ def http_run(folder: Path, root: Path, compress: bool, rate: float) -> dict[str,
 
 
 def http_main(size: int, files: int, rate: float, rate_text: str) -> None:
-    from jupyter_dlsched.units import format_size
+    from jupyter_dlsched.vocab.units import format_size
 
     root = Path(tempfile.mkdtemp(prefix="dlsched-stage-http-"))
     rows = []
@@ -195,7 +195,7 @@ def http_main(size: int, files: int, rate: float, rate_text: str) -> None:
 
 
 def main() -> None:
-    from jupyter_dlsched.units import format_size, parse_size
+    from jupyter_dlsched.vocab.units import format_size, parse_size
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="512MiB")

@@ -21,10 +21,10 @@ import random
 import statistics
 import time
 
-from jupyter_dlsched.forecast import RunTimes, forecast
+from jupyter_dlsched.forecast.replay import RunTimes, forecast
+from jupyter_dlsched.forecast.start_times import FORECAST_BUDGET, FORECAST_JOBS
 from jupyter_dlsched.policy import QueuedJob, RunningJob, get_policy
-from jupyter_dlsched.resources import Capacity, Placement, Request
-from jupyter_dlsched.start_times import FORECAST_BUDGET, FORECAST_JOBS
+from jupyter_dlsched.vocab.resources import Capacity, Placement, Request
 
 GIB = 2**30
 POLICIES = ("priority", "fifo", "fifo-ff", "sjf", "fair", "las", "gittins")

@@ -15,9 +15,15 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from . import _moved
 from ._version import __version__ as __version__  # the release, re-exported
-from .default import default_scheduler, set_default_scheduler
-from .errors import (
+from .client.default import default_scheduler, set_default_scheduler
+from .client.handle import JobHandle, gather
+from .client.scheduler import Scheduler
+from .inside.runtime import DataNotStaged, checkpoint_requested, data, progress
+from .machine.inventory import GpuInfo, PoolInfo
+from .store import JobInfo
+from .vocab.errors import (
     DlschedError,
     JobError,
     JobFailed,
@@ -27,12 +33,9 @@ from .errors import (
     SpecError,
     raised_here,
 )
-from .handle import JobHandle, gather
-from .pool import GpuInfo, PoolInfo
-from .runtime import DataNotStaged, checkpoint_requested, data, progress
-from .scheduler import Scheduler
-from .schedules.info import ScheduleInfo
-from .store import JobInfo
+from .vocab.schedule_info import ScheduleInfo
+
+_moved.install()
 
 
 @raised_here
@@ -181,7 +184,7 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_dlsched``: the ``%%schedule`` and ``%dlsched`` magics."""
-    from .magics import load_ipython_extension as load
+    from .notebook.magics import load_ipython_extension as load
 
     load(ipython)
 
@@ -231,7 +234,7 @@ def _short_errors_in_ipython() -> None:
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is not None:
-        from .ipython_errors import install
+        from .notebook.ipython_errors import install
 
         install(shell)
 

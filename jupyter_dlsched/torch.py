@@ -20,8 +20,8 @@ single-process group, a checkpoint at the path given), so the same training
 function runs unchanged in a notebook cell.
 
 This module is what users import: it holds the process group of a distributed
-job and gives the names of ``jupyter_dlsched.job_device`` (ranks, the device, a
-shared GPU's memory grant) and ``jupyter_dlsched.checkpoint`` (``Checkpoint``,
+job and gives the names of ``jupyter_dlsched.inside.job_device`` (ranks, the device, a
+shared GPU's memory grant) and ``jupyter_dlsched.inside.checkpoint`` (``Checkpoint``,
 ``Stopped``).
 """
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .checkpoint import Checkpoint, Stopped
-from .job_device import (
+from .inside.checkpoint import Checkpoint, Stopped
+from .inside.job_device import (
     GpuGrantTooSmall,
     _torch,
     accumulation_steps,

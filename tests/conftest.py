@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.local import launcher
-from jupyter_dlsched.scheduler import Scheduler
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from jupyter_dlsched.engine.queue_index import QueueIndex
-from jupyter_dlsched.placement import place
 from jupyter_dlsched.policy import Decisions, PresortedQueue, QueuedJob, RunningJob
-from jupyter_dlsched.resources import Capacity, Request
+from jupyter_dlsched.vocab.placement import place
+from jupyter_dlsched.vocab.resources import Capacity, Request
 
 GIB = 2**30
 

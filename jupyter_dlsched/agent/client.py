@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import DlschedError
+from ..vocab.errors import DlschedError
 from .protocol import AgentUnavailable, Decoder, encode, raise_error, recv_message
 from .shapes import Blobs, Calls
 
@@ -71,7 +71,7 @@ def client_timeout() -> float:
     except ValueError:
         seconds = float("nan")
     if not (0 < seconds < float("inf")):
-        from ..errors import SpecError
+        from ..vocab.errors import SpecError
 
         raise SpecError(TIMEOUT_ENV, value, "a number of seconds above 0")
     return seconds
@@ -96,7 +96,7 @@ def trusted_server_uids(path: str, service_uid: int | None = None) -> set[int]:
     """
     import stat
 
-    from ..errors import UnsafeSocket
+    from ..vocab.errors import UnsafeSocket
 
     def refuse(where: str, st: os.stat_result, why: str) -> UnsafeSocket:
         mode = stat.S_IMODE(st.st_mode)
@@ -165,7 +165,7 @@ _SPAWN_LOCK = threading.Lock()
 def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
     """Start this user's agent for ``home`` in the background (its own session); its
     messages go to ``<home>/agent.log``."""
-    from .. import private
+    from ..vocab import private
 
     idle = os.environ.get(AGENT_IDLE_ENV, str(IDLE_EXIT))
     log_path = Path(home) / AGENT_LOG

@@ -37,9 +37,9 @@ from typing import Any
 
 import tomllib
 
-from ..errors import SpecError
-from ..spec import MAX_GPUS, check_text, parse_priority
-from ..units import parse_size
+from ..vocab.errors import SpecError
+from ..vocab.spec import MAX_GPUS, check_text, parse_priority
+from ..vocab.units import parse_size
 
 log = logging.getLogger("jupyter_dlsched.agent")
 

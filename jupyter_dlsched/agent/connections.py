@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DlschedError, PermissionDenied
+from ..vocab.errors import DlschedError, PermissionDenied
 from .protocol import Decoder, ProtocolError, encode, error_reply
 
 log = logging.getLogger("jupyter_dlsched.agent")

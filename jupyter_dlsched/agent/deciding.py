@@ -20,8 +20,8 @@ from ..backends.local import LocalBackend
 from ..engine import Engine
 from ..engine.launching import Launcher
 from ..policy import Policy
-from ..schema import JobInfo
 from ..store import Store
+from ..vocab.schema import JobInfo
 from .config import ServiceConfig
 from .limits import LimitsGate
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..schema import JobInfo
+from ..vocab.schema import JobInfo
 from .config import ServiceConfig
 from .connections import Connections, Peer
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from ..policy import Decisions, Policy, QueuedJob, RunningJob
 from ..policy.base import PolicyGate, narrowed
-from ..resources import Capacity
+from ..vocab.resources import Capacity
 from .config import Limits, ServiceConfig
 
 

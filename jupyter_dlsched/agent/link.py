@@ -22,11 +22,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from .. import private
-from ..errors import DlschedError, JobNotFound, PermissionDenied, SpecError
 from ..local.launcher import code_stamp
-from ..schema import JobInfo, info_from_json
-from ..spec import _after, parse_stage_in
+from ..vocab import private
+from ..vocab.errors import DlschedError, JobNotFound, PermissionDenied, SpecError
+from ..vocab.schema import JobInfo, info_from_json
+from ..vocab.spec import _after, parse_stage_in
 from .client import AgentClient, agent_wanted, shared_socket, user_address
 from .protocol import AgentUnavailable
 from .shapes import HelloReply, SubmitRequest, SubmittedJob
@@ -47,8 +47,8 @@ def connect(
     if shared is not None:
         return AgentLink(AgentClient(shared), shared=True)
     if agent or (agent is None and agent_wanted()):
-        from ..private import default_home
         from ..store import Store
+        from ..vocab.private import default_home
 
         folder = Path(home).expanduser() if home is not None else default_home()
         # opened here first: a folder that is not safe or a ledger that cannot be read is

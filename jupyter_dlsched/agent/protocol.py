@@ -19,7 +19,7 @@ import socket
 import struct
 from typing import Any
 
-from ..errors import (
+from ..vocab.errors import (
     DlschedError,
     IllegalTransition,
     JobNotFound,

@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import private
-from ..errors import SpecError
 from ..store import Store
+from ..vocab import private
+from ..vocab.errors import SpecError
 from .shapes import RayReply, RayRequest, SubmitRequest
 
 #: Seconds before a Ray driver that did not come up is started again.

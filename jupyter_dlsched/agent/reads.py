@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import JobNotFound, SpecError
-from ..schema import info_to_json
+from ..vocab.errors import JobNotFound, SpecError
+from ..vocab.schema import info_to_json
 from .config import ServiceConfig
 from .connections import Connections, Peer
 from .shapes import (
@@ -43,7 +43,7 @@ from .shapes import (
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..sampling import Sampler
+    from ..machine.sampling import Sampler
     from .ray_keeper import RayKeeper
 
 #: Longest a ``changes`` request waits for a state change before answering empty.
@@ -78,7 +78,7 @@ def _count_arg(msg: Mapping[str, Any], key: str) -> int:
 
 def _list_args(msg: Mapping[str, Any]) -> dict[str, Any]:
     """The filters of a ``jobs`` request, checked: states, owner, ids, order, holding."""
-    from ..schema import STATES
+    from ..vocab.schema import STATES
 
     states, owner, ids = msg.get("states"), msg.get("owner"), msg.get("ids")
     if states is not None and (
@@ -226,7 +226,7 @@ class Reads:
 
     def render_metrics(self) -> bytes:
         """The pool's Prometheus metrics now (GPUs measured through NVML when real)."""
-        from ..metrics import exposition
+        from ..machine.metrics import exposition
 
         assert self.sched is not None
         inventory = self._store.get_meta("inventory", {}) or {}

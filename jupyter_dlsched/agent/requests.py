@@ -18,10 +18,10 @@ from typing import Any, cast
 
 from .._version import __version__
 from ..backends.base import refuse_stage_in
-from ..errors import JobNotFound, PermissionDenied, SpecError
-from ..schema import JobInfo, info_to_json
-from ..spec import check_text
-from ..words import PRIORITY_WORDS
+from ..vocab.errors import JobNotFound, PermissionDenied, SpecError
+from ..vocab.schema import JobInfo, info_to_json
+from ..vocab.spec import check_text
+from ..vocab.words import PRIORITY_WORDS
 from .connections import Peer
 from .protocol import ProtocolError
 from .reads import Reads
@@ -173,7 +173,7 @@ class Requests(Reads):
         cap = self.config.limits_for(peer.user).max_payload_bytes
         if cap is None:
             return
-        from ..units import format_size
+        from ..vocab.units import format_size
 
         distinct = {id(data): len(data) for _, _, files in batch for data in files.values()}
         adding = sum(distinct.values())
@@ -207,7 +207,7 @@ class Requests(Reads):
 
     def _priority(self, peer: Peer, msg: PriorityRequest, blobs: list[bytes]) -> JobReply:
         assert self.sched is not None
-        from ..spec import parse_priority
+        from ..vocab.spec import parse_priority
 
         info = self._owned(peer, msg.get("id"), "change the priority of")
         priority = parse_priority(msg.get("priority"))

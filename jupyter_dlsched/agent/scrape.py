@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import SpecError
+from ..vocab.errors import SpecError
 
 log = logging.getLogger("jupyter_dlsched.agent")
 

@@ -39,11 +39,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DlschedError, LedgerUnavailable, PermissionDenied, SpecError
 from ..local.launcher import code_stamp
-from ..metrics import CONTENT_TYPE
-from ..schema import WAITING
+from ..machine.metrics import CONTENT_TYPE
 from ..store import payload_keep
+from ..vocab.errors import DlschedError, LedgerUnavailable, PermissionDenied, SpecError
+from ..vocab.schema import WAITING
 from .client import IDLE_EXIT, trusted_server_uids, user_address
 from .config import ServiceConfig
 from .connections import Connections, Peer
@@ -56,7 +56,7 @@ from .scrape import ScrapeEndpoint
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..sampling import Sampler
+    from ..machine.sampling import Sampler
 from .visibility import Viewer, redact
 
 log = logging.getLogger("jupyter_dlsched.agent")
@@ -242,7 +242,7 @@ class Agent(Requests, Forking):
             _check_reachable(self.home)  # before anything is created in it
         self.sched = agent_engine(self, self.home, **options)
         if self.shared:
-            from ..sampling import Sampler
+            from ..machine.sampling import Sampler
 
             assert self.sched is not None
             self.sampler = Sampler(self._store, self.sched.pool, SAMPLE_INTERVAL, SAMPLE_RETENTION)
@@ -262,7 +262,7 @@ class Agent(Requests, Forking):
             log.warning("dlsched agent: leftover payloads not collected: %s", error)
         else:
             if blobs:
-                from ..units import format_size
+                from ..vocab.units import format_size
 
                 log.info(
                     "dlsched agent: deleted %d leftover payloads (%s)", blobs, format_size(size)

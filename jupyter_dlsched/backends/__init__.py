@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SpecError
+from ..vocab.errors import SpecError
 from .base import Backend
 
 if TYPE_CHECKING:
-    from ..port import Port
+    from .port import Port
 
 
 def make_backend(backend: str | Backend, port: Port, **options: Any) -> Backend:

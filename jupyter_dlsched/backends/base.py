@@ -5,14 +5,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SpecError
+from ..vocab.errors import SpecError
 
 if TYPE_CHECKING:
+    from ..machine.inventory import PoolInfo
     from ..policy import Policy
-    from ..pool import PoolInfo
-    from ..port import Port
-    from ..spec import JobSpec
     from ..store import JobInfo
+    from ..vocab.spec import JobSpec
+    from .port import Port
 
 
 class Backend(ABC):

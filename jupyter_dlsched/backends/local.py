@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from ..local import launcher
-from ..pool import (
+from ..machine.inventory import (
     PoolInfo,
     inventory_json,
     probe,
@@ -19,12 +19,12 @@ from ..pool import (
     simulation,
     usable_cores,
 )
-from ..spec import JobSpec
 from ..store import JobInfo
+from ..vocab.spec import JobSpec
 from .base import Backend
 
 if TYPE_CHECKING:
-    from ..port import Port
+    from .port import Port
 
 
 class LocalBackend(Backend):

@@ -39,20 +39,20 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import private
+from ..inside.runtime import STOP_FILE
 from ..local.jobproc import world_size
-from ..pool import GpuInfo, PoolInfo
-from ..resources import Placement
-from ..runtime import STOP_FILE
-from ..settings import Settings
+from ..machine.inventory import GpuInfo, PoolInfo
 from ..store import JobInfo
-from ..units import format_size, parse_size
+from ..store.settings import Settings
+from ..vocab import private
+from ..vocab.resources import Placement
+from ..vocab.units import format_size, parse_size
 from .base import Backend
 from .ray_monitor import RayMonitor, Run, ray_module
 from .ray_task import run_task
 
 if TYPE_CHECKING:
-    from ..port import Port
+    from .port import Port
 
 ADDRESS_ENV = "DLSCHED_RAY_ADDRESS"
 GPU_MEM_ENV = "DLSCHED_RAY_GPU_MEM"

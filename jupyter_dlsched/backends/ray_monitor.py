@@ -21,16 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..errors import IllegalTransition, JobNotFound
-from ..runtime import STOP_FILE
-from ..settings import Settings
+from ..inside.runtime import STOP_FILE
 from ..store import JobInfo, Lease, RunEnd
-from ..units import format_duration
+from ..store.settings import Settings
+from ..vocab.errors import IllegalTransition, JobNotFound
+from ..vocab.units import format_duration
 from .ray_task import write_atomic
 
 if TYPE_CHECKING:
-    from ..port import Port
     from .base import Backend
+    from .port import Port
 
 log = logging.getLogger("jupyter_dlsched")
 

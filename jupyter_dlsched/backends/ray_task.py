@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import private
-from ..runtime import run_payload
+from ..inside.runtime import run_payload
+from ..vocab import private
 from .remote_task import adopt_submit_context, error_outcome
 
 TASK_FLUSH_SECONDS = 0.2

@@ -36,19 +36,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SpecError
+from ..machine.inventory import GpuInfo, PoolInfo
 from ..policy import Decisions, QueuedJob, RunningJob
-from ..pool import GpuInfo, PoolInfo
-from ..resources import Capacity
-from ..spec import JobSpec
 from ..store import JobInfo
-from ..units import parse_size
+from ..vocab.errors import SpecError
+from ..vocab.resources import Capacity
+from ..vocab.spec import JobSpec
+from ..vocab.units import parse_size
 from .base import Backend
 from .slurm_monitor import SlurmMonitor
 from .slurm_tools import TOOLS, SlurmUnavailable, nice_for, run_tool
 
 if TYPE_CHECKING:
-    from ..port import Port
+    from .port import Port
 
 PARTITION_ENV = "DLSCHED_SLURM_PARTITION"
 ACCOUNT_ENV = "DLSCHED_SLURM_ACCOUNT"

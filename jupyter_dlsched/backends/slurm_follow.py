@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 
-from ..resources import Placement
+from ..vocab.resources import Placement
 from .slurm_record import SlurmRecorder, _parse_time
 from .slurm_tools import SlurmError, run_tool
 from .slurm_track import Track

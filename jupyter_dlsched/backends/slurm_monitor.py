@@ -23,9 +23,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..settings import Settings
 from ..store import Lease, RunEnd
-from ..units import format_duration
+from ..store.settings import Settings
+from ..vocab.units import format_duration
 from .slurm_follow import SlurmFollower
 from .slurm_submit import SlurmSubmitter
 from .slurm_tools import SlurmError, nice_for, run_tool

@@ -9,9 +9,9 @@ import signal
 import time
 from typing import Any
 
-from .. import private
-from ..errors import IllegalTransition, JobNotFound
-from ..schema import RunEnd
+from ..vocab import private
+from ..vocab.errors import IllegalTransition, JobNotFound
+from ..vocab.schema import RunEnd
 from .slurm_track import SLURM_FILE, MonitorBase, Track
 
 

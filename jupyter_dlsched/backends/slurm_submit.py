@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import private
-from ..errors import IllegalTransition, JobNotFound, SpecError
-from ..schema import RunEnd
+from ..vocab import private
+from ..vocab.errors import IllegalTransition, JobNotFound, SpecError
+from ..vocab.schema import RunEnd
 from .slurm_tools import nice_for, run_tool
 from .slurm_track import ACTIVE, MonitorBase, Track, _read_slurm_file
 

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from ..runtime import run_payload
+from ..inside.runtime import run_payload
 from .remote_task import adopt_submit_context, error_outcome
 
 # a job on one node talks to its ranks over loopback; the port is derived from the

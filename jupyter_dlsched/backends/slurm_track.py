@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import private
+from ..vocab import private
 
 if TYPE_CHECKING:
-    from ..port import Port
     from ..store import JobInfo, Lease
+    from .port import Port
 
 ACTIVE = ("queued", "preempted", "running")
 SLURM_FILE = "slurm.json"

@@ -10,15 +10,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..errors import DlschedError, IllegalTransition, LedgerUnavailable
-from ..private import default_home
-from .common import (
-    EXIT_CLOSED_PIPE,
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    CommandError,
-)
+from ..vocab.errors import DlschedError, IllegalTransition, LedgerUnavailable
+from ..vocab.private import default_home
+from .common import EXIT_CLOSED_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CommandError
 from .parser import build_parser
 
 

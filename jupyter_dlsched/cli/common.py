@@ -9,8 +9,8 @@ import json
 import sys
 from typing import Any
 
-from ..errors import DlschedError
-from ..scheduler import Scheduler
+from ..client.scheduler import Scheduler
+from ..vocab.errors import DlschedError
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -8,10 +8,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..options import flag_resources
-from ..scheduler import Scheduler
-from ..schema import ACTIVE, JobInfo
-from ..words import state_words
+from ..client.scheduler import Scheduler
+from ..vocab.options import flag_resources
+from ..vocab.schema import ACTIVE, JobInfo
+from ..vocab.words import state_words
 from .common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,

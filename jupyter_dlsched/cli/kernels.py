@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..errors import DlschedError
+from ..vocab.errors import DlschedError
 from .common import EXIT_OK
 
 

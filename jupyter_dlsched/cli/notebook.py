@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..errors import SpecError
 from ..nbjobs.params import parse_parameter
+from ..vocab.errors import SpecError
 from .common import CommandError
 
 

@@ -7,10 +7,10 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import NoReturn
 
-from ..errors import DlschedError
-from ..options import add_resource_flags
-from ..schema import ACTIVE, STATES
-from ..units import parse_duration
+from ..vocab.errors import DlschedError
+from ..vocab.options import add_resource_flags
+from ..vocab.schema import ACTIVE, STATES
+from ..vocab.units import parse_duration
 from .common import EXIT_STATUSES, EXIT_USAGE
 from .jobs import cmd_cancel, cmd_logs, cmd_priority, cmd_requeue, cmd_submit
 from .notebook import add_notebook_flags

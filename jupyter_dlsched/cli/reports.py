@@ -7,11 +7,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..history import history_table, period_words, totals_by_owner
 from ..nbjobs.record import read_record
-from ..schema import ACTIVE, JobInfo
-from ..units import format_size
-from ..words import owner_words, priority_words, state_words
+from ..vocab.history import history_table, period_words, totals_by_owner
+from ..vocab.schema import ACTIVE, JobInfo
+from ..vocab.units import format_size
+from ..vocab.words import owner_words, priority_words, state_words
 from .common import EXIT_OK, _flatten, _name_matches, _print_json, _scheduler
 
 

@@ -6,8 +6,8 @@ import argparse
 import time
 from datetime import datetime
 
-from ..schedules.info import ScheduleInfo
-from ..units import format_duration
+from ..vocab.schedule_info import ScheduleInfo
+from ..vocab.units import format_duration
 from .common import EXIT_OK, _print_json, _scheduler
 
 

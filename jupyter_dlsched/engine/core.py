@@ -27,27 +27,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import start_times
 from .._version import __version__
 from ..backends import Backend, make_backend
-from ..errors import SpecError
-from ..options import RESOURCE_ARGS
+from ..forecast import start_times
+from ..machine.inventory import idle_capacity
+from ..machine.pool_view import pool_shape, pool_with_jobs
 from ..policy import Decisions, Policy, get_policy
 from ..policy.elastic import with_elastic
-from ..pool import idle_capacity
-from ..pool_view import pool_shape, pool_with_jobs
 from ..schedules.firing import fire_due
-from ..settings import Settings, check_resize_every
-from ..spec import MAX_NAME, JobSpec, build_spec, parse_priority
 from ..staging import StagingGate
 from ..store import JobInfo, Store, inventory_key
-from ..sweep import member_name
+from ..store.settings import Settings, check_resize_every
+from ..vocab.errors import SpecError
+from ..vocab.options import RESOURCE_ARGS
+from ..vocab.spec import MAX_NAME, JobSpec, build_spec, parse_priority
+from ..vocab.sweep import member_name
 from . import tick as tick_steps
 from .launching import Launching, OwnJobs
 from .queue_index import QueueIndex
 
 if TYPE_CHECKING:
-    from ..pool import PoolInfo
+    from ..machine.inventory import PoolInfo
 
 #: Seconds between decisions when nothing changed (aging, GPU memory used outside the pool).
 REDECIDE_EVERY = 10.0

@@ -22,9 +22,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import LedgerUnavailable
 from ..policy import Decisions
 from ..store import JobInfo, Store
+from ..vocab.errors import LedgerUnavailable
 from .core import Engine
 
 log = logging.getLogger("jupyter_dlsched")

@@ -16,12 +16,12 @@ from itertools import compress, count
 from operator import attrgetter, ne, not_
 from typing import Any
 
-from .. import start_times
+from ..forecast import start_times
 from ..policy import Decisions, Policy, PresortedQueue, QueuedJob, RunningJob
 from ..policy.base import passes_through
 from ..policy.lane_line import LaneLine
-from ..resources import Capacity, Request
 from ..store import WAITING, Store
+from ..vocab.resources import Capacity, Request
 from .lanes import Lanes
 from .line_ranks import rerank
 from .rows import dependency_states, queued_job, why_blocked

@@ -11,9 +11,9 @@ from dataclasses import replace
 from functools import lru_cache
 
 from ..policy import QueuedJob, RunningJob
-from ..resources import Placement, Request
 from ..store import TERMINAL, Store
-from ..when import begin_words
+from ..vocab.resources import Placement, Request
+from ..vocab.when import begin_words
 
 
 def why_blocked(

@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import start_times
+from ..forecast import start_times
 from ..policy import Decisions, FinishedJob, Policy, QueuedJob, RunningJob
-from ..resources import Capacity, GpuFree, Placement
-from ..schema import WAITING
 from ..store import JobInfo, RunEnd, Store
+from ..vocab.resources import Capacity, GpuFree, Placement
+from ..vocab.schema import WAITING
 from .line_ranks import rerank
 from .queue_index import QueueIndex
 from .rows import dependency_states, queued_job, running_job, why_blocked

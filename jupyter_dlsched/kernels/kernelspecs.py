@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
-from ..spec import MAX_CPUS, MAX_GPUS, MIN_SHARE, parse_priority
-from ..units import parse_duration, parse_size
+from ..vocab.errors import SpecError
+from ..vocab.spec import MAX_CPUS, MAX_GPUS, MIN_SHARE, parse_priority
+from ..vocab.units import parse_duration, parse_size
 from .provisioner import PROVISIONER_NAME
 
 _KERNEL_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

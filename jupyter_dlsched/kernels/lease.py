@@ -289,7 +289,7 @@ class _Watch:
         self._waiters_at = now
         try:
             if self._scheduler is None:
-                from ..scheduler import Scheduler
+                from ..client.scheduler import Scheduler
 
                 shared = bool(os.environ.get("DLSCHED_SOCKET"))
                 self._scheduler = Scheduler(None if shared else self.home, loop=False)
@@ -314,7 +314,7 @@ class _Watch:
             self.report(activity, now)
 
     def report(self, activity: dict[str, Any], now: float) -> None:
-        from .. import runtime
+        from ..inside import runtime
 
         self._reported_at = now
         last = max(float(activity.get("last") or 0), self.kernel_started)

@@ -30,10 +30,10 @@ from tornado.web import HTTPError
 from traitlets import Any as AnyTrait
 from traitlets import Unicode
 
-from ..errors import DlschedError
-from ..runtime import JOB_ID_ENV
-from ..schema import TERMINAL
-from ..units import parse_duration
+from ..inside.runtime import JOB_ID_ENV
+from ..vocab.errors import DlschedError
+from ..vocab.schema import TERMINAL
+from ..vocab.units import parse_duration
 from . import control
 
 PROVISIONER_NAME = "dlsched-gpu"
@@ -111,7 +111,7 @@ class GpuKernelProvisioner(LocalProvisioner):
 
     def _client(self) -> Any:
         if self._scheduler is None:
-            from ..scheduler import Scheduler
+            from ..client.scheduler import Scheduler
 
             home = self.home or os.environ.get("DLSCHED_HOME") or None
             self._scheduler = Scheduler(home, loop=False)

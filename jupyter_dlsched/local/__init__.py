@@ -23,6 +23,6 @@ Which code runs in which process, in the order a job meets them:
   process as a fresh interpreter of its owner, with nothing of the service in it.
 
 What the job's own code calls (``dls.progress``, ``dls.checkpoint_requested``,
-``dls.data``) is ``jupyter_dlsched.runtime``: it serves jobs of every backend
+``dls.data``) is ``jupyter_dlsched.inside.runtime``: it serves jobs of every backend
 (Ray and SLURM job processes, inline cells), so it is not in this folder.
 """

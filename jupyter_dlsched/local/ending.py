@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import private
-from ..errors import IllegalTransition, JobNotFound, LedgerUnavailable, UnsafeStateFolder
 from ..store import JobInfo, Lease, RunEnd, Store, disk_full
+from ..vocab import private
+from ..vocab.errors import IllegalTransition, JobNotFound, LedgerUnavailable, UnsafeStateFolder
 from .jobproc import RESULT_REPORT
 from .usage import Usage
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import private
-from ..runtime import DATA_ENV_PREFIX, run_payload
+from ..inside.runtime import DATA_ENV_PREFIX, run_payload
 from ..store import JobInfo, Store
+from ..vocab import private
 from .containment import Containment
 
 PR_SET_PDEATHSIG = 1

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from .. import private
+from ..vocab import private
 from .jobproc import run_python
 
 

@@ -26,17 +26,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from .. import private
-from ..errors import (
-    IllegalTransition,
-    JobNotFound,
-    LedgerUnavailable,
-    UnsafeStateFolder,
-)
-from ..runtime import STOP_FILE
-from ..settings import Settings
+from ..inside.runtime import STOP_FILE
 from ..store import Lease, RunEnd, Store
-from ..units import format_size
+from ..store.settings import Settings
+from ..vocab import private
+from ..vocab.errors import IllegalTransition, JobNotFound, LedgerUnavailable, UnsafeStateFolder
+from ..vocab.units import format_size
 from .containment import Containment, sweep_cgroups
 from .ending import Outcome, describe_status, read_report, record_end, record_refusal, wait_status
 from .jobproc import Launch, cores_for, job_environment, start_ranks, world_size
@@ -366,7 +361,7 @@ def _monitor(
             elif row.preempt_requested:
                 stop("preempt", "preempted by a higher-priority job")
         if job.time_limit is not None and now - started >= job.time_limit:
-            from ..units import format_duration
+            from ..vocab.units import format_duration
 
             stop("timeout", f"time limit {format_duration(job.time_limit)} reached")
         limits = bool(job.mem or grants)

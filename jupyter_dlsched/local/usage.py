@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 
 from ..store import JobInfo
-from ..units import format_size
+from ..vocab.units import format_size
 from .containment import Containment
 
 
@@ -45,7 +45,7 @@ class Usage:
             self.cpu_now = 100.0 * spent / (now - then)
         self._last = (now, seconds)
         if gpus:
-            from ..gpu_watch import job_gpu_memory
+            from ..machine.gpu_watch import job_gpu_memory
 
             held = job_gpu_memory({p.pid for p in tree})
             if held:
@@ -122,7 +122,7 @@ def gpu_over_grant(tree: list[psutil.Process], grants: dict[int, int]) -> str | 
     if not grants:
         return None
     try:
-        from ..gpu_watch import job_gpu_memory
+        from ..machine.gpu_watch import job_gpu_memory
     except ImportError:
         return None
     used = job_gpu_memory({p.pid for p in tree})

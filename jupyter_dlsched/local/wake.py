@@ -12,8 +12,8 @@ from pathlib import Path
 from ..agent.client import AgentClient, agent_wanted, notify, user_address
 from ..agent.shapes import EndedRequest
 from ..engine import Engine
-from ..errors import DlschedError, LedgerUnavailable
 from ..store import Store
+from ..vocab.errors import DlschedError, LedgerUnavailable
 
 
 @dataclass

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..runtime import PROGRESS_MIN_INTERVAL, current_job, progress
+from ..inside.runtime import PROGRESS_MIN_INTERVAL, current_job, progress
 from .params import inject
 from .record import write_record
 

@@ -14,7 +14,7 @@ import ast
 import keyword
 from typing import Any
 
-from ..errors import SpecError
+from ..vocab.errors import SpecError
 
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"

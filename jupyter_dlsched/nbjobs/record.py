@@ -19,7 +19,7 @@ _MAX = 64 * 1024
 
 
 def write_record(folder: Path, record: dict[str, Any]) -> None:
-    from .. import private
+    from ..vocab import private
 
     private.write_file(folder / RECORD, json.dumps(record).encode())
 

@@ -12,12 +12,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import SpecError
+from ..vocab.errors import SpecError
 from .execute import run_notebook
 from .params import check_parameters
 
 if TYPE_CHECKING:
-    from ..handle import JobHandle
+    from ..client.handle import JobHandle
 
 
 class Submits(Protocol):

@@ -65,7 +65,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
 
 def get_policy(name: str | Policy = "priority", **params: Any) -> Policy:
     """The policy called ``name``, built with ``params``; a policy object passes through."""
-    from ..errors import SpecError
+    from ..vocab.errors import SpecError
 
     if not isinstance(name, str):
         return name

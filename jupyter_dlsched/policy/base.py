@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..placement import place
-from ..resources import Capacity, GpuFree, Placement, Request
+from ..vocab.placement import place
+from ..vocab.resources import Capacity, GpuFree, Placement, Request
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ restart — up to its maximum and back down. ``ElasticPolicy`` wraps any policy
 
 >>> from jupyter_dlsched.policy import get_policy
 >>> from jupyter_dlsched.policy.base import QueuedJob
->>> from jupyter_dlsched.resources import Capacity, Request
+>>> from jupyter_dlsched.vocab.resources import Capacity, Request
 >>> policy = ElasticPolicy(get_policy("fifo"))
 >>> job = QueuedJob("e", 0, 0.0, Request(gpus=1, cpus=0), max_gpus=2)
 >>> cap = Capacity.empty(n_gpus=2, gpu_mem=1000, cpus=0, mem=0)
@@ -40,7 +40,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..resources import Capacity, Placement
+from ..vocab.resources import Capacity, Placement
 from .base import (
     Decisions,
     Policy,

@@ -22,7 +22,7 @@ from itertools import chain, islice
 from operator import attrgetter
 from typing import Any
 
-from ..resources import Capacity, Request
+from ..vocab.resources import Capacity, Request
 from .base import (
     Decisions,
     FinishedJob,

@@ -21,16 +21,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..resources import Capacity, Placement
-from .base import (
-    Decisions,
-    GangRoom,
-    Preempt,
-    QueuedJob,
-    Room,
-    RunningJob,
-    Start,
-)
+from ..vocab.resources import Capacity, Placement
+from .base import Decisions, GangRoom, Preempt, QueuedJob, Room, RunningJob, Start
 from .ranks import RunningRanks
 from .shortfall import describe_shortfall
 

@@ -20,8 +20,8 @@ from itertools import chain, islice
 from operator import attrgetter
 from typing import Any
 
-from ..placement import place
-from ..resources import EPS, Capacity, Placement, Request
+from ..vocab.placement import place
+from ..vocab.resources import EPS, Capacity, Placement, Request
 from .base import (
     Decisions,
     FinishedJob,

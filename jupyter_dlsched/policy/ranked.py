@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
-from ..resources import Capacity
+from ..vocab.resources import Capacity
 from .base import (
     Decisions,
     GangRoom,

@@ -7,8 +7,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Protocol
 
-from ..resources import EPS, Capacity, Request
-from ..units import format_size
+from ..vocab.resources import EPS, Capacity, Request
+from ..vocab.units import format_size
 
 
 class _Asking(Protocol):
@@ -54,7 +54,7 @@ class Shortfalls:
     once per request instead of calling this once per job.
 
     >>> from jupyter_dlsched.policy import QueuedJob
-    >>> from jupyter_dlsched.resources import Capacity, Placement, Request
+    >>> from jupyter_dlsched.vocab.resources import Capacity, Placement, Request
     >>> free = Capacity.empty(n_gpus=1, gpu_mem=2**34, cpus=4, mem=2**34)
     >>> Shortfalls(free.take(Placement(gpus=(0,), gpu_mem=(2**34,))))(
     ...     QueuedJob("a", 1, 0.0, Request(gpus=1)))

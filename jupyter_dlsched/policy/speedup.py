@@ -25,7 +25,7 @@ import math
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from ..errors import DlschedError
+from ..vocab.errors import DlschedError
 
 MODELS = "linear, amdahl:FRACTION, or table:GPUS=SPEEDUP,..."
 

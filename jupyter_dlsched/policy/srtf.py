@@ -37,7 +37,7 @@ class SrtfPolicy(RankedPolicy):
     * ``min_run=0``: seconds a job runs before it can be preempted;
     * ``skip=True``: a job that fits starts even if one ahead does not.
 
-    >>> from jupyter_dlsched.resources import Request
+    >>> from jupyter_dlsched.vocab.resources import Request
     >>> SrtfPolicy().queue_key(QueuedJob("a", 0, 0.0, Request(gpus=2), remaining=10.0))
     (20.0, 0)
     """

@@ -13,8 +13,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import DlschedError
-from .every import parse_every
+from ..vocab.errors import DlschedError
+from ..vocab.every import parse_every
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PermissionDenied, SpecError
+from ..vocab.errors import PermissionDenied, SpecError
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -63,8 +63,8 @@ class DlschedApp(ExtensionApp):
     state: ServerState | None = None
 
     def initialize_settings(self) -> None:
-        from ..errors import PermissionDenied
-        from ..scheduler import Scheduler
+        from ..client.scheduler import Scheduler
+        from ..vocab.errors import PermissionDenied
 
         home = self.home or os.environ.get("DLSCHED_HOME") or None
         try:

@@ -20,8 +20,8 @@ from typing import Any
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 
-from ..errors import DlschedError, IllegalTransition, JobNotFound, PermissionDenied
-from ..spec import MAX_PRIORITY, PRIORITY_HELP, PRIORITY_NAMES
+from ..vocab.errors import DlschedError, IllegalTransition, JobNotFound, PermissionDenied
+from ..vocab.spec import MAX_PRIORITY, PRIORITY_HELP, PRIORITY_NAMES
 from .logs import MAX_CHUNK, read_log
 from .state import ServerState
 
@@ -353,7 +353,7 @@ class PrometheusHandler(DlschedHandler):
     def get(self) -> None:
         if not self.settings.get("dlsched_open_metrics") and not self.current_user:
             raise tornado.web.HTTPError(403)
-        from ..metrics import CONTENT_TYPE
+        from ..machine.metrics import CONTENT_TYPE
 
         body = self.dlsched.metrics()
         self.set_header("Cache-Control", "no-store")

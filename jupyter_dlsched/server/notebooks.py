@@ -11,9 +11,9 @@ from typing import Any
 
 import tornado.web
 
-from ..errors import SpecError
 from ..nbjobs.params import parse_parameter
-from ..options import FLAG_OPTIONS
+from ..vocab.errors import SpecError
+from ..vocab.options import FLAG_OPTIONS
 from .handlers import API_PREFIX, ApiError, DlschedHandler, scheduler_errors
 
 #: the body's fields besides the resource options

@@ -19,11 +19,11 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..client.scheduler import Scheduler
+from ..machine.inventory import PoolInfo
+from ..machine.sampling import Sampler
 from ..nbjobs.record import read_record
-from ..pool import PoolInfo
-from ..sampling import Sampler
-from ..scheduler import Scheduler
-from ..schema import ACTIVE, STATES, TERMINAL, JobInfo
+from ..vocab.schema import ACTIVE, STATES, TERMINAL, JobInfo
 
 #: Seconds a status answer may be reused while no job changed (the pool's shape can).
 STATUS_MAX_AGE = 2.0
@@ -139,7 +139,7 @@ class ServerState:
         """The pool's Prometheus metrics (a shared pool's come from its service)."""
         if self.shared:
             return str(self.scheduler.ask_service("metrics")["text"]).encode()
-        from ..metrics import exposition
+        from ..machine.metrics import exposition
 
         pool = self.read_pool()
         return exposition(
@@ -238,7 +238,7 @@ class ServerState:
 
     def accounting(self, since: float) -> dict[str, Any]:
         """Per-user totals of the jobs that ended in the last ``since`` seconds."""
-        from ..history import totals_by_owner
+        from ..vocab.history import totals_by_owner
 
         start = time.time() - since
         jobs = self.store.finished_jobs(since=start)

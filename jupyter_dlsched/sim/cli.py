@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import DlschedError
 from ..policy import POLICIES, GittinsPolicy, get_policy
 from ..policy.base import Policy
 from ..policy.speedup import parse_speedup
+from ..vocab.errors import DlschedError
 from .elastic import make_elastic, parse_elastic
 from .gpus import MAX_GPUS
 from .report import compare

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..errors import DlschedError
+from ..vocab.errors import DlschedError
 from .trace import TraceJob
 
 DEFAULT_MAX_FACTOR = 2.0

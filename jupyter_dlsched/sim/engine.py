@@ -42,7 +42,7 @@ from ..policy import FinishedJob, PresortedQueue, QueuedJob, RunningJob, get_pol
 from ..policy.base import Policy, Resize, RunningSet
 from ..policy.elastic import RESIZE_EVERY, with_elastic
 from ..policy.speedup import Speedup, parse_speedup
-from ..resources import Capacity, Placement, Request
+from ..vocab.resources import Capacity, Placement, Request
 from .eta import StartCalibration
 from .gpus import SimGpus
 from .inputs import check_replay, declared_limits, elastic_range

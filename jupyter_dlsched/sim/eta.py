@@ -2,7 +2,7 @@
 
 With ``simulate(..., estimates=True)`` (``dlsched sim --eta``), the replay
 makes, at the moment each job arrives, the forecast the live scheduler would
-make (``jupyter_dlsched.forecast``: the same policy run forward from the
+make (``jupyter_dlsched.forecast.replay``: the same policy run forward from the
 replay's state, with run times learnt from the jobs finished so far), and
 later compares it with when the job really started. The figure users care
 about is the share of jobs that started by their P80 bound (target: at least
@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..forecast import RunTimes, StartEstimate, forecast
+from ..forecast.replay import RunTimes, StartEstimate, forecast
 from ..policy import QueuedJob, RunningJob
-from ..resources import Capacity
+from ..vocab.resources import Capacity
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..resources import Capacity, GpuFree, Placement, Request
+from ..vocab.resources import Capacity, GpuFree, Placement, Request
 from .results import SimulationError
 
 # the replay keeps a record per GPU; past this a pool is a typo that would exhaust memory

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..errors import DlschedError
 from ..policy.base import Policy
+from ..vocab.errors import DlschedError
 from .eta import EtaCalibration
 
 

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from ..errors import DlschedError
+from ..vocab.errors import DlschedError
 
 PHILLY_ATTRIBUTION = (
     "Microsoft Philly traces (Jeon et al., USENIX ATC'19), CC BY 4.0; "

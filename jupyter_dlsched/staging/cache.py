@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import private
-from ..errors import SpecError
 from ..store import Store
-from ..units import parse_size
+from ..vocab import private
+from ..vocab.errors import SpecError
+from ..vocab.units import parse_size
 
 META_KEY = "staging"
 #: Jobs (in the policy's order) whose inputs are staged ahead of their start.

@@ -16,8 +16,8 @@ from typing import Any
 
 from ..policy import Decisions, Policy, QueuedJob, RunningJob
 from ..policy.base import PolicyGate, narrowed, passes_through
-from ..resources import Capacity
 from ..store import Store
+from ..vocab.resources import Capacity
 
 #: Seconds an armed staging waits for its stager to claim it (an interpreter start, at worst).
 CLAIM_GRACE = 30.0

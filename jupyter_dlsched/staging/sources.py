@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
-from ..errors import DlschedError
+from ..vocab.errors import DlschedError
 
 
 class StagingFailed(DlschedError):

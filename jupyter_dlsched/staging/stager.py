@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..local.wake import wake_pool
-from ..settings import Settings
 from ..store import Store
-from ..units import format_size
+from ..store.settings import Settings
+from ..vocab.units import format_size
 from . import cache
 from .gate import format_rate, staging_words
 from .owner import OwnerSource

@@ -18,8 +18,8 @@ the cache) and ``samples`` (utilisation history).
 
 from __future__ import annotations
 
-from ..migrations import MIGRATIONS, SCHEMA_VERSION  # noqa: F401  (re-exported)
-from ..schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
+from ..vocab.migrations import MIGRATIONS, SCHEMA_VERSION  # noqa: F401  (re-exported)
+from ..vocab.schema import (  # noqa: F401  (the ledger's vocabulary, re-exported)
     _ID,
     _ID_ALPHABET,
     _JOB_COLUMNS,

@@ -9,9 +9,7 @@ import sqlite3
 import time
 from typing import Any
 
-from .ledger import (
-    Ledger,
-)
+from .ledger import Ledger
 
 
 class Events(Ledger):

@@ -8,8 +8,8 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..errors import JobNotFound
-from ..schema import _ID, HOLDING, STATES, WAITING, JobInfo, _row_to_info
+from ..vocab.errors import JobNotFound
+from ..vocab.schema import _ID, HOLDING, STATES, WAITING, JobInfo, _row_to_info
 from .payloads import Payloads
 
 #: The jobs in a line: the words of the ``jobs_line`` index's ``WHERE``, so SQLite uses it.

@@ -14,24 +14,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import private
-from ..errors import IllegalTransition, JobNotFound
-from ..schedules.every import parse_every
-from ..schema import (
-    _ID,
-    _ID_ALPHABET,
-    TERMINAL,
-    TRANSITIONS,
-    WAITING,
-    JobInfo,
-    source_id,
-)
-from ..spec import JobSpec
-from ..units import format_duration
+from ..vocab import private
+from ..vocab.errors import IllegalTransition, JobNotFound
+from ..vocab.every import parse_every
+from ..vocab.schema import _ID, _ID_ALPHABET, TERMINAL, TRANSITIONS, WAITING, JobInfo, source_id
+from ..vocab.spec import JobSpec
+from ..vocab.units import format_duration
 from .job_reads import JobReads
-from .ledger import (
-    _keep_or_default,
-)
+from .ledger import _keep_or_default
 
 
 class Jobs(JobReads):
@@ -138,7 +128,7 @@ class Jobs(JobReads):
             }
             missing = [d for d in deps if d not in known]
             if missing:
-                from ..errors import SpecError
+                from ..vocab.errors import SpecError
 
                 raise SpecError("after", missing[0], "the id of a job in this ledger")
             db.executemany(
@@ -234,7 +224,7 @@ class Jobs(JobReads):
                 "SELECT kind, inline FROM jobs WHERE id=?", (job_id,)
             ).fetchone()
             if inline or kind == "kernel":
-                from ..errors import SpecError
+                from ..vocab.errors import SpecError
 
                 raise SpecError(
                     "requeue",
@@ -253,7 +243,7 @@ class Jobs(JobReads):
                 f"SELECT COUNT(*) FROM blobs WHERE hash IN ({marks})", hashes
             ).fetchone()[0]
             if kept != len(hashes):
-                from ..errors import SpecError
+                from ..vocab.errors import SpecError
 
                 raise SpecError(
                     "requeue",

@@ -13,13 +13,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .. import private
-from ..errors import LedgerUnavailable
-from ..migrations import MIGRATIONS
-from ..private import default_home
-from ..resources import Placement
-from ..schema import _JOB_COLUMNS
-from ..units import parse_duration
+from ..vocab import private
+from ..vocab.errors import LedgerUnavailable
+from ..vocab.migrations import MIGRATIONS
+from ..vocab.private import default_home
+from ..vocab.resources import Placement
+from ..vocab.schema import _JOB_COLUMNS
+from ..vocab.units import parse_duration
 
 #: What a tick reads of each active job: the policy's inputs, and the columns it compares
 #: before rewriting a job's place in the queue.
@@ -127,7 +127,7 @@ def disk_full(folder: Path) -> bool:
 
 
 def _free_words(folder: Path) -> str:
-    from ..units import format_size
+    from ..vocab.units import format_size
 
     return f"{format_size(_free_bytes(folder))} free in {folder}"
 

@@ -9,10 +9,7 @@ import json
 import sqlite3
 import time
 
-from .ledger import (
-    _keep_or_default,
-    payload_keep,
-)
+from .ledger import _keep_or_default, payload_keep
 from .schedules import Schedules
 
 

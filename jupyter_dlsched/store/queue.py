@@ -8,11 +8,9 @@ import json
 import sqlite3
 from collections.abc import Iterable, Sequence
 
-from ..resources import Placement
-from ..schema import HELD_GRANT, HOLDING
-from .ledger import (
-    _SNAPSHOT_COLUMNS,
-)
+from ..vocab.resources import Placement
+from ..vocab.schema import HELD_GRANT, HOLDING
+from .ledger import _SNAPSHOT_COLUMNS
 from .runs import Runs
 
 

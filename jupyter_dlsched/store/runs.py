@@ -14,15 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ..errors import IllegalTransition
-from ..resources import Placement
-from ..schema import (
-    HELD_GRANT,
-    WAITING,
-    JobInfo,
-    RunEnd,
-    end_of_run,
-)
+from ..vocab.errors import IllegalTransition
+from ..vocab.resources import Placement
+from ..vocab.schema import HELD_GRANT, WAITING, JobInfo, RunEnd, end_of_run
 from .jobs import Jobs
 
 #: A run's renewal: the job still runs, held by this process (on this attempt, if the

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..schedules.info import ScheduleInfo
+from ..vocab.schedule_info import ScheduleInfo
 from .events import Events
 
 _ALPHABET = string.ascii_lowercase + string.digits

@@ -11,9 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..schema import (
-    _SOURCE_ID,
-)
+from ..vocab.schema import _SOURCE_ID
 from .queue import Queue
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..pool import GpuInfo, PoolInfo
-from ..schema import JobInfo
+from ..machine.inventory import GpuInfo, PoolInfo
+from ..vocab.schema import JobInfo
 from . import format as fmt
 from .format import MUTED
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import ipywidgets as w
 
-from ..schema import JobInfo
+from ..vocab.schema import JobInfo
 from . import format as fmt
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import ipywidgets as w
 
-from ..schema import ACTIVE, TERMINAL, WAITING, JobInfo
-from ..units import parse_duration
-from ..words import renumber
+from ..vocab.schema import ACTIVE, TERMINAL, WAITING, JobInfo
+from ..vocab.units import parse_duration
+from ..vocab.words import renumber
 from . import format as fmt
 from .cards import gpu_card_html, host_card_html
 from .confirm import Confirm

@@ -10,9 +10,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..schema import JobInfo
-from ..units import format_size
-from ..words import (  # noqa: F401  (used as fmt.*)
+from ..vocab.schema import JobInfo
+from ..vocab.units import format_size
+from ..vocab.words import (  # noqa: F401  (used as fmt.*)
     notebook_words,
     owner_words,
     priority_words,

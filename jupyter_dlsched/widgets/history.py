@@ -13,8 +13,8 @@ import time
 from collections import deque
 from typing import Any
 
-from ..pool import PoolInfo
-from ..schema import JobInfo
+from ..machine.inventory import PoolInfo
+from ..vocab.schema import JobInfo
 
 # readings kept when the dashboard samples the pool itself
 OWN_SAMPLES = 2000

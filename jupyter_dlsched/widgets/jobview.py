@@ -22,13 +22,13 @@ from typing import Any
 
 import ipywidgets as w
 
-from ..cells import user_traceback
-from ..default import default_scheduler
-from ..handle import JobHandle
-from ..history import usage_words
-from ..schema import TERMINAL, WAITING, JobInfo
-from ..units import format_duration
-from ..words import renumber
+from ..client.default import default_scheduler
+from ..client.handle import JobHandle
+from ..notebook.cells import user_traceback
+from ..vocab.history import usage_words
+from ..vocab.schema import TERMINAL, WAITING, JobInfo
+from ..vocab.units import format_duration
+from ..vocab.words import renumber
 from . import format as fmt
 from .confirm import Confirm
 from .live import refresher

@@ -11,8 +11,8 @@ from typing import Protocol
 
 import ipywidgets as w
 
-from ..schema import ACTIVE, WAITING, JobInfo
-from ..units import format_duration
+from ..vocab.schema import ACTIVE, WAITING, JobInfo
+from ..vocab.units import format_duration
 from . import format as fmt
 from .format import MUTED
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from ..pool import PoolInfo
-from ..schema import ACTIVE, WAITING, JobInfo
-from ..units import format_duration
-from ..words import renumber
+from ..machine.inventory import PoolInfo
+from ..vocab.schema import ACTIVE, WAITING, JobInfo
+from ..vocab.units import format_duration
+from ..vocab.words import renumber
 from . import format as fmt
 from .cards import gpu_card_html, host_card_html
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.local import launcher
-from jupyter_dlsched.scheduler import Scheduler
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 

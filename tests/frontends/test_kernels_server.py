@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.kernels.kernelspecs import GpuKernelRequest, install
-from jupyter_dlsched.scheduler import Scheduler
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -61,7 +61,7 @@ async def until(predicate: Any, timeout: float = 60) -> Any:
 
 async def kernel_leases_scraped(jp_fetch: Any) -> dict[str, float]:
     """``dlsched_kernel_leases`` by state, as Prometheus scrapes it from the server."""
-    from jupyter_dlsched.metrics import parse
+    from jupyter_dlsched.machine.metrics import parse
 
     response = await jp_fetch("dlsched", "metrics")
     families = parse(response.body.decode())

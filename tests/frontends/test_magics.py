@@ -10,7 +10,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import jupyter_dlsched as dls
-from jupyter_dlsched.cells import CellResult
+from jupyter_dlsched.notebook.cells import CellResult
 from jupyter_dlsched.widgets.live import refresher
 
 

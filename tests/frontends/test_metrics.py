@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from conftest import wait_for
 
-from jupyter_dlsched.metrics import parse
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
+from jupyter_dlsched.machine.metrics import parse
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -69,7 +69,7 @@ async def test_the_dialog_reads_the_options_table_and_submits_a_notebook_of_the_
 ) -> None:
     from tornado.httpclient import HTTPClientError
 
-    from jupyter_dlsched.options import FLAG_OPTIONS
+    from jupyter_dlsched.vocab.options import FLAG_OPTIONS
 
     options = json.loads((await jp_fetch("dlsched", "api", "v1", "options")).body)["options"]
     names = [o["name"] for o in options]

@@ -32,9 +32,9 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.core.parameters import ParameterLocation
 
 import jupyter_dlsched.server
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.local import launcher
-from jupyter_dlsched.scheduler import Scheduler
-from jupyter_dlsched.spec import MAX_PRIORITY, PRIORITY_NAMES
+from jupyter_dlsched.vocab.spec import MAX_PRIORITY, PRIORITY_NAMES
 
 OPENAPI = Path(jupyter_dlsched.server.__file__).parent / "openapi.json"
 SPEC = json.loads(OPENAPI.read_text())

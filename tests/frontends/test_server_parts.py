@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_dlsched.errors import DlschedError, IllegalTransition, JobNotFound, SpecError
-from jupyter_dlsched.pool import GpuInfo, GpuProcess, PoolInfo
-from jupyter_dlsched.sampling import Sampler, pool_rows
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
+from jupyter_dlsched.machine.inventory import GpuInfo, GpuProcess, PoolInfo
+from jupyter_dlsched.machine.sampling import Sampler, pool_rows
 from jupyter_dlsched.server.handlers import ApiError, scheduler_errors
 from jupyter_dlsched.server.logs import read_log
 from jupyter_dlsched.server.state import ServerState
 from jupyter_dlsched.store import Store
+from jupyter_dlsched.vocab.errors import DlschedError, IllegalTransition, JobNotFound, SpecError
 
 
 @pytest.fixture

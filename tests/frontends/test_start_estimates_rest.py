@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 

@@ -302,7 +302,7 @@ def test_a_simulated_gpu_card_shows_allocation_labelled_as_allocated_with_drawn_
 
 
 def test_a_real_gpu_card_shows_measured_utilisation_as_bars_and_a_sparkline():
-    from jupyter_dlsched.pool import GpuInfo
+    from jupyter_dlsched.machine.inventory import GpuInfo
     from jupyter_dlsched.widgets.cards import gpu_card_html
 
     gpu = GpuInfo(0, "GPU-x", "NVIDIA H200", 141 * 2**30, mem_used=96 * 2**30, util=87.0)
@@ -373,7 +373,7 @@ def test_queue_positions_close_up_at_once_after_a_cancel(sched):
 
 
 def test_renumber_closes_gaps_in_the_line_and_leaves_the_rest():
-    from jupyter_dlsched.words import renumber
+    from jupyter_dlsched.vocab.words import renumber
 
     jobs = [
         _job(id="a", seq=1, position=1),

@@ -15,8 +15,8 @@ from conftest import wait_for
 
 from jupyter_dlsched.agent.client import AgentClient, user_address
 from jupyter_dlsched.agent.protocol import AgentUnavailable
-from jupyter_dlsched.errors import JobNotFound, SpecError
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
+from jupyter_dlsched.vocab.errors import JobNotFound, SpecError
 
 
 def sleeper(seconds, value=None):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import stop_agent, wait_for
 
-from jupyter_dlsched.errors import SpecError
-from jupyter_dlsched.scheduler import Scheduler
-from jupyter_dlsched.when import parse_begin
+from jupyter_dlsched.client.scheduler import Scheduler
+from jupyter_dlsched.vocab.errors import SpecError
+from jupyter_dlsched.vocab.when import parse_begin
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 

@@ -6,13 +6,13 @@ import subprocess
 import sys
 import textwrap
 
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.store import TERMINAL
 
 SUBMITTER = textwrap.dedent(
     """
     import sys
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     def tiny(i):
         return i

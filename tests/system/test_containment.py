@@ -23,7 +23,7 @@ import pytest
 from conftest import OtherUser, alive, wait_for
 
 from jupyter_dlsched.agent.client import AgentClient
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 #: A job's main process that leaves a process running outside its process group.
 #: argv: PIDFILE STYLE MIB MAIN_SECONDS; the escapee writes its pid to PIDFILE once it
@@ -572,7 +572,7 @@ def test_a_supervisor_whose_state_folder_is_removed_stops_its_job(tmp_path, monk
     """Nothing could record or stop such a job again: it must not run on for good."""
     import shutil
 
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
     home = tmp_path / "home"
@@ -620,7 +620,7 @@ def test_a_success_whose_escapee_still_runs_shows_its_gpu_taken(home, monkeypatc
     pool, the status and the metrics count its GPU as taken, by that job."""
     import time
 
-    from jupyter_dlsched.metrics import exposition, parse
+    from jupyter_dlsched.machine.metrics import exposition, parse
 
     monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
     pidfile = tmp_path / "escapee"

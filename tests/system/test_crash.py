@@ -13,7 +13,7 @@ import psutil
 from conftest import wait_for
 
 from jupyter_dlsched.backends.local import LocalBackend
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 
 def sleeper(seconds):
@@ -68,7 +68,7 @@ def test_killing_the_job_process_fails_it_with_the_signal(sched):
 SUBMITTER = textwrap.dedent(
     """
     import sys, time
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     def work(x):
         import time

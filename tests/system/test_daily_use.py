@@ -15,11 +15,11 @@ import pytest
 from conftest import stop_agent, wait_for
 from nbformat.v4 import new_notebook
 
-from jupyter_dlsched.errors import SpecError
-from jupyter_dlsched.placement import place
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.policy import QueuedJob, RunningJob, describe_shortfall, get_policy
-from jupyter_dlsched.resources import Capacity, Request
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.vocab.errors import SpecError
+from jupyter_dlsched.vocab.placement import place
+from jupyter_dlsched.vocab.resources import Capacity, Request
 
 GIB = 2**30
 BIN = Path(sys.executable).parent
@@ -251,7 +251,7 @@ def test_a_cell_whose_names_all_exist_is_queued(ip, cell):
 
 
 def test_undefined_lists_only_names_nothing_defines():
-    from jupyter_dlsched.cell_names import undefined
+    from jupyter_dlsched.notebook.cell_names import undefined
 
     assert undefined("model = fit(x)", {"x": 1}) == ["fit"]
     assert undefined("from torch import *\nnet = Linear(2, 2)", {}) == []
@@ -359,7 +359,7 @@ def test_the_cli_refuses_to_steer_a_finished_job_with_exit_status_1(tmp_path):
 
 
 def test_the_python_api_refuses_the_priority_of_a_finished_job(home):
-    from jupyter_dlsched.errors import IllegalTransition
+    from jupyter_dlsched.vocab.errors import IllegalTransition
 
     with Scheduler(home) as s:
         handle = s.submit(abs, -1, cpus=0.25)
@@ -438,7 +438,7 @@ def test_gather_times_out_on_a_job_still_running(sched):
 @pytest.mark.parametrize("agent", [True, False], ids=["agent", "no-agent"])
 def test_requeue_runs_a_failed_job_again_as_a_new_linked_job(home, agent):
     import jupyter_dlsched as dls
-    from jupyter_dlsched.errors import IllegalTransition
+    from jupyter_dlsched.vocab.errors import IllegalTransition
 
     with Scheduler(home, agent=agent) as s:
         failed = s.submit(train, -1, cpus=0.25, priority=7, name="neg")
@@ -489,7 +489,7 @@ def test_dlsched_requeue_makes_new_jobs_and_refuses_unfinished_ones(tmp_path):
 REQUEUE_AS_USER = """
 import json, sys
 import jupyter_dlsched as dls
-from jupyter_dlsched.errors import PermissionDenied
+from jupyter_dlsched.vocab.errors import PermissionDenied
 s = dls.Scheduler(loop=False)
 try:
     print(json.dumps({"new": s.requeue_job(sys.argv[1]).to_json()}))
@@ -560,7 +560,33 @@ def strip_colours(text: str) -> str:
 # 11. the notebooks open unmodified: their kernelspec is what the installed kernel says
 
 
-NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
+REPO = Path(__file__).parents[2]
+
+
+def shipped_notebooks(repo: Path = REPO) -> list[Path]:
+    """The notebooks the repository ships: what git tracks under ``notebooks/``, not what a
+    lab session left there (the Launcher's ``Untitled.ipynb`` has no kernelspec yet)."""
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--", "notebooks/*.ipynb"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return sorted(repo / name for name in listed.split("\0") if name)
+
+
+NOTEBOOKS = shipped_notebooks()
+
+
+def test_the_notebooks_tested_are_those_the_repository_ships(tmp_path):
+    """A notebook made from the Launcher in ``notebooks/`` (as ``make lab`` opens it) is the
+    user's, not the repository's: it is not among the notebooks tested."""
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "notebooks" / "quickstart.ipynb").write_text("{}")
+    subprocess.run(["git", "-C", str(repo), "add", "notebooks"], check=True)
+    (repo / "notebooks" / "Untitled.ipynb").write_text('{"metadata": {}}')
+    assert shipped_notebooks(repo) == [repo / "notebooks" / "quickstart.ipynb"]
+    assert "quickstart.ipynb" in [p.name for p in NOTEBOOKS]
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import small_disk
 
-from jupyter_dlsched.errors import LedgerUnavailable
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.local import launcher
-from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.store import RESERVE_BYTES, RESERVE_NAME
+from jupyter_dlsched.vocab.errors import LedgerUnavailable
 
 MiB = 2**20
 

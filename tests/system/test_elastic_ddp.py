@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import jupyter_dlsched.torch as dlt  # noqa: E402
-from jupyter_dlsched.scheduler import Scheduler  # noqa: E402
+from jupyter_dlsched.client.scheduler import Scheduler  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 
 GLOBAL, PER_GPU, LR = 8, 2, 0.05

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_dlsched.errors import SpecError
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
+from jupyter_dlsched.vocab.errors import SpecError
 from tests.conftest import wait_for
 
 

@@ -15,11 +15,11 @@ import pytest
 from conftest import wait_for
 from nvml_fake import fake_nvml
 
-from jupyter_dlsched.metrics import parse
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
+from jupyter_dlsched.machine.metrics import parse
 
-pool = importlib.import_module("jupyter_dlsched.pool")
-nvml = importlib.import_module("jupyter_dlsched.nvml")
+pool = importlib.import_module("jupyter_dlsched.machine.inventory")
+nvml = importlib.import_module("jupyter_dlsched.machine.nvml")
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 GiB = 2**30
 

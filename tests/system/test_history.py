@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from jupyter_dlsched.migrations import MIGRATIONS
 from jupyter_dlsched.store import Store
+from jupyter_dlsched.vocab.migrations import MIGRATIONS
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 MiB = 2**20

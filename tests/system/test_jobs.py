@@ -11,8 +11,8 @@ import time
 import pytest
 
 import jupyter_dlsched as dls
-from jupyter_dlsched.errors import JobFailed, JobNotFound, JobTimeout, SpecError
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
+from jupyter_dlsched.vocab.errors import JobFailed, JobNotFound, JobTimeout, SpecError
 
 
 def add(a, b):

@@ -21,10 +21,10 @@ import pytest
 from conftest import wait_for
 from jupyter_client import KernelManager
 
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.kernels import control
 from jupyter_dlsched.kernels.kernelspecs import GpuKernelRequest, install
 from jupyter_dlsched.kernels.provisioner import KernelLeaseError
-from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.widgets.format import progress_words
 
 HOLD_GPU = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -327,7 +327,7 @@ def _zombie(pid: int) -> bool:
 def test_history_counts_a_kernels_gpu_hours_and_the_idle_part(
     pool: Scheduler, kernels: list[Kernel]
 ) -> None:
-    from jupyter_dlsched.metrics import exposition, parse
+    from jupyter_dlsched.machine.metrics import exposition, parse
 
     kernel = Kernel("gpu").start()
     kernels.append(kernel)

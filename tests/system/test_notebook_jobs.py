@@ -14,10 +14,10 @@ import pytest
 from conftest import stop_agent, wait_for
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from jupyter_dlsched.errors import SpecError
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.nbjobs.execute import NotebookCellError
 from jupyter_dlsched.nbjobs.params import INJECTED_TAG, inject, parse_parameter
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.vocab.errors import SpecError
 
 BIN = Path(sys.executable).parent
 DLSCHED = str(BIN / "dlsched")

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 import jupyter_dlsched as dls
-from jupyter_dlsched.errors import UnsafeStateFolder
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.local import launcher
-from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.store import Store
+from jupyter_dlsched.vocab.errors import UnsafeStateFolder
 
 
 class RunsACommand:

@@ -22,7 +22,6 @@ from queue_cases import GIB, POLICIES, SHAPES, head_of, index_of, numbered, plac
 from jupyter_dlsched.agent.config import Limits, ServiceConfig
 from jupyter_dlsched.agent.limits import LimitsGate
 from jupyter_dlsched.engine.queue_index import QueueIndex
-from jupyter_dlsched.placement import place
 from jupyter_dlsched.policy import (
     Decisions,
     QueuedJob,
@@ -30,11 +29,12 @@ from jupyter_dlsched.policy import (
     get_policy,
 )
 from jupyter_dlsched.policy.elastic import with_elastic
-from jupyter_dlsched.resources import Capacity, Request
+from jupyter_dlsched.vocab.placement import place
+from jupyter_dlsched.vocab.resources import Capacity, Request
 
 if TYPE_CHECKING:
     from jupyter_dlsched.agent.service import Agent
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
 
 def starts(decisions: Decisions) -> list[tuple[str, Any]]:
@@ -239,7 +239,7 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
     tmp_path: Path, small_head: None
 ) -> None:
     from jupyter_dlsched.agent.service import Agent
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     agent = Agent(tmp_path / "home")
     agent.open()
@@ -287,7 +287,7 @@ def test_a_start_rewrites_no_place_behind_it_and_the_places_read_stay_1_to_n(
     """Each start moves every waiting job up one place; the ledger keeps ranks, so only
     jobs whose order changed (none here) or that are new are written."""
     from jupyter_dlsched.agent.service import Agent
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     agent = Agent(tmp_path / "home")
     agent.open()
@@ -381,8 +381,8 @@ def test_places_kept_back_are_written_in_parts_and_a_failed_part_is_tried_again(
     between them); when one fails (a full disk), what it did not write waits for the next
     flush instead of being lost."""
     from jupyter_dlsched.agent.service import Agent
+    from jupyter_dlsched.client.scheduler import Scheduler
     from jupyter_dlsched.engine import core
-    from jupyter_dlsched.scheduler import Scheduler
 
     monkeypatch.setattr(core, "POSITIONS_PER_WRITE", 7)
     agent = Agent(tmp_path / "home")
@@ -444,8 +444,8 @@ def test_submit_times_follow_submit_order_even_when_the_clock_steps_back(
     must then be submit order: a clock read before the write lock (or stepped back) must
     not give a later job an earlier time."""
     import jupyter_dlsched.store.jobs as store_module
-    from jupyter_dlsched.spec import build_spec
     from jupyter_dlsched.store import Store
+    from jupyter_dlsched.vocab.spec import build_spec
 
     store = Store(tmp_path / "ledger")
     capacity = Capacity.empty(n_gpus=1, gpu_mem=16 * GIB, cpus=4, mem=64 * GIB)

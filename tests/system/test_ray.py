@@ -32,9 +32,9 @@ from jupyter_dlsched.backends.ray import (  # noqa: E402
     _ray_fraction,
     _Unrunnable,
 )
-from jupyter_dlsched.errors import JobLost, JobTimeout, RemoteTraceback  # noqa: E402
-from jupyter_dlsched.scheduler import Scheduler  # noqa: E402
+from jupyter_dlsched.client.scheduler import Scheduler  # noqa: E402
 from jupyter_dlsched.store import TERMINAL  # noqa: E402
+from jupyter_dlsched.vocab.errors import JobLost, JobTimeout, RemoteTraceback  # noqa: E402
 
 
 def until(predicate: Callable[[], Any], timeout: float = 60.0) -> Any:
@@ -401,7 +401,7 @@ def test_killed_worker_without_retries_is_lost(sched: Scheduler, tmp_path: Path)
 
 HAND_BACK_SCRIPT = """
 import sys, time
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 s = Scheduler(home=sys.argv[1], backend="ray", agent=False)
 h = s.submit(time.sleep, 2, name="outlives-its-kernel")
@@ -435,7 +435,7 @@ def test_job_of_an_exiting_process_is_requeued_for_the_next_participant(
 
 KERNEL_SCRIPT = """
 import sys, time
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 import test_ray
 
 s = Scheduler(home=sys.argv[1], backend="ray")
@@ -537,7 +537,7 @@ def test_a_driver_that_cannot_join_says_why_and_clients_of_the_old_cluster_are_r
     sched: Scheduler, ray_env: Path
 ) -> None:
     from jupyter_dlsched.agent.protocol import AgentUnavailable
-    from jupyter_dlsched.errors import SpecError
+    from jupyter_dlsched.vocab.errors import SpecError
 
     assert sched.submit(double, 1).result(timeout=60) == 2
     # another notebook asks for a cluster the driver cannot join (ray.init refuses it)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import stop_agent, wait_for
 
-from jupyter_dlsched.errors import SpecError
-from jupyter_dlsched.scheduler import Scheduler
-from jupyter_dlsched.schedules.every import parse_every
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.schedules.firing import fire_due
+from jupyter_dlsched.vocab.errors import SpecError
+from jupyter_dlsched.vocab.every import parse_every
 
 BIN = Path(sys.executable).parent
 DLSCHED = str(BIN / "dlsched")

@@ -423,7 +423,7 @@ def test_a_failed_job_raises_its_failure_when_its_report_cannot_be_read(users):
 RAW = """
 import json, sys
 from jupyter_dlsched.agent.client import AgentClient
-from jupyter_dlsched.errors import DlschedError
+from jupyter_dlsched.vocab.errors import DlschedError
 client = AgentClient(sys.argv[1])
 requests = [
     ("submit", [b"x"], {"kind": "command", "jobs": [{"files": {"command.json": 7}}]}),
@@ -468,7 +468,7 @@ def test_malformed_raw_requests_get_protocol_errors_and_no_traceback(users):
 
 NAMES = """
 import jupyter_dlsched as dls
-from jupyter_dlsched.errors import DlschedError
+from jupyter_dlsched.vocab.errors import DlschedError
 s = dls.Scheduler(loop=False)
 for kwargs in ({"name": "\\u202e"}, {"name": "report\\u202etxt.exe"}, {"priority": 101}):
     try:

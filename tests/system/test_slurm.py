@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from slurm_cluster import SKIP_WITHOUT_SLURM, running_cluster, tool, until
 
-from jupyter_dlsched.errors import JobTimeout, RemoteTraceback, SpecError
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.store import TERMINAL
+from jupyter_dlsched.vocab.errors import JobTimeout, RemoteTraceback, SpecError
 
 pytestmark = SKIP_WITHOUT_SLURM
 pytest.importorskip("submitit")
@@ -124,7 +124,7 @@ def test_schedule_cell_runs_as_a_slurm_job(sched: Scheduler) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
     import jupyter_dlsched as dls
-    from jupyter_dlsched.cells import CellResult
+    from jupyter_dlsched.notebook.cells import CellResult
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "jupyter_dlsched")
@@ -288,7 +288,7 @@ def test_another_participant_takes_over_a_running_job(sched: Scheduler, tmp_path
 
 OTHER_USER_SCRIPT = """
 import sys
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 with Scheduler(home=sys.argv[1], backend="slurm", poll=0.5) as s:
     h = s.submit_command(["sh", "-c", "echo ran as $(id -un)"])
     print(h.result(timeout=60), h.logs())
@@ -303,7 +303,7 @@ def test_command_job_of_another_unix_user_runs_as_that_user(
     site = next(p for p in sys.path if p.endswith("site-packages"))
     package = str(Path(__file__).resolve().parents[2])
     probe = other_user.run(
-        "import sys; sys.path[:0] = sys.argv[1:]; import jupyter_dlsched.scheduler, submitit",
+        "import sys; sys.path[:0] = sys.argv[1:]; import jupyter_dlsched.client.scheduler, submitit",
         package,
         site,
     )

@@ -23,9 +23,9 @@ import pytest
 from conftest import small_disk, wait_for
 
 import jupyter_dlsched as dls
-from jupyter_dlsched.errors import SpecError
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.local import launcher
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.vocab.errors import SpecError
 
 MiB = 2**20
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
@@ -299,8 +299,8 @@ def test_the_cli_flag_stages_data_for_a_command(home: Path, tmp_path: Path) -> N
 def test_a_ledger_from_before_staging_opens_and_its_jobs_have_no_inputs(tmp_path: Path) -> None:
     import sqlite3
 
-    from jupyter_dlsched.migrations import MIGRATIONS
     from jupyter_dlsched.store import Store
+    from jupyter_dlsched.vocab.migrations import MIGRATIONS
 
     home = tmp_path / "home"
     home.mkdir(mode=0o700)

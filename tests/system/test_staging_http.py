@@ -11,7 +11,7 @@ import pytest
 from conftest import wait_for
 
 from benchmarks.http_source import serving
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.staging import sources
 from jupyter_dlsched.staging.sources import HttpSource, StagingFailed, compresses
 

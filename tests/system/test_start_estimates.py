@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from conftest import wait_for
 
-from jupyter_dlsched.forecast import RunTimes
-from jupyter_dlsched.forecast import forecast as bounded_forecast
+from jupyter_dlsched.client.scheduler import Scheduler
+from jupyter_dlsched.forecast.replay import RunTimes
+from jupyter_dlsched.forecast.replay import forecast as bounded_forecast
 from jupyter_dlsched.policy import QueuedJob, RunningJob, get_policy
-from jupyter_dlsched.resources import Capacity, Placement, Request
-from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.sim import TraceJob, simulate
+from jupyter_dlsched.vocab.resources import Capacity, Placement, Request
 from jupyter_dlsched.widgets import dashboard
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))

@@ -107,7 +107,7 @@ def test_a_job_runs_with_its_owners_identity_and_the_cli_names_the_pool(service,
 ATTACKS = """
 import json, os, sys
 import jupyter_dlsched as dls
-from jupyter_dlsched.errors import PermissionDenied
+from jupyter_dlsched.vocab.errors import PermissionDenied
 s = dls.Scheduler(loop=False)
 running, done, home = sys.argv[1], sys.argv[2], sys.argv[3]
 out = {}

@@ -641,7 +641,7 @@ def test_a_client_gives_up_on_a_stopped_service_in_one_line(service, users):
 
 def test_the_client_timeout_is_thirty_seconds_unless_set(monkeypatch):
     from jupyter_dlsched.agent.client import AgentClient, client_timeout
-    from jupyter_dlsched.errors import SpecError
+    from jupyter_dlsched.vocab.errors import SpecError
 
     monkeypatch.delenv("DLSCHED_TIMEOUT", raising=False)
     assert client_timeout() == 30.0 and AgentClient("/nowhere").timeout == 30.0

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import jupyter_dlsched as dls  # noqa: E402
 import jupyter_dlsched.torch as dlt  # noqa: E402
-from jupyter_dlsched.errors import DlschedError  # noqa: E402
+from jupyter_dlsched.vocab.errors import DlschedError  # noqa: E402
 
 
 def wait_for(condition, timeout=60.0, what="condition"):

@@ -16,9 +16,9 @@ import pytest
 from conftest import alive, wait_for
 
 from jupyter_dlsched.agent.forking import SPARES
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.local.supervisor import rehearse
 from jupyter_dlsched.local.warm import WarmProcess
-from jupyter_dlsched.scheduler import Scheduler
 from jupyter_dlsched.store import Store
 
 

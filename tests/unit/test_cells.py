@@ -9,8 +9,8 @@ import cloudpickle
 import pytest
 
 import jupyter_dlsched
-from jupyter_dlsched.cell_names import reads
-from jupyter_dlsched.cells import (
+from jupyter_dlsched.notebook.cell_names import reads
+from jupyter_dlsched.notebook.cells import (
     CellResult,
     UnpicklableVariable,
     capture,

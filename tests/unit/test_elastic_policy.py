@@ -20,9 +20,9 @@ from jupyter_dlsched.policy import get_policy
 from jupyter_dlsched.policy.base import QueuedJob, RunningJob
 from jupyter_dlsched.policy.elastic import ElasticPolicy
 from jupyter_dlsched.policy.speedup import SpeedupError, parse_speedup
-from jupyter_dlsched.resources import Capacity, Placement, Request
 from jupyter_dlsched.sim import TraceJob, simulate
 from jupyter_dlsched.sim.elastic import ElasticOptionError, make_elastic, parse_elastic
+from jupyter_dlsched.vocab.resources import Capacity, Placement, Request
 
 UNIT = 1000  # memory of one GPU in these snapshots
 PREEMPTIVE = ["priority", "las", "gittins", "srtf"]

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from jupyter_dlsched.errors import SpecError
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.policy.base import Decisions
-from jupyter_dlsched.resources import Capacity
-from jupyter_dlsched.scheduler import Scheduler
-from jupyter_dlsched.spec import (
+from jupyter_dlsched.vocab.errors import SpecError
+from jupyter_dlsched.vocab.resources import Capacity
+from jupyter_dlsched.vocab.spec import (
     MAX_PRIORITY,
     MAX_RETRIES,
     MAX_TIME_LIMIT,
@@ -24,7 +24,7 @@ from jupyter_dlsched.spec import (
     build_spec,
     parse_priority,
 )
-from jupyter_dlsched.units import MAX_DURATION, MAX_SIZE, parse_duration, parse_size
+from jupyter_dlsched.vocab.units import MAX_DURATION, MAX_SIZE, parse_duration, parse_size
 
 GiB = 2**30
 

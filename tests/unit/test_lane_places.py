@@ -20,7 +20,7 @@ from queue_cases import POLICIES, SHAPES, index_of, numbered, places, queues, ro
 from jupyter_dlsched.engine.queue_index import QueueIndex
 from jupyter_dlsched.policy import Decisions, QueuedJob, RunningJob, get_policy
 from jupyter_dlsched.policy.lane_line import LaneLine, Stretch
-from jupyter_dlsched.resources import Capacity
+from jupyter_dlsched.vocab.resources import Capacity
 
 GIB = 2**30
 

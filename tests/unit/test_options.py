@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from jupyter_dlsched.options import FLAG_OPTIONS
+from jupyter_dlsched.vocab.options import FLAG_OPTIONS
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 
@@ -24,7 +24,7 @@ def test_dlsched_submit_help_lists_every_resource_flag():
 
 
 def test_the_magic_usage_lists_every_resource_flag():
-    from jupyter_dlsched.magics import SCHEDULE_USAGE
+    from jupyter_dlsched.notebook.magics import SCHEDULE_USAGE
 
     for option in FLAG_OPTIONS:
         assert option.flag in SCHEDULE_USAGE, option.flag

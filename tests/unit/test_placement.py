@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jupyter_dlsched.placement import fits_ever, place
 from jupyter_dlsched.policy import Room
-from jupyter_dlsched.resources import Capacity, GpuFree, Placement, Request
+from jupyter_dlsched.vocab.placement import fits_ever, place
+from jupyter_dlsched.vocab.resources import Capacity, GpuFree, Placement, Request
 
 GIB = 2**30
 

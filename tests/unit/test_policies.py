@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_dlsched.errors import SpecError
-from jupyter_dlsched.placement import place
 from jupyter_dlsched.policy import (
     POLICIES,
     FairPolicy,
@@ -20,7 +18,9 @@ from jupyter_dlsched.policy import (
     get_policy,
     submit_order,
 )
-from jupyter_dlsched.resources import Capacity, Request
+from jupyter_dlsched.vocab.errors import SpecError
+from jupyter_dlsched.vocab.placement import place
+from jupyter_dlsched.vocab.resources import Capacity, Request
 
 GIB = 2**30
 

@@ -7,7 +7,6 @@ from typing import ClassVar
 import pytest
 
 from jupyter_dlsched.engine import tick
-from jupyter_dlsched.placement import place
 from jupyter_dlsched.policy import (
     FinishedJob,
     GittinsPolicy,
@@ -18,10 +17,11 @@ from jupyter_dlsched.policy import (
     get_policy,
 )
 from jupyter_dlsched.policy.gittins import gittins_index, weighted_index
-from jupyter_dlsched.resources import Capacity, Request
 from jupyter_dlsched.sim import TraceJob, compare, simulate
-from jupyter_dlsched.spec import build_spec
 from jupyter_dlsched.store import Store
+from jupyter_dlsched.vocab.placement import place
+from jupyter_dlsched.vocab.resources import Capacity, Request
+from jupyter_dlsched.vocab.spec import build_spec
 
 GIB = 2**30
 

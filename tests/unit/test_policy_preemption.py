@@ -18,8 +18,8 @@ from jupyter_dlsched.policy import (
     QueuedJob,
     SrtfPolicy,
 )
-from jupyter_dlsched.resources import Capacity, Request
 from jupyter_dlsched.sim import TraceJob, simulate, summarize
+from jupyter_dlsched.vocab.resources import Capacity, Request
 
 # 3 GPUs. a (1 GPU, 11 s) at 0, b (2 GPUs, 24 s) at 2, c (1 GPU, 6 s) at 3.
 THREE = [TraceJob("a", 0, 1, 11.0), TraceJob("b", 2, 2, 24.0), TraceJob("c", 3, 1, 6.0)]

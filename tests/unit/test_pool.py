@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.engine.tick import idle_capacity_minus
-from jupyter_dlsched.scheduler import Scheduler
 
 # the module, not ``dls.pool()``, which shadows it as an attribute of the package
-pool = importlib.import_module("jupyter_dlsched.pool")
-nvml_gateway = importlib.import_module("jupyter_dlsched.nvml")
+pool = importlib.import_module("jupyter_dlsched.machine.inventory")
+nvml_gateway = importlib.import_module("jupyter_dlsched.machine.nvml")
 
 from nvml_fake import FakeNVMLError, fake_nvml  # noqa: E402
 
@@ -92,8 +92,8 @@ def test_memory_used_outside_the_scheduler_counts_as_taken(nvml, tmp_path):
         capacity = idle_capacity_minus(s.inventory, [], external)
         assert capacity.gpus[0].mem_free == 6 * GiB
         # a 4 GiB share fits beside the stranger's 10 GiB, an 8 GiB share does not
-        from jupyter_dlsched.placement import place
-        from jupyter_dlsched.resources import Request
+        from jupyter_dlsched.vocab.placement import place
+        from jupyter_dlsched.vocab.resources import Request
 
         assert place(Request(gpus=0.25, gpu_mem=4 * GiB), capacity) is not None
         assert place(Request(gpus=0.5, gpu_mem=8 * GiB), capacity) is None
@@ -102,7 +102,7 @@ def test_memory_used_outside_the_scheduler_counts_as_taken(nvml, tmp_path):
 def test_the_pool_and_a_jobs_watch_read_nvmls_not_available_the_same_way(nvml):
     """NVML lists a process whose memory the caller may not read with an unsigned -1: the
     pool's outside use and a job's own GPU memory both count it as nothing known."""
-    from jupyter_dlsched import gpu_watch
+    from jupyter_dlsched.machine import gpu_watch
 
     not_available = 2**64 - 1
     nvml(fake_nvml([("NVIDIA H200", 141 * GiB, 0, 0, [(4242, not_available), (4243, None)])]))

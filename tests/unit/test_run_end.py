@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_dlsched.errors import SpecError
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.policy import Decisions
-from jupyter_dlsched.scheduler import Scheduler
-from jupyter_dlsched.schema import RunEnd, end_of_run
+from jupyter_dlsched.vocab.errors import SpecError
+from jupyter_dlsched.vocab.schema import RunEnd, end_of_run
 
 
 class Hold:

@@ -290,8 +290,8 @@ def test_cli_saves_the_plot_where_asked(tmp_path):
 def test_the_replays_free_gpu_count_is_recounted_for_other_gpus():
     from dataclasses import replace
 
-    from jupyter_dlsched.resources import GpuFree
     from jupyter_dlsched.sim.gpus import _PoolCapacity
+    from jupyter_dlsched.vocab.resources import GpuFree
 
     gpus = (GpuFree(0, 1, 1), GpuFree(1, 1, 0, jobs=1))
     capacity = _PoolCapacity(gpus, (), 0, 0, gpus, 1)

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jupyter_dlsched.errors import DlschedError
 from jupyter_dlsched.sim import (
     SimulationError,
     TraceError,
@@ -28,6 +27,7 @@ from jupyter_dlsched.sim import (
     load_trace,
     simulate,
 )
+from jupyter_dlsched.vocab.errors import DlschedError
 
 PHILLY_HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from jupyter_dlsched.errors import SpecError
-from jupyter_dlsched.resources import Capacity
-from jupyter_dlsched.spec import build_spec, parse_priority, pickle_payload
-from jupyter_dlsched.units import format_duration, format_size, parse_duration, parse_size
+from jupyter_dlsched.vocab.errors import SpecError
+from jupyter_dlsched.vocab.resources import Capacity
+from jupyter_dlsched.vocab.spec import build_spec, parse_priority, pickle_payload
+from jupyter_dlsched.vocab.units import format_duration, format_size, parse_duration, parse_size
 
 GiB = 2**30
 POOL = Capacity.empty(n_gpus=2, gpu_mem=16 * GiB, cpus=4, mem=64 * GiB)

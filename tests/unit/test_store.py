@@ -7,10 +7,10 @@ import stat
 import pytest
 
 from jupyter_dlsched import store as store_mod
-from jupyter_dlsched.errors import IllegalTransition, JobNotFound, SpecError
-from jupyter_dlsched.resources import Capacity
-from jupyter_dlsched.spec import build_spec
 from jupyter_dlsched.store import TRANSITIONS, Store
+from jupyter_dlsched.vocab.errors import IllegalTransition, JobNotFound, SpecError
+from jupyter_dlsched.vocab.resources import Capacity
+from jupyter_dlsched.vocab.spec import build_spec
 
 POOL = Capacity.empty(n_gpus=2, gpu_mem=16 * 2**30, cpus=4, mem=64 * 2**30)
 

@@ -10,11 +10,11 @@ import pytest
 
 from jupyter_dlsched.engine import tick
 from jupyter_dlsched.engine.queue_index import QueueIndex
-from jupyter_dlsched.errors import IllegalTransition
 from jupyter_dlsched.policy import get_policy
-from jupyter_dlsched.resources import Capacity, Placement
-from jupyter_dlsched.spec import build_spec
 from jupyter_dlsched.store import Lease, RunEnd, Store
+from jupyter_dlsched.vocab.errors import IllegalTransition
+from jupyter_dlsched.vocab.resources import Capacity, Placement
+from jupyter_dlsched.vocab.spec import build_spec
 
 POOL = Capacity.empty(n_gpus=2, gpu_mem=16 * 2**30, cpus=4, mem=64 * 2**30)
 INVENTORY = {

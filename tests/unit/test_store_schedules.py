@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_dlsched.resources import Capacity
-from jupyter_dlsched.schedules.every import parse_every
-from jupyter_dlsched.spec import build_spec
 from jupyter_dlsched.store import Store
+from jupyter_dlsched.vocab.every import parse_every
+from jupyter_dlsched.vocab.resources import Capacity
+from jupyter_dlsched.vocab.spec import build_spec
 
 POOL = Capacity.empty(n_gpus=2, gpu_mem=16 * 2**30, cpus=4, mem=64 * 2**30)
 NOW = 1_000_000.0

@@ -11,11 +11,71 @@ import jupyter_dlsched
 PACKAGE = Path(jupyter_dlsched.__file__).parent
 ROOT = "jupyter_dlsched"
 #: What people call: they reach the pool through the ``Scheduler`` client only.
-FRONT_ENDS = ("cli", "magics", "cell_jobs", "cells", "cell_names", "widgets", "server")
+FRONT_ENDS = ("cli", "notebook", "widgets", "server")
 #: The ledger's internals, the engine (what decides) and the job-process chain.
 BELOW_THE_CLIENT = ("store", "engine", "local")
 #: The client and what hangs on it.
-CLIENT = ("scheduler", "default", "handle", "following")
+CLIENT = ("client",)
+
+#: Each room of the package and the other rooms it may import (at the top, inside a
+#: function or for types only). ``docs/architecture.md`` draws this table as the map.
+#: A new room needs a line here; an import a line does not allow is a change of the map.
+MAY_IMPORT: dict[str, set[str]] = {
+    "vocab": set(),
+    "policy": {"vocab"},
+    "store": {"vocab", "policy"},
+    "machine": {"vocab", "store"},
+    "schedules": {"vocab", "store"},
+    "forecast": {"vocab", "policy", "store"},
+    "sim": {"vocab", "policy", "forecast"},
+    "inside": {"vocab", "machine", "store", "agent"},
+    "staging": {"vocab", "policy", "store", "local"},
+    "local": {"vocab", "machine", "store", "inside", "staging", "engine", "agent"},
+    "backends": {"vocab", "policy", "machine", "store", "inside", "local", "engine"},
+    "engine": {
+        "vocab",
+        "policy",
+        "machine",
+        "store",
+        "schedules",
+        "forecast",
+        "staging",
+        "local",
+        "backends",
+    },
+    "agent": {
+        "vocab",
+        "policy",
+        "machine",
+        "store",
+        "schedules",
+        "staging",
+        "local",
+        "backends",
+        "engine",
+    },
+    "nbjobs": {"vocab", "inside", "client"},
+    "client": {
+        "vocab",
+        "policy",
+        "machine",
+        "store",
+        "inside",
+        "staging",
+        "backends",
+        "engine",
+        "agent",
+        "nbjobs",
+    },
+    "kernels": {"vocab", "inside", "client"},
+    "widgets": {"vocab", "machine", "client", "notebook"},
+    "notebook": {"vocab", "inside", "client", "widgets"},
+    "server": {"vocab", "machine", "client", "nbjobs"},
+    "cli": {"vocab", "client", "agent", "kernels", "nbjobs", "sim"},
+    "torch": {"inside"},
+}
+#: The root's own modules besides the package's face: the release and the old names.
+ROOT_MODULES = {"__init__", "_version", "_moved", "torch"}
 
 Graph = dict[str, set[str]]
 
@@ -115,15 +175,18 @@ def shown(cycle: list[str] | None) -> str:
 
 def test_the_graph_sees_relative_submodule_and_function_imports():
     graph = import_graph()
-    assert "jupyter_dlsched.store" in graph["jupyter_dlsched.scheduler"]
-    assert "jupyter_dlsched.policy" in graph["jupyter_dlsched.scheduler"]
+    assert "jupyter_dlsched.store" in graph["jupyter_dlsched.client.scheduler"]
+    assert "jupyter_dlsched.policy" in graph["jupyter_dlsched.client.scheduler"]
     assert "jupyter_dlsched.staging.gate" in graph["jupyter_dlsched.staging"]
     assert "jupyter_dlsched.local.launcher" in graph["jupyter_dlsched.backends.local"]
     # only under TYPE_CHECKING: not an import that runs
-    assert "jupyter_dlsched.port" not in graph["jupyter_dlsched.inline"]
+    assert "jupyter_dlsched.backends.port" not in graph["jupyter_dlsched.client.inline"]
     assert "jupyter_dlsched.widgets" not in graph[ROOT]
     assert "jupyter_dlsched.widgets" in import_graph(in_functions=True)[ROOT]
-    assert "jupyter_dlsched.port" in import_graph(type_only=True)["jupyter_dlsched.backends.base"]
+    assert (
+        "jupyter_dlsched.backends.port"
+        in import_graph(type_only=True)["jupyter_dlsched.backends.base"]
+    )
 
 
 def test_a_circle_is_found_and_shown():
@@ -164,9 +227,13 @@ def offending(sources: tuple[str, ...], targets: tuple[str, ...]) -> list[str]:
 
 
 def test_the_rules_see_a_type_only_import_and_a_layer():
-    assert "jupyter_dlsched.port" in import_graph(type_only=True)["jupyter_dlsched.inline"]
+    assert (
+        "jupyter_dlsched.backends.port"
+        in import_graph(type_only=True)["jupyter_dlsched.client.inline"]
+    )
     assert layer("jupyter_dlsched.widgets.jobview", FRONT_ENDS)
-    assert not layer("jupyter_dlsched.cells_extra", FRONT_ENDS)
+    assert layer("jupyter_dlsched.notebook.cells", FRONT_ENDS)
+    assert not layer("jupyter_dlsched.notebooks_extra", FRONT_ENDS)
 
 
 def test_front_ends_reach_the_pool_through_the_client_only():
@@ -178,7 +245,7 @@ def test_front_ends_reach_the_pool_through_the_client_only():
 def test_policies_decide_from_their_inputs_only():
     """A policy sees queued and running jobs and the capacity; it reads no ledger or pool,
     which is what lets the simulator replay it."""
-    below = ("store", "pool", "scheduler", "agent", "local", "backends", "engine")
+    below = ("store", "pool", "client", "agent", "local", "backends", "engine")
     assert offending(("policy",), below) == []
 
 
@@ -202,7 +269,7 @@ def test_no_one_but_the_client_holds_an_engine_link_or_reads_a_link_s_insides():
         for path in PACKAGE.rglob("*.py")
         if "EngineLink(" in path.read_text() and not layer(module_name(path), ("engine",))
     )
-    assert holders == [f"{ROOT}.backends.ray_driver", f"{ROOT}.scheduler"]
+    assert holders == [f"{ROOT}.backends.ray_driver", f"{ROOT}.client.scheduler"]
     for path in sorted(PACKAGE.rglob("*.py")):
         if layer(module_name(path), FRONT_ENDS):
             assert ".link." not in path.read_text(), f"{path.name} reaches into a link"
@@ -264,3 +331,40 @@ def test_only_the_ledger_opens_its_transactions():
     )
     gone = [m for m in OPENS_A_TRANSACTION if m not in found]
     assert gone == [], f"these open no transaction any more: take them off the list: {gone}"
+
+
+def room_of(module: str) -> str | None:
+    """The room ``module`` lives in (``jobs`` for ``jupyter_dlsched.vocab.spec``), or None
+    for the package's face."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def test_the_root_holds_its_rooms_and_few_modules():
+    """A listing of the package is its map: rooms, and beside them only the face, the
+    release, the old names' finder and ``jupyter_dlsched.torch`` (imported by jobs)."""
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    assert modules == ROOT_MODULES, f"modules at the root: {sorted(modules - ROOT_MODULES)}"
+    rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(MAY_IMPORT) - {"torch"}, (
+        f"rooms without a line in MAY_IMPORT: {sorted(rooms - set(MAY_IMPORT))}; "
+        f"lines for no room: {sorted(set(MAY_IMPORT) - {'torch'} - rooms)}"
+    )
+
+
+def test_each_room_imports_only_the_rooms_its_rule_allows():
+    graph = import_graph(in_functions=True, type_only=True)
+    found = sorted(
+        f"{a} imports {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if room_of(a) not in (None, "_moved", "_version")
+        and room_of(b) not in (None, room_of(a), "_version")
+        and room_of(b) not in MAY_IMPORT[room_of(a) or ""]
+    )
+    assert found == [], "imports the map does not allow:\n" + "\n".join(found)
+
+
+def test_the_room_rule_catches_an_import_it_does_not_allow():
+    assert room_of("jupyter_dlsched.vocab.spec") == "vocab"
+    assert "store" not in MAY_IMPORT["vocab"] and "client" not in MAY_IMPORT["engine"]

@@ -17,14 +17,14 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from jupyter_dlsched import gpu_watch
-from jupyter_dlsched import nvml as nvml_gateway
-from jupyter_dlsched.units import format_size
+from jupyter_dlsched.machine import gpu_watch
+from jupyter_dlsched.machine import nvml as nvml_gateway
+from jupyter_dlsched.vocab.units import format_size
 
 torch = pytest.importorskip("torch")
 
 import jupyter_dlsched.torch as dlt  # noqa: E402
-from jupyter_dlsched import job_device  # noqa: E402
+from jupyter_dlsched.inside import job_device  # noqa: E402
 
 GiB = 2**30
 MiB = 2**20
@@ -190,7 +190,7 @@ def test_the_supervisor_stops_a_shared_job_over_its_gpu_memory_grant(home, tmp_p
     # supervisors (forked by a launcher started from this environment) import the stand-in
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("FAKE_NVML_PROCS", str(table))
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     marker = tmp_path / "went-over"
     # agent=False: the stand-in NVML is for job supervisors only, not for probing the pool

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.kernels.kernelspecs import GpuKernelRequest, install
-from jupyter_dlsched.scheduler import Scheduler
 
 from .conftest import ARTIFACTS, Lab, start_lab, stop_lab
 

@@ -87,7 +87,7 @@ def test_run_in_the_queue_submits_a_notebook_and_the_sidebar_opens_the_result(
 def test_the_last_run_of_a_schedule_shows_when_the_next_one_comes(
     lab: Lab, browser_context: Any
 ) -> None:
-    from jupyter_dlsched.scheduler import Scheduler
+    from jupyter_dlsched.client.scheduler import Scheduler
 
     s = Scheduler(home=lab.home, loop=False)
     try:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 from .conftest import ARTIFACTS, Lab, open_lab, open_sidebar, row, sleeper, start_lab, stop_lab
 

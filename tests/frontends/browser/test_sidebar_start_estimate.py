@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any
 
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 from .conftest import ARTIFACTS, Lab, open_lab, open_sidebar, row
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from slurm_cluster import SKIP_WITHOUT_SLURM, running_cluster
 
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 from .conftest import start_lab, stop_lab
 from .test_sidebar import open_lab, open_sidebar, row

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 from ..conftest import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, Lab, leave, start_lab, stop_lab
 from ..test_cell_line import call

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 from ..conftest import ARTIFACTS, Lab, row
 from .conftest import SIDEBAR, python

@@ -13,7 +13,7 @@ from typing import Any
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from jupyter_dlsched.scheduler import Scheduler
+from jupyter_dlsched.client.scheduler import Scheduler
 
 from ..conftest import ARTIFACTS, Lab
 from ..test_cell_line import answer_kernel_question, call, saved_outputs

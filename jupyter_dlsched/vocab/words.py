@@ -1,0 +1,160 @@
+"""The words UI.md gives jobs, shared by every front end (CLI, widgets, magics, sidebar).
+
+One phrase per idea, so a user who learned one view reads the others:
+
+>>> priority_words(100), priority_words(60)
+('high', 'priority 60')
+>>> state_words(job)  # doctest: +SKIP
+'queued · #3 in line · waiting for 2 GPUs'
+>>> notebook_words("/home/anna/work/sweep.ipynb")
+'sweep.ipynb'
+
+The JupyterLab sidebar (TypeScript) follows the same rules; keep them in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+
+from .schema import WAITING, JobInfo
+from .spec import PRIORITY_NAMES
+from .units import format_duration
+
+#: the named priority levels, by value: ``{0: "low", 50: "normal", 100: "high", 1000: "urgent"}``
+PRIORITY_WORDS = {value: name for name, value in PRIORITY_NAMES.items()}
+
+#: ``origin`` values that say what submitted a job but are no notebook or program name
+_NO_PLACE = ("", "notebook", "python", "-")
+
+
+def priority_words(priority: int) -> str:
+    """``"low"``, ``"normal"``, ``"high"``, ``"urgent"`` for the named levels, else ``"priority N"``."""
+    return PRIORITY_WORDS.get(priority, f"priority {priority}")
+
+
+def ran_for(job: JobInfo, now: float) -> float | None:
+    if job.started is None:
+        return None
+    return (job.finished or now) - job.started
+
+
+def waited_for(job: JobInfo, now: float) -> float:
+    end = job.started or job.finished or now
+    return max(0.0, end - job.submitted)
+
+
+def wait_words(job: JobInfo, now: float | None = None) -> str:
+    """Why a queued job waits, place in line and start estimate first:
+    ``"#3 in line · starts in ~40 min · waiting for 2 GPUs"``.
+
+    ``""`` when the job is not waiting or nothing is known yet.
+    """
+    if job.state not in WAITING:
+        return ""
+    parts = []
+    if job.position:
+        parts.append(f"#{job.position} in line")
+    starts = start_words(job, now)
+    if starts:
+        parts.append(starts)
+    if job.waiting:
+        parts.append(job.waiting)
+    return " · ".join(parts)
+
+
+def start_words(job: JobInfo, now: float | None = None) -> str:
+    """When a waiting job should start, as a person would say it: ``"starts in ~40 min"``,
+    with the P80 bound when it is well after: ``"starts in ~40 min (by ~1 h)"``.
+
+    ``""`` when the job has no estimate (nothing to learn run times from yet, or too deep
+    in a long queue): no number rather than a made-up one.
+
+    >>> start_phrase(2400.0, 4000.0, now=0.0), start_phrase(2400.0, 4000.0, now=2390.0)
+    ('starts in ~40 min (by ~1 h)', 'starts in <1 min (by ~25 min)')
+    """
+    if job.state not in WAITING or job.expected_start is None:
+        return ""
+    return start_phrase(job.expected_start, job.start_p80, time.time() if now is None else now)
+
+
+def start_phrase(expected: float, p80: float | None, now: float) -> str:
+    """``"starts in ~40 min (by ~1 h)"`` for an expected start and its P80 bound (epoch s)."""
+    ahead = expected - now
+    words = f"starts in {about(ahead)}"
+    if p80 is not None:
+        bound = p80 - now
+        if bound >= 60 and about(bound) != about(ahead):
+            words += f" (by {about(bound)})"
+    return words
+
+
+def about(seconds: float) -> str:
+    """A span rounded as a person says it: ``<1 min``, ``~7 min``, ``~40 min``, ``~3 h``, ``~2 days``.
+
+    >>> [about(s) for s in (20, 400, 2400, 5400, 10800, 200000)]
+    ['<1 min', '~7 min', '~40 min', '~1.5 h', '~3 h', '~2 days']
+    """
+    minutes = seconds / 60
+    if minutes < 1:
+        return "<1 min"
+    if minutes < 10:
+        return f"~{round(minutes)} min"
+    if minutes < 55:
+        return f"~{5 * round(minutes / 5)} min"
+    hours = minutes / 60
+    if hours < 2.75:
+        half = round(hours * 2) / 2
+        return f"~{half:g} h"
+    if hours < 36:
+        return f"~{round(hours)} h"
+    return f"~{round(hours / 24)} days"
+
+
+def state_words(job: JobInfo, now: float | None = None) -> str:
+    """Plain words for a state: ``"queued · #3 in line · waiting for 2 GPUs"``."""
+    now = time.time() if now is None else now
+    if job.state == "queued":
+        return " · ".join(part for part in ("queued", wait_words(job, now)) if part)
+    if job.state == "running":
+        return f"running · {format_duration(ran_for(job, now))}"
+    if job.state == "succeeded":
+        return f"done · {format_duration(ran_for(job, now))}"
+    if job.state in ("failed", "lost", "timeout"):
+        return f"failed: {job.reason or job.state}"
+    if job.state == "preempted":
+        return "preempted · requeued"
+    return job.state
+
+
+def notebook_words(origin: str) -> str:
+    """The short name of where a job came from: a notebook's file name, not its full path.
+
+    The full ``origin`` belongs in a tooltip (``title``) next to it.
+    """
+    if origin in _NO_PLACE:
+        return ""
+    return origin.rstrip("/").rsplit("/", 1)[-1]
+
+
+def owner_words(job: JobInfo) -> str:
+    """``"anna · sweep.ipynb"``, or ``"anna"`` when nothing names the notebook or program."""
+    place = notebook_words(job.origin)
+    return f"{job.owner} · {place}" if place else job.owner
+
+
+def renumber(jobs: Iterable[JobInfo]) -> list[JobInfo]:
+    """The jobs with queue positions closed up: ``#1, #3`` becomes ``#1, #2``.
+
+    Jobs read together are numbered 1..n already (the ledger keeps ranks and numbers
+    them as it is read); rows gathered from different reads may leave a gap where a job
+    left the line between them. Pass every waiting job of the pool (filter afterwards),
+    so the numbers are places in the whole line.
+    """
+    jobs = list(jobs)
+    placed = sorted(
+        (j for j in jobs if j.state in WAITING and j.position), key=lambda j: (j.position, j.seq)
+    )
+    fixed = {j.id: n for n, j in enumerate(placed, start=1) if j.position != n}
+    return [dataclasses.replace(j, position=fixed[j.id]) if j.id in fixed else j for j in jobs]
