@@ -285,8 +285,9 @@ class Watching:
                 handle._resolve(info)
 
     def _load_result(self, job_id: str, info: JobInfo | None = None) -> Any:
-        """The value a job that succeeded returned (``info``: its final row, if read)."""
-        import cloudpickle
+        """The value a job that succeeded returned (``info``: its final row, if read); its big
+        buffers are mapped from the files beside it (``store/buffers.py``), not copied."""
+        from ..store.buffers import loads
 
         if job_id in self._inline.results:
             return self._inline.results[job_id]
@@ -297,7 +298,7 @@ class Watching:
         data = self.store.read_spool_file(job_id, "result.pkl")
         if data is None:
             raise FileNotFoundError(self.store.spool(job_id) / "result.pkl")
-        return cloudpickle.loads(data)
+        return loads(data)
 
     def _job_exception(self, info: JobInfo) -> BaseException:
         if info.id in self._inline.errors:

@@ -31,9 +31,9 @@ from ..store.settings import Settings, check_resize_every
 from ..vocab.errors import SpecError, raised_here
 from ..vocab.options import RESOURCE_ARGS
 from ..vocab.schedule_info import ScheduleInfo
-from ..vocab.spec import pickle_payload
 from ..vocab.sweep import member_suffixes
 from .context import origin, submit_context
+from .data import data_folder, pickle_job
 from .following import Follower
 from .handle import JobHandle, Watching
 from .inline import InlineRunner
@@ -308,7 +308,7 @@ class Scheduler(Watching):
         ``runner(payload)`` is called in the job process when present (cells use this).
         ``origin_text`` says whom the job serves when not this process (a kernel's notebook).
         """
-        files = {"payload.pkl": pickle_payload(payload)}
+        files = {"payload.pkl": pickle_job(payload, self._data_folder())}
         return self._insert(
             kind, files, default_name=default_name, origin_text=origin_text, **resources
         )
@@ -338,6 +338,9 @@ class Scheduler(Watching):
                 "0 for a job that runs in this process (--inline): it runs once, in a thread",
             )
         return self._insert(kind, {}, default_name=default_name, inline_fn=fn, **resources)
+
+    def _data_folder(self) -> Path | None:
+        return data_folder(self.home, shared=self.shared, backend=self.backend.name)
 
     def _insert(
         self,
@@ -382,13 +385,16 @@ class Scheduler(Watching):
             raise SpecError(key, resources[key], "a known option")
         items = list(items)
         suffixes = member_suffixes(fn, items)  # "[2] lr=0.01": members told apart
-        fn_pickle = pickle_payload({"fn": fn})
+        folder, written = self._data_folder(), {}  # type: ignore[var-annotated]
+        fn_pickle = pickle_job({"fn": fn}, folder, written)
         context = json.dumps(submit_context()).encode()
         ids = self.link.submit(
             "function",
             [
                 {
-                    "payload.pkl": pickle_payload({"fn_pickle": fn_pickle, "args": (item,)}),
+                    "payload.pkl": pickle_job(
+                        {"fn_pickle": fn_pickle, "args": (item,)}, folder, written
+                    ),
                     "context.json": context,
                 }
                 for item in items

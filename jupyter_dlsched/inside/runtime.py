@@ -75,15 +75,15 @@ def run_payload(data: bytes) -> Any:
 
     Used by every backend's job process; exceptions propagate to the caller.
     """
-    import cloudpickle
+    from ..store.buffers import loads
 
-    payload = cloudpickle.loads(data)
+    payload = loads(data)  # big buffers mapped from their files, not copied
     runner = payload.get("runner")
     if runner is not None:
         return runner(payload)
     # ``map`` pickles the function once for all its jobs
     packed = payload.get("fn_pickle")
-    fn = cloudpickle.loads(packed)["fn"] if packed is not None else payload["fn"]
+    fn = loads(packed)["fn"] if packed is not None else payload["fn"]
     return fn(*payload.get("args", ()), **payload.get("kwargs", {}))
 
 

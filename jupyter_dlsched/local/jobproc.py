@@ -329,8 +329,17 @@ def _exec_as_owner(
         os._exit(127)
 
 
+def _result_folder(folder: Path) -> Path | None:
+    """Where the result's big buffers go: beside ``result.pkl`` when the job's folder is its
+    own user's (a pool of one's own, whose client maps them), else nowhere (in band)."""
+    try:
+        return folder if os.stat(folder).st_uid == os.getuid() else None
+    except OSError:
+        return None
+
+
 def run_python(folder: Path, data: bytes, rank: int = 0) -> int:
-    import cloudpickle
+    from ..store.buffers import dumps
 
     try:
         result = run_payload(data)
@@ -346,7 +355,7 @@ def run_python(folder: Path, data: bytes, rank: int = 0) -> int:
     if rank != 0:
         return 0  # a distributed job's result is rank 0's
     try:
-        data = cloudpickle.dumps(result)
+        data = dumps(result, _result_folder(folder))
     except Exception as error:
         wrapped = TypeError(f"the job's result could not be pickled: {error}")
         _write_error(folder, wrapped, rank)

@@ -28,6 +28,7 @@ from typing import Any
 
 import cloudpickle
 
+from ..client.data import check_picklable
 from ..vocab.errors import DlschedError
 from .cell_names import IPYTHON_NAMES, reads
 
@@ -48,12 +49,13 @@ class UnpicklableVariable(DlschedError):
         )
 
 
-def capture(source: str, namespace: Mapping[str, Any]) -> tuple[list[str], bytes]:
-    """The names of the notebook variables the cell reads, and those variables pickled.
+def capture(source: str, namespace: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The names of the notebook variables the cell reads, and those variables.
 
-    They are pickled together, so objects shared between them (a model and its
-    optimizer) stay shared in the job. Raises ``UnpicklableVariable`` naming the
-    first variable that cannot travel.
+    They travel in the job's payload, pickled together, so objects shared between them (a
+    model and its optimizer) stay shared in the job, and their big buffers go out of band
+    (``store/buffers.py``). Raises ``UnpicklableVariable`` naming the first variable that
+    cannot travel (tried without writing or copying a buffer).
     """
     names = sorted(
         n
@@ -62,11 +64,12 @@ def capture(source: str, namespace: Mapping[str, Any]) -> tuple[list[str], bytes
     )
     variables = {name: namespace[name] for name in names}
     try:
-        return names, cloudpickle.dumps(variables)
+        check_picklable(variables)
+        return names, variables
     except Exception as whole:
         for name, value in variables.items():
             try:
-                cloudpickle.dumps(value)
+                check_picklable(value)
             except Exception as error:
                 raise UnpicklableVariable(name, value, error) from error
         raise UnpicklableVariable(", ".join(names), variables, whole) from whole
@@ -155,7 +158,9 @@ def execute(
 
 def run_cell(payload: dict[str, Any]) -> CellResult:
     """The runner of a cell job, called in the job process (``local/jobproc.py``)."""
-    variables = cloudpickle.loads(payload["variables"])
+    variables = payload["variables"]
+    if isinstance(variables, bytes):  # pickled apart, by a client before the data path
+        variables = cloudpickle.loads(variables)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     namespace["get_ipython"] = _no_ipython
     namespace.update(variables)
@@ -213,13 +218,13 @@ def _sendable(result: CellResult) -> CellResult:
     """Drop values that cannot be pickled back, saying why, instead of failing the whole job."""
     for name, value in list(result.outputs.items()):
         try:
-            cloudpickle.dumps(value)
+            check_picklable(value)
         except Exception as error:
             del result.outputs[name]
             result.unsent[name] = f"{type(error).__name__}: {error}"
     if result.has_value:
         try:
-            cloudpickle.dumps(result.value)
+            check_picklable(result.value)
         except Exception as error:
             result.unsent["value"] = f"{type(error).__name__}: {error}"
             result.value, result.has_value = None, False

@@ -20,6 +20,7 @@ from ..vocab.every import parse_every
 from ..vocab.schema import _ID, _ID_ALPHABET, TERMINAL, TRANSITIONS, WAITING, JobInfo, source_id
 from ..vocab.spec import JobSpec
 from ..vocab.units import format_duration
+from .buffers import FILE_PREFIX, buffer_files, buffer_folder
 from .job_reads import JobReads
 from .ledger import _keep_or_default
 
@@ -51,6 +52,31 @@ class Jobs(JobReads):
         """A file the job's run left (``result.pkl``, ``error.json``), checked before trusting it:
         a regular file of ours, not a link, that no other user can write."""
         return private.read_file(self.spool(job_id) / name)
+
+    def _buffer_files(self, files: dict[str, bytes], uid: int) -> dict[str, int]:
+        """The buffer files a job's payload names, each checked to be in its submitter's
+        buffer folder under a digest's name (the ledger deletes what it counts)."""
+        data = files.get("payload.pkl")
+        named = buffer_files(data) if data is not None else {}
+        # by name, wherever the submitter's DLSCHED_BUFFERS put the folder: a pool of one's
+        # own deletes what it counts with its owner's rights, as the owner could
+        folder = buffer_folder(self.home, uid).name
+        if named and uid != os.geteuid():
+            from ..vocab.errors import SpecError
+
+            # a shared pool's service deletes what it counts, as root: it counts no file
+            raise SpecError("payload.pkl", "data files", "a payload pickled in band")
+        for path in named:
+            parent, _, name = path.rpartition("/")
+            if (
+                Path(parent).name != folder
+                or len(name) != 64
+                or not set(name) <= set("0123456789abcdef")
+            ):
+                from ..vocab.errors import SpecError
+
+                raise SpecError("payload.pkl", path, f"a data file in a folder named {folder}")
+        return named
 
     def new_id(self) -> str:
         """Eight characters from a 32-letter alphabet without look-alikes (40 random bits)."""
@@ -101,6 +127,9 @@ class Jobs(JobReads):
         # addressed by content within one user's blobs: what a user stores is theirs alone
         # (their quota), and nobody else's job can keep it alive
         salt = f"{uid}:".encode()
+        # big buffers stay in their files (``buffers.py``): each is named and counted here
+        # as a blob is, by its path, and deleted by the same rule
+        outside: dict[str, int] = {}
         for _, _, files in jobs:
             refs = {}
             for name, data in files.items():
@@ -108,6 +137,11 @@ class Jobs(JobReads):
                 blobs[digest] = data
                 counts[digest] = counts.get(digest, 0) + 1
                 refs[name] = digest
+            for path, size in self._buffer_files(files, uid).items():
+                key = FILE_PREFIX + path
+                outside[key] = size
+                counts[key] = counts.get(key, 0) + 1
+                refs[key] = key
             names.append(json.dumps(refs))
         with self.transaction() as db:
             if clock:
@@ -139,7 +173,8 @@ class Jobs(JobReads):
                 "INSERT INTO blob_refs(hash, refs, size, uid) VALUES(?, ?, ?, ?) "
                 "ON CONFLICT(hash) DO UPDATE SET refs = refs + excluded.refs, "
                 "unused_since = NULL",
-                [(digest, counts[digest], len(data), uid) for digest, data in blobs.items()],
+                [(digest, counts[digest], len(data), uid) for digest, data in blobs.items()]
+                + [(key, counts[key], size, uid) for key, size in outside.items()],
             )
             db.executemany(
                 """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
@@ -239,8 +274,8 @@ class Jobs(JobReads):
             files = db.execute("SELECT files FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
             hashes = sorted(set(json.loads(files or "{}").values()))
             marks = ",".join("?" * len(hashes))
-            kept = db.execute(
-                f"SELECT COUNT(*) FROM blobs WHERE hash IN ({marks})", hashes
+            kept = db.execute(  # a blob's or a buffer file's count: kept while it is
+                f"SELECT COUNT(*) FROM blob_refs WHERE hash IN ({marks})", hashes
             ).fetchone()[0]
             if kept != len(hashes):
                 from ..vocab.errors import SpecError

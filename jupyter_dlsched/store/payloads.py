@@ -6,9 +6,11 @@ to their blobs, a payload kept ``DLSCHED_PAYLOAD_KEEP`` after its job ended (for
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 
+from .buffers import FILE_PREFIX, buffer_folder, remove_files
 from .ledger import _keep_or_default, payload_keep
 from .schedules import Schedules
 
@@ -49,6 +51,7 @@ class Payloads(Schedules):
             marks = ",".join("?" * len(chunk))
             db.execute(f"DELETE FROM blobs WHERE hash IN ({marks})", chunk)
             db.execute(f"DELETE FROM blob_refs WHERE hash IN ({marks})", chunk)
+        remove_files(h for h in hashes if h.startswith(FILE_PREFIX))
         return len(gone), sum(int(r[1]) for r in gone)
 
     def collect_leftovers(self) -> tuple[int, int]:
@@ -58,7 +61,7 @@ class Payloads(Schedules):
 
         One pass over the jobs: the pool agent does it when it starts.
         """
-        now = time.time()
+        now = started = time.time()
         keep = payload_keep()
         with self.transaction() as db:
             db.execute("DELETE FROM blob_refs")
@@ -79,13 +82,54 @@ class Payloads(Schedules):
                 "UPDATE blob_refs SET size = COALESCE("
                 "(SELECT length(data) FROM blobs b WHERE b.hash = blob_refs.hash), 0)"
             )
-            db.execute("DELETE FROM blob_refs WHERE hash NOT IN (SELECT hash FROM blobs)")
+            files = self._buffer_file_sizes(db)
+            db.execute(
+                "DELETE FROM blob_refs WHERE hash NOT IN (SELECT hash FROM blobs) "
+                "AND hash NOT LIKE 'file:%'"
+            )
             leftover = "FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs)"
             freed = db.execute(f"SELECT COUNT(*), COALESCE(SUM(length(data)), 0) {leftover}")
             count, size = freed.fetchone()
             db.execute(f"DELETE {leftover}")
             purged, purged_bytes = self._purge_payloads(db, now - keep)
-        return int(count) + purged, int(size) + purged_bytes
+        swept, swept_bytes = self._sweep_buffer_folder(files, started)
+        return int(count) + purged + swept, int(size) + purged_bytes + swept_bytes
+
+    @staticmethod
+    def _buffer_file_sizes(db: sqlite3.Connection) -> set[str]:
+        """The buffer files the jobs name, each counted at its size on disk (one gone since,
+        a reboot's ``/dev/shm``, is forgotten); their paths."""
+        kept = set()
+        for (key,) in db.execute("SELECT hash FROM blob_refs WHERE hash LIKE 'file:%'").fetchall():
+            try:
+                size = os.stat(key[len(FILE_PREFIX) :]).st_size
+            except OSError:
+                db.execute("DELETE FROM blob_refs WHERE hash=?", (key,))
+                continue
+            db.execute("UPDATE blob_refs SET size=? WHERE hash=?", (size, key))
+            kept.add(key[len(FILE_PREFIX) :])
+        return kept
+
+    def _sweep_buffer_folder(self, kept: set[str], started: float) -> tuple[int, int]:
+        """Delete the files of this user's buffer folder that no job names and that were
+        last written before this sweep began (a submission killed half way left them; one
+        writing now is newer)."""
+        folder = buffer_folder(self.home)
+        count = size = 0
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return 0, 0
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if entry.path in kept or st.st_mtime >= started or st.st_uid != os.getuid():
+                continue
+            remove_files([entry.path])
+            count, size = count + 1, size + st.st_size
+        return count, size
 
     def payload_bytes(self, uid: int) -> int:
         """Bytes of the payloads (each blob once) that user ``uid``'s jobs hold, unfinished
@@ -110,4 +154,5 @@ class Payloads(Schedules):
         for h, _ in gone:
             db.execute("DELETE FROM blobs WHERE hash=?", (h,))
             db.execute("DELETE FROM blob_refs WHERE hash=?", (h,))
+        remove_files(h for h, _ in gone if h.startswith(FILE_PREFIX))
         return sum(int(r[1]) for r in gone)

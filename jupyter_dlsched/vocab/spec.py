@@ -10,14 +10,14 @@ import os
 import re
 import time
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import cloudpickle
 
-from .errors import SpecError
+from .errors import DlschedError, SpecError
 from .every import parse_every
 from .placement import fits_ever
 from .resources import Capacity, Request
@@ -418,14 +418,21 @@ def parse_stage_in(value: object) -> dict[str, str]:
     return inputs
 
 
-def pickle_payload(payload: dict[str, Any]) -> bytes:
-    """Pickle what a job runs; name the object that cannot travel if pickling fails."""
+def pickle_payload(
+    payload: dict[str, Any],
+    dumps: Callable[[Any], bytes] = cloudpickle.dumps,
+    check: Callable[[Any], object] = cloudpickle.dumps,
+) -> bytes:
+    """Pickle what a job runs (with ``dumps``); name the object that cannot travel if
+    pickling fails (each part tried with ``check``, which must write nothing)."""
     try:
-        return cloudpickle.dumps(payload)
+        return dumps(payload)
+    except DlschedError:
+        raise
     except Exception as whole_error:
         for label, obj in _parts(payload):
             try:
-                cloudpickle.dumps(obj)
+                check(obj)
             except Exception as error:
                 raise SpecError(
                     label,

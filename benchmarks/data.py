@@ -1,0 +1,184 @@
+"""Notebook-sized data through the queue, against Ray's object store and a plain memcpy.
+
+Each row is measured in this run: a numpy argument submitted and its job's small result
+read back (``submit -> result()``), a PyTorch model as an argument, a big numpy result
+coming back, a sweep whose members share one array, the ledger's size after the runs;
+beside them a memcpy of the same bytes and Ray (``ray.put`` + a task reading it, the
+task's result back) on the same machine.
+
+    python benchmarks/data.py                          # 1 GiB argument, 400 MiB result
+    python benchmarks/data.py --sizes-mib 256 --repeat 3 --no-ray
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MIB = 2**20
+
+
+def total(a: Any) -> float:
+    return float(a[:: max(1, a.size // 1024)].sum())  # touches the array, copies nothing
+
+
+def model_weight(m: Any) -> float:
+    return float(sum(float(p[0].sum()) for p in m.parameters()))
+
+
+def make_result(n: int) -> Any:
+    return np.ones(n)
+
+
+def best(samples: list[float]) -> str:
+    return f"{min(samples):.3f} s (median {statistics.median(samples):.3f})"
+
+
+def timed(call: Any, repeat: int) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mib", type=int, default=1024, help="the argument's size")
+    parser.add_argument("--result-mib", type=int, default=None, help="default: 0.4 x size")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-ray", action="store_true", help="leave Ray's rows out")
+    args = parser.parse_args()
+    os.environ.setdefault("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+    # every job here imports numpy and torch: the launcher imports them once, ahead
+    # (``docs/torch.md``), so the rows time the data, not an interpreter's imports
+    os.environ.setdefault("DLSCHED_PRELOAD", "numpy,torch")
+    from jupyter_dlsched.client.scheduler import Scheduler
+    from jupyter_dlsched.store import buffers
+
+    size = args.sizes_mib * MIB
+    result_size = (args.result_mib or max(1, args.sizes_mib * 4 // 10)) * MIB
+    x = np.random.default_rng(0).random(size // 8)
+    rows: list[tuple[str, str, str]] = []
+    rows.append(("memcpy", f"{args.sizes_mib} MiB", best(timed(lambda: x.copy(), args.repeat))))
+    home = Path(tempfile.mkdtemp(prefix="dlsched-data-bench-")) / "home"
+    try:
+        with Scheduler(home) as s:
+            s.submit(int, 1, cpus=0.25).result(timeout=300)  # the agent and a spare are up
+            rows.append((
+                "numpy argument, submit -> result()",
+                f"{args.sizes_mib} MiB",
+                best(timed(lambda: s.submit(total, x, cpus=0.25).result(timeout=600), args.repeat)),
+            ))  # fmt: skip
+            rows.append((
+                "numpy result, submit -> result()",
+                f"{result_size // MIB} MiB",
+                best(timed(
+                    lambda: s.submit(make_result, result_size // 8, cpus=0.25).result(timeout=600),
+                    args.repeat,
+                )),
+            ))  # fmt: skip
+            try:
+                import torch
+            except ImportError:
+                torch = None
+            if torch is not None:
+                model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(12)])
+                mib = sum(p.numel() * p.element_size() for p in model.parameters()) // MIB
+                rows.append((
+                    "PyTorch model argument, submit -> result()",
+                    f"{mib} MiB",
+                    best(timed(
+                        lambda: s.submit(model_weight, model, cpus=0.25).result(timeout=600),
+                        args.repeat,
+                    )),
+                ))  # fmt: skip
+            folder = buffers.buffer_folder(s.home)
+            before = {p.name for p in folder.iterdir()} if folder.exists() else set()
+            sweep = s.map(
+                lambda item: total(item[0]) * item[1], [(x, k) for k in range(8)], cpus=0.25
+            )
+            for h in sweep:
+                h.result(timeout=600)
+            written = sum(p.stat().st_size for p in folder.iterdir() if p.name not in before)
+            rows.append(
+                (
+                    "8-member sweep sharing one array: bytes written",
+                    f"{args.sizes_mib} MiB",
+                    f"{written / MIB:.0f} MiB",
+                )
+            )
+            ledger = sum(p.stat().st_size for p in s.home.glob("ledger.sqlite*"))
+            jobs = len(s.jobs())
+            rows.append((f"ledger after {jobs} jobs", "", f"{ledger / MIB:.1f} MiB"))
+        if not args.no_ray:
+            rows += ray_rows(x, result_size, args)
+    finally:
+        stop_agent(home)
+        shutil.rmtree(home.parent, ignore_errors=True)
+    print_table(rows, args)
+
+
+def stop_agent(home: Path) -> None:
+    from jupyter_dlsched.agent.client import AgentClient, user_address
+    from jupyter_dlsched.agent.protocol import AgentUnavailable
+
+    try:
+        AgentClient(user_address(home)).call("stop")
+    except AgentUnavailable:
+        pass
+
+
+def ray_rows(x: Any, result_size: int, args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    temp = tempfile.mkdtemp(prefix="ray-")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, logging_level="ERROR")
+    try:
+        remote_total = ray.remote(total)
+        remote_result = ray.remote(make_result)
+        ray.get(remote_total.remote(np.zeros(8)))
+        rows = [
+            (
+                "Ray: numpy argument, put + task -> get",
+                f"{x.nbytes // MIB} MiB",
+                best(timed(lambda: ray.get(remote_total.remote(ray.put(x))), args.repeat)),
+            ),
+            (
+                "Ray: numpy result, task -> get",
+                f"{result_size // MIB} MiB",
+                best(timed(lambda: ray.get(remote_result.remote(result_size // 8)), args.repeat)),
+            ),
+        ]
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+    return rows
+
+
+def print_table(rows: list[tuple[str, str, str]], args: argparse.Namespace) -> None:
+    print(f"# {platform.node()} · {os.cpu_count()} cores · Python {sys.version.split()[0]}")
+    print(
+        f"# best of {args.repeat} (median in brackets); DLSCHED_PRELOAD="
+        f"{os.environ.get('DLSCHED_PRELOAD')}\n"
+    )
+    print("| what | size | time |\n|---|---|---|")
+    for what, size, figure in rows:
+        print(f"| {what} | {size} | {figure} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,329 @@
+"""Big buffers travel beside a pickle, never inside it.
+
+A notebook's arguments and results are GiB arrays, tensors and models. Pickled whole they
+cross the agent's socket, sit in the ledger as a blob and are copied four to six times.
+Instead, ``dumps`` pickles with protocol 5 and takes every buffer of 1 MiB or more out of
+band: numpy arrays (and so pandas blocks), the storages of CPU torch tensors and models'
+parameters, ``bytearray`` and ``memoryview`` (``bytes`` stay in band: pickle never asks
+about them). Each is written once into a file named by its
+content's SHA-256 in a folder of the owner's (``buffer_folder``: in ``/dev/shm`` unless
+``DLSCHED_BUFFERS`` names another, 0700); the pickle keeps only their names and sizes, in
+a header before it. ``loads`` maps each file copy-on-write: an array arrives without a
+copy, and a job that writes into its argument changes its own pages only.
+
+The ledger counts, per file, the unfinished jobs (and the ``requeue`` window) that need
+it, as it does for its blobs (``store/payloads.py``), and deletes it after; an agent that
+starts removes files nobody names (a submission killed half way).
+
+>>> data = dumps({"x": numpy.zeros(2**20)}, folder)  # doctest: +SKIP
+>>> loads(data)["x"].base  # doctest: +SKIP
+<mmap.mmap ...>
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import mmap
+import os
+import pickle
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from ..vocab.errors import DlschedError, UnsafeStateFolder
+from ..vocab.private import check_file, secure_folder
+from ..vocab.units import format_size
+
+#: where buffer folders go when ``/dev/shm`` is small or missing
+BUFFERS_ENV = "DLSCHED_BUFFERS"
+#: a buffer this size or larger travels out of band
+MIN_OUT_OF_BAND = 1 << 20
+MAGIC = b"DLSB\x01"
+#: the ledger names a buffer file so (``blob_refs.hash``, a job's ``files``)
+FILE_PREFIX = "file:"
+_CHUNK = 64 << 20
+
+
+class DataTooLarge(DlschedError):
+    """A submission's buffers do not fit where buffers go."""
+
+
+def buffer_root() -> Path:
+    """The folder buffer folders are made in: ``DLSCHED_BUFFERS``, else ``/dev/shm``."""
+    named = os.environ.get(BUFFERS_ENV, "").strip()
+    if named:
+        return Path(named).expanduser()
+    return Path("/dev/shm")
+
+
+def buffer_folder(home: Path, uid: int | None = None) -> Path:
+    """This user's buffer folder for the pool whose state folder is ``home``."""
+    uid = os.getuid() if uid is None else uid
+    pool = hashlib.sha256(os.path.realpath(home).encode()).hexdigest()[:12]
+    root = buffer_root()
+    if not root.is_dir() and not os.environ.get(BUFFERS_ENV):
+        root = Path(home) / "buffers"
+    return root / f"dlsched-{uid}-{pool}"
+
+
+def folder_space(folder: Path) -> tuple[int, int]:
+    """(free bytes, total bytes) of the file system ``folder`` is on (or would be on)."""
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    usage = shutil.disk_usage(probe)
+    return usage.free, usage.total
+
+
+# -- pickling ----------------------------------------------------------------------------
+
+
+def _rebuild_storage(buffer: Any) -> Any:
+    import torch
+
+    return torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+
+
+def _rebuild_tensor(
+    storage: Any,
+    dtype: Any,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    offset: int,
+    requires_grad: bool,
+    parameter: bool,
+) -> Any:
+    import torch
+
+    tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+    if parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    return tensor.requires_grad_(requires_grad)
+
+
+class _Storage:
+    """One torch storage, pickled once however many tensors view it (tied weights stay
+    tied): the pickler's memo sees this same object each time."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _rebuild_storage, (pickle.PickleBuffer(self.array),)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, with the storages of torch CPU tensors taken out of band too."""
+
+    def __init__(self, file: io.BytesIO, buffer_callback: Callable[[Any], Any]) -> None:
+        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
+        self._storages: dict[int, _Storage] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind.__module__.startswith("torch") and kind.__name__ in ("Tensor", "Parameter"):
+            reduced = self._tensor(obj)
+            if reduced is not NotImplemented:
+                return reduced
+        return super().reducer_override(obj)
+
+    def _tensor(self, t: Any) -> Any:
+        import torch
+
+        if t.device.type != "cpu":
+            raise TypeError(
+                f"a {t.device.type.upper()} tensor cannot travel to a job: pass it as "
+                "`.cpu()` (the job moves it to its own GPU with `dlt.device()`)"
+            )
+        if t.layout != torch.strided or t.is_quantized or t.grad_fn is not None:
+            return NotImplemented
+        if t.is_conj() or t.is_neg() or t.untyped_storage().nbytes() < MIN_OUT_OF_BAND:
+            return NotImplemented
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self._storages:
+            whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+            self._storages[key] = _Storage(whole.numpy())
+        return _rebuild_tensor, (
+            self._storages[key],
+            t.dtype,
+            tuple(t.size()),
+            tuple(t.stride()),
+            t.storage_offset(),
+            t.requires_grad,
+            isinstance(t, torch.nn.Parameter),
+        )
+
+
+def _pickle(obj: Any) -> tuple[bytes, list[memoryview]]:
+    """``obj`` pickled, and the buffers taken out of band (in order)."""
+    taken: list[memoryview] = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        try:
+            raw = buffer.raw()
+        except BufferError:  # not contiguous: in band
+            return True
+        if raw.nbytes < MIN_OUT_OF_BAND:
+            return True
+        taken.append(raw)
+        return False
+
+    out = io.BytesIO()
+    _Pickler(out, out_of_band).dump(obj)
+    return out.getvalue(), taken
+
+
+def check_picklable(obj: Any) -> None:
+    """Raise what pickling ``obj`` would raise, without writing or copying its buffers."""
+    _Pickler(io.BytesIO(), lambda buffer: False).dump(obj)
+
+
+def dumps(
+    obj: Any,
+    folder: Path | None,
+    *,
+    written: dict[int, tuple[Any, str]] | None = None,
+    nested: bytes | None = None,
+) -> bytes:
+    """``obj`` pickled, its big buffers written into ``folder`` (none: all in band).
+
+    ``written`` remembers, across calls of one submission (a ``map``), the buffers already
+    written (by the object that holds them), so one array shared by every member is
+    written and hashed once. Nothing is written unless all of it fits. ``nested``: a
+    pickle made by ``dumps`` that ``obj`` carries (a ``map``'s function, pickled once):
+    its buffers are named in this header too, so the ledger keeps them as long.
+    """
+    if folder is None:
+        return cloudpickle.dumps(obj, protocol=5)
+    body, buffers = _pickle(obj)
+    inner = manifest(nested) if nested is not None else None
+    if not buffers and inner is None:
+        return body
+    secure_folder(folder)  # ours, 0700, no link on the way: nobody plants a file there
+    memo = {} if written is None else written
+    new = [b for b in buffers if id(b.obj) not in memo]
+    need = sum(b.nbytes for b in new)
+    free, _ = folder_space(folder)
+    if need > free:
+        raise DataTooLarge(
+            f"the job's data ({format_size(need)}) does not fit in {folder} "
+            f"({format_size(free)} free); set {BUFFERS_ENV} to a folder with room"
+        )
+    names = []
+    for raw in buffers:
+        key = id(raw.obj)
+        if key not in memo:
+            # the holder is kept with its digest: its id names no other object meanwhile
+            memo[key] = (raw.obj, write_buffer(folder, raw))
+        names.append([memo[key][1], raw.nbytes])
+    described: dict[str, Any] = {"folder": str(folder), "buffers": names}
+    if inner is not None:
+        described["nested"] = [[str(inner[0]), inner[1]]]
+    header = json.dumps(described).encode()
+    return MAGIC + len(header).to_bytes(4, "big") + header + body
+
+
+def write_buffer(folder: Path, raw: memoryview) -> str:
+    """Write ``raw`` into ``folder`` under its SHA-256 (hashed while it is written);
+    the digest. An existing file of that name is the same bytes: it is replaced whole."""
+    digest = hashlib.sha256()
+    view = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
+    chunks = [view[i : i + _CHUNK] for i in range(0, view.nbytes, _CHUNK)]
+
+    def hash_all() -> None:
+        for chunk in chunks:
+            digest.update(chunk)  # releases the GIL: hashed while the file is written
+
+    hasher = threading.Thread(target=hash_all, daemon=True)
+    hasher.start()
+    tmp = folder / f".{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.part"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb", buffering=0) as f:
+            for chunk in chunks:
+                f.write(chunk)
+        hasher.join()
+        name = digest.hexdigest()
+        os.replace(tmp, folder / name)
+    except BaseException:
+        hasher.join()
+        tmp.unlink(missing_ok=True)
+        raise
+    return name
+
+
+# -- reading ----------------------------------------------------------------------------
+
+
+def manifest(data: bytes) -> tuple[Path, list[tuple[str, int]]] | None:
+    """The folder and ``(digest, size)`` of each buffer a pickle names, or None (in band)."""
+    if not data.startswith(MAGIC):
+        return None
+    size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "big")
+    header = json.loads(data[len(MAGIC) + 4 : len(MAGIC) + 4 + size])
+    return Path(header["folder"]), [(str(d), int(n)) for d, n in header["buffers"]]
+
+
+def buffer_files(data: bytes) -> dict[str, int]:
+    """Each buffer file a pickle names (its path) and its size."""
+    found = manifest(data)
+    if found is None:
+        return {}
+    folder, buffers = found
+    files = {str(folder / digest): size for digest, size in buffers}
+    size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "big")
+    header = json.loads(data[len(MAGIC) + 4 : len(MAGIC) + 4 + size])
+    for inner_folder, inner in header.get("nested", ()):
+        files.update({str(Path(inner_folder) / d): int(n) for d, n in inner})
+    return files
+
+
+def loads(data: bytes) -> Any:
+    """What ``dumps`` pickled, each out-of-band buffer mapped from its file (no copy)."""
+    found = manifest(data)
+    if found is None:
+        return cloudpickle.loads(data)
+    folder, names = found
+    size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "big")
+    body = memoryview(data)[len(MAGIC) + 4 + size :]
+    maps = [map_buffer(folder / digest, n) for digest, n in names]
+    return pickle.loads(body, buffers=maps)
+
+
+def map_buffer(path: Path, size: int) -> mmap.mmap:
+    """``path`` mapped copy-on-write, checked first: a regular file of ours that nobody
+    else can write, of the size the pickle says (a file planted or cut is refused)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise DlschedError(
+            f"the job's data file {path} is gone (removed, or the machine restarted); "
+            "submit the job again"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        check_file(path, st)
+        if st.st_size != size or stat.S_IMODE(st.st_mode) & 0o077:
+            raise UnsafeStateFolder(path, f"it is not the {size}-byte file of ours written")
+        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+
+
+def remove_files(paths: Iterable[str]) -> None:
+    """Delete buffer files the ledger no longer needs (``file:`` names or paths)."""
+    for name in paths:
+        path = name[len(FILE_PREFIX) :] if name.startswith(FILE_PREFIX) else name
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,192 @@
+"""Notebook-sized data: big buffers travel in files beside the pickle, mapped by the job,
+never through the agent's socket or the ledger (``store/buffers.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import small_disk, stop_agent, wait_for
+
+from jupyter_dlsched.client.scheduler import Scheduler
+from jupyter_dlsched.store import buffers
+from jupyter_dlsched.vocab.errors import DlschedError, SpecError
+
+MIB = 2**20
+
+
+@pytest.fixture
+def pool(home, tmp_path, monkeypatch):
+    """A pool of one's own, its buffer folder in a folder of the test's (not /dev/shm)."""
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+    with Scheduler(home) as s:
+        yield s
+
+
+def mapped_files() -> list[str]:
+    """The data files this process maps (run inside a job)."""
+    with open("/proc/self/maps") as maps:
+        return sorted({line.split()[-1] for line in maps if "/dlsched-" in line})
+
+
+def data_files(s: Scheduler) -> list[Path]:
+    folder = buffers.buffer_folder(s.home)
+    return (
+        sorted(p for p in folder.iterdir() if not p.name.startswith(".")) if folder.exists() else []
+    )
+
+
+def ledger_bytes(home: Path) -> int:
+    return sum(p.stat().st_size for p in home.glob("ledger.sqlite*"))
+
+
+def test_a_big_array_reaches_its_job_mapped_from_one_file_and_the_ledger_stays_small(pool):
+    x = np.arange(16 * MIB // 8, dtype=np.float64)
+
+    def inspect(a):
+        return float(a.sum()), mapped_files(), a.flags.writeable
+
+    total, maps, writeable = pool.submit(inspect, x, cpus=0.25).result(timeout=120)
+    assert total == float(x.sum())
+    [file] = data_files(pool)
+    assert str(file) in maps, maps  # mapped, not read into the job's own memory
+    assert file.stat().st_size == x.nbytes and file.stat().st_mode & 0o777 == 0o600
+    assert writeable  # copy-on-write: the job may write into its argument
+    assert ledger_bytes(pool.home) < 2 * MIB, "the array went into the ledger"
+
+
+def test_a_job_that_writes_into_its_argument_changes_nobody_elses_copy(pool):
+    x = np.ones(4 * MIB // 8)
+
+    def scribble(a):
+        a[:] = 7
+        return float(a.sum())
+
+    assert pool.submit(scribble, x, cpus=0.25).result(timeout=120) == 7 * x.size
+    # the next job maps the same file (the same bytes, one file): it sees the original
+    assert pool.submit(lambda a: float(a.sum()), x, cpus=0.25).result(timeout=120) == x.size
+    assert len(data_files(pool)) == 1
+    assert float(x.sum()) == x.size
+
+
+def test_a_big_result_comes_back_mapped_and_its_pickle_is_small(pool):
+    def make(n):
+        return np.full(n, 3.0)
+
+    h = pool.submit(make, 8 * MIB // 8, cpus=0.25)
+    result = h.result(timeout=120)
+    assert result.shape == (8 * MIB // 8,) and float(result[-1]) == 3.0
+    spool = pool.store.spool(h.id)
+    assert (spool / "result.pkl").stat().st_size < 64 * 1024
+    assert any(p.stat().st_size == 8 * MIB for p in spool.iterdir() if len(p.name) == 64)
+
+
+def test_a_torch_model_arrives_with_its_weights_tied_and_mapped(pool):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024))
+    model[1].weight = model[0].weight  # tied: one storage
+
+    def check(m):
+        tied = m[0].weight is m[1].weight
+        return tied, float(m[0].weight.sum()), type(m[0].weight).__name__, mapped_files()
+
+    tied, total, kind, maps = pool.submit(check, model, cpus=0.25).result(timeout=120)
+    assert tied and kind == "Parameter"
+    assert total == pytest.approx(float(model[0].weight.sum()), rel=1e-6)
+    assert [str(f) for f in data_files(pool)] == [
+        m for m in maps if m.startswith(str(buffers.buffer_folder(pool.home)))
+    ]
+
+
+def test_a_tensor_on_a_device_is_refused_at_submit_naming_it_and_saying_cpu(pool):
+    torch = pytest.importorskip("torch")
+    on_device = torch.zeros(2 * MIB, device="meta")  # a device other than the CPU
+    with pytest.raises(SpecError, match=r"args\[0\].*\.cpu\(\)"):
+        pool.submit(len, on_device, cpus=0.25)
+    assert data_files(pool) == []
+
+
+def test_a_sweep_sharing_one_array_writes_it_once(pool):
+    x = np.random.default_rng(0).random(4 * MIB // 8)
+    handles = pool.map(
+        lambda item: float(item[0].sum()) * item[1], [(x, k) for k in range(4)], cpus=0.25
+    )
+    assert [h.result(timeout=120) for h in handles] == [float(x.sum()) * k for k in range(4)]
+    assert len(data_files(pool)) == 1
+
+
+def test_a_files_lifetime_ends_with_its_jobs_and_a_new_agent_removes_leftovers(
+    home, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+    monkeypatch.setenv("DLSCHED_PAYLOAD_KEEP", "0s")
+    with Scheduler(home) as s:
+        x = np.ones(2 * MIB)
+        h = s.submit(lambda a: a.size, x, cpus=0.25)
+        assert h.result(timeout=120) == x.size
+        # the next job's end deletes what no unfinished job names any more
+        s.submit(int, 1, cpus=0.25).result(timeout=120)
+        wait_for(lambda: data_files(s) == [], timeout=30, what=lambda: data_files(s))
+        # a submission killed after writing its data, before the agent recorded it
+        folder = buffers.buffer_folder(home)
+        left = buffers.write_buffer(folder, memoryview(np.zeros(MIB)).cast("B"))
+        os.utime(folder / left, (1, 1))
+        assert data_files(s) == [folder / left]
+    stop_agent(home)
+    with Scheduler(home) as s:
+        s.submit(int, 1, cpus=0.25).result(timeout=120)
+        assert data_files(s) == []
+
+
+def test_data_larger_than_the_free_space_is_refused_before_anything_is_written(
+    home, tmp_path, monkeypatch
+):
+    with small_disk(tmp_path / "small", "4m") as small:
+        monkeypatch.setenv(buffers.BUFFERS_ENV, str(small))
+        with Scheduler(home) as s:
+            with pytest.raises(DlschedError, match=r"does not fit in .*free.*DLSCHED_BUFFERS"):
+                s.submit(len, np.zeros(8 * MIB // 8), cpus=0.25)
+            folder = buffers.buffer_folder(home)
+            assert not folder.exists() or list(folder.iterdir()) == []
+            assert s.jobs() == []
+
+
+def test_a_ledger_names_only_data_files_of_its_submitters_folder(home, tmp_path, monkeypatch):
+    """A payload whose header names a file elsewhere (which the ledger would delete when
+    its job ends) is refused at submit."""
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    data = buffers.dumps({"fn": len, "args": (np.zeros(MIB),), "kwargs": {}}, elsewhere)
+    with Scheduler(home) as s:
+        with pytest.raises(SpecError, match="payload.pkl"):
+            s._insert("function", {"payload.pkl": data}, default_name="x", cpus=0.25)
+
+
+def test_a_schedule_cell_reads_a_big_tensor_of_the_notebook(ip, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+    ip.run_cell("import torch; big = torch.ones(4 * 2**20)")
+    ip.run_cell_magic(
+        "schedule", "--cpus 0.25 --wait --out s,back", "s = float(big.sum())\nback = big * 2"
+    )
+    assert ip.user_ns["s"] == 4 * 2**20
+    back = ip.user_ns["back"]
+    assert back.shape == (4 * 2**20,) and float(back[0]) == 2.0
+    spool = ip.user_ns["_job"].info()
+    assert spool.state == "succeeded"
+
+
+def test_the_benchmark_script_runs_at_a_tiny_size(tmp_path, home):
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).parents[2] / "benchmarks" / "data.py"),
+         "--sizes-mib", "4", "--repeat", "1", "--no-ray"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, buffers.BUFFERS_ENV: str(tmp_path / "buffers")},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "numpy argument" in out.stdout and "memcpy" in out.stdout
