@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..client.data import data_words
 from ..nbjobs.record import read_record
 from ..vocab.history import history_table, period_words, totals_by_owner
 from ..vocab.schema import ACTIVE, JobInfo
@@ -31,6 +32,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{counts['queued'] + counts['preempted']} queued · policy {status['policy']}"
     )
     print(_pool_words(status))
+    if "data" in status:
+        print(data_words(status["data"]))
     print(pool)
     return EXIT_OK
 

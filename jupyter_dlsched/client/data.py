@@ -15,6 +15,7 @@ from typing import Any
 from ..store import buffers
 from ..store.buffers import check_picklable as check_picklable
 from ..vocab.spec import pickle_payload
+from ..vocab.units import format_size
 
 
 def data_folder(home: Path, *, shared: bool, backend: str) -> Path | None:
@@ -40,4 +41,27 @@ def pickle_job(
         payload,
         dumps=partial(buffers.dumps, folder=folder, written=written, nested=nested),
         check=buffers.check_picklable,
+    )
+
+
+def data_status(home: Path, *, shared: bool, backend: str) -> dict[str, Any]:
+    """Where this client's big buffers go and how full that place is (``dlsched status``)."""
+    folder = data_folder(home, shared=shared, backend=backend)
+    if folder is None:
+        return {"folder": None, "why": "a shared pool" if shared else f"the {backend} backend"}
+    used = 0
+    if folder.is_dir():
+        used = sum(e.stat().st_size for e in folder.iterdir() if e.is_file())
+    free, total = buffers.folder_space(folder)
+    return {"folder": str(folder), "used": used, "free": free, "total": total}
+
+
+def data_words(data: dict[str, Any]) -> str:
+    """One line of ``dlsched status``: where big arguments and results travel."""
+    if data.get("folder") is None:
+        return f"data: pickled in band ({data.get('why')})"
+    return (
+        f"data: buffers of 1 MiB or more travel in files in {data['folder']} "
+        f"({format_size(data['used'])} used; {format_size(data['free'])} free of "
+        f"{format_size(data['total'])}; {buffers.BUFFERS_ENV} moves it)"
     )

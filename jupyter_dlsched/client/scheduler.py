@@ -33,7 +33,7 @@ from ..vocab.options import RESOURCE_ARGS
 from ..vocab.schedule_info import ScheduleInfo
 from ..vocab.sweep import member_suffixes
 from .context import origin, submit_context
-from .data import data_folder, pickle_job
+from .data import data_folder, data_status, pickle_job
 from .following import Follower
 from .handle import JobHandle, Watching
 from .inline import InlineRunner
@@ -488,6 +488,7 @@ class Scheduler(Watching):
     def status(self) -> dict[str, Any]:
         """Counts by state and the pool's shape, for the CLI, REST and status bar."""
         status = self.link.status()
+        status["data"] = data_status(self.home, shared=self.shared, backend=self.backend.name)
         if isinstance(self.link, AgentLink) and self.backend.name != "local":
             # the agent's own pool is the local one
             status.update(pool_shape(self.store, self.inventory, self.backend.name))

@@ -190,3 +190,47 @@ def test_the_benchmark_script_runs_at_a_tiny_size(tmp_path, home):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "numpy argument" in out.stdout and "memcpy" in out.stdout
+
+
+def test_kill_9_of_a_submitting_kernel_and_of_the_agent_leaves_no_file_once_an_agent_started(
+    home, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+    with Scheduler(home) as s:
+        agent_pid = s.status()["pool"]["agent_pid"]
+    folder = buffers.buffer_folder(home)
+    script = (
+        "import numpy as np\n"
+        "from jupyter_dlsched.client.scheduler import Scheduler\n"
+        f"s = Scheduler({str(home)!r})\n"
+        "x = np.random.default_rng(1).random(2**26)\n"  # 512 MiB: seconds to write
+        "print('submitting', flush=True)\n"
+        "s.submit(len, x, cpus=0.25)\n"
+    )
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert kernel.stdout is not None and kernel.stdout.readline().strip() == "submitting"
+        wait_for(lambda: folder.is_dir() and any(folder.iterdir()), timeout=60)
+    finally:
+        kernel.kill()
+        kernel.wait()
+    os.kill(agent_pid, 9)
+    assert any(folder.iterdir()), "the killed submission left a file (or part of one)"
+    with Scheduler(home) as s:  # a new agent starts
+        assert s.status()["pool"]["agent_pid"] != agent_pid
+        wait_for(lambda: not any(folder.iterdir()), timeout=30, what=lambda: list(folder.iterdir()))
+
+
+def test_status_says_where_data_travels_and_how_full_that_place_is(home, tmp_path):
+    env = {**os.environ, buffers.BUFFERS_ENV: str(tmp_path / "buffers")}
+    dlsched = str(Path(sys.executable).with_name("dlsched"))
+    try:
+        out = subprocess.run(
+            [dlsched, "status"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        [line] = [x for x in out.stdout.splitlines() if x.startswith("data: ")]
+        assert str(buffers.buffer_folder(home)) in line or str(tmp_path / "buffers") in line
+        assert "free of" in line and "DLSCHED_BUFFERS" in line
+    finally:
+        stop_agent(home)
