@@ -159,7 +159,7 @@ class OtherUser:
 
 
 #: What the test users' jobs and clients import besides the package itself.
-USER_PACKAGES = ("cloudpickle", "psutil", "nvidia-ml-py")
+USER_PACKAGES = ("cloudpickle", "psutil", "nvidia-ml-py", "numpy")
 
 
 class UsersPython:

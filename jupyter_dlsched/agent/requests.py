@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from .._version import __version__
 from ..backends.base import refuse_stage_in
+from ..store.buffers import buffer_files
 from ..vocab.errors import JobNotFound, PermissionDenied, SpecError
 from ..vocab.schema import JobInfo, info_to_json
 from ..vocab.spec import check_text
@@ -176,7 +177,13 @@ class Requests(Reads):
         from ..vocab.units import format_size
 
         distinct = {id(data): len(data) for _, _, files in batch for data in files.values()}
-        adding = sum(distinct.values())
+        # and the big buffers the payloads name (each file once): they count as much
+        named = {
+            path: size
+            for _, _, files in batch
+            for path, size in buffer_files(files.get("payload.pkl", b"")).items()
+        }
+        adding = sum(distinct.values()) + sum(named.values())
         held = self._store.payload_bytes(peer.uid)
         if held + adding > cap and self._store.release_kept_payloads(peer.uid):
             held = self._store.payload_bytes(peer.uid)  # ended jobs' kept payloads went first

@@ -1,9 +1,8 @@
 """How a submission's data travels: big buffers into files beside the pickle.
 
-In a pool of one's own whose jobs run on this machine, arguments are pickled with their
-big buffers out of band (``store/buffers.py``): written once into this user's buffer
-folder, mapped by the job. A shared pool's clients, and Ray and SLURM jobs, pickle in
-band as before.
+In a pool whose jobs run on this machine (one's own, or a shared pool's), arguments are
+pickled with their big buffers out of band (``store/buffers.py``): written once into this
+user's buffer folder, mapped by the job. Ray and SLURM jobs pickle in band.
 """
 
 from __future__ import annotations
@@ -19,8 +18,9 @@ from ..vocab.units import format_size
 
 
 def data_folder(home: Path, *, shared: bool, backend: str) -> Path | None:
-    """Where this client writes its jobs' big buffers, or None for all in band."""
-    if shared or backend != "local":
+    """Where this client writes its jobs' big buffers, or None for all in band (Ray and
+    SLURM jobs: their nodes need not see this machine's files)."""
+    if backend != "local":
         return None
     return buffers.buffer_folder(home)
 
@@ -48,7 +48,7 @@ def data_status(home: Path, *, shared: bool, backend: str) -> dict[str, Any]:
     """Where this client's big buffers go and how full that place is (``dlsched status``)."""
     folder = data_folder(home, shared=shared, backend=backend)
     if folder is None:
-        return {"folder": None, "why": "a shared pool" if shared else f"the {backend} backend"}
+        return {"folder": None, "why": f"the {backend} backend"}
     used = 0
     if folder.is_dir():
         used = sum(e.stat().st_size for e in folder.iterdir() if e.is_file())

@@ -4,8 +4,8 @@ A notebook's arguments and results are GiB arrays, tensors and models. Pickled w
 cross the agent's socket, sit in the ledger as a blob and are copied four to six times.
 Instead, ``dumps`` pickles with protocol 5 and takes every buffer of 1 MiB or more out of
 band: numpy arrays (and so pandas blocks), the storages of CPU torch tensors and models'
-parameters, ``bytearray`` and ``memoryview`` (``bytes`` stay in band: pickle never asks
-about them). Each is written once into a file named by its
+parameters, and ``pickle.PickleBuffer``s (``bytes`` and ``bytearray`` stay in band: pickle
+never asks about them). Each is written once into a file named by its
 content's SHA-256 in a folder of the owner's (``buffer_folder``: in ``/dev/shm`` unless
 ``DLSCHED_BUFFERS`` names another, 0700); the pickle keeps only their names and sizes, in
 a header before it. ``loads`` maps each file copy-on-write: an array arrives without a
@@ -38,7 +38,7 @@ from typing import Any
 
 import cloudpickle
 
-from ..vocab.errors import DlschedError, UnsafeStateFolder
+from ..vocab.errors import DlschedError, SpecError, UnsafeStateFolder
 from ..vocab.private import check_file, secure_folder
 from ..vocab.units import format_size
 
@@ -268,9 +268,22 @@ def manifest(data: bytes) -> tuple[Path, list[tuple[str, int]]] | None:
     """The folder and ``(digest, size)`` of each buffer a pickle names, or None (in band)."""
     if not data.startswith(MAGIC):
         return None
-    size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "big")
-    header = json.loads(data[len(MAGIC) + 4 : len(MAGIC) + 4 + size])
+    header = _header(data)
     return Path(header["folder"]), [(str(d), int(n)) for d, n in header["buffers"]]
+
+
+def _header(data: bytes) -> dict[str, Any]:
+    """The header before a pickle ``dumps`` made; a ``SpecError`` for one it did not make."""
+    try:
+        size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "big")
+        header = json.loads(data[len(MAGIC) + 4 : len(MAGIC) + 4 + size])
+        str(header["folder"])
+        [(str(d), int(n)) for d, n in header["buffers"]]
+        for folder, inner in header.get("nested", ()):
+            [(str(folder), str(d), int(n)) for d, n in inner]
+    except (ValueError, TypeError, KeyError) as error:
+        raise SpecError("payload.pkl", "…", f"a payload this package pickled ({error})") from None
+    return dict(header)
 
 
 def buffer_files(data: bytes) -> dict[str, int]:
@@ -280,9 +293,7 @@ def buffer_files(data: bytes) -> dict[str, int]:
         return {}
     folder, buffers = found
     files = {str(folder / digest): size for digest, size in buffers}
-    size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "big")
-    header = json.loads(data[len(MAGIC) + 4 : len(MAGIC) + 4 + size])
-    for inner_folder, inner in header.get("nested", ()):
+    for inner_folder, inner in _header(data).get("nested", ()):
         files.update({str(Path(inner_folder) / d): int(n) for d, n in inner})
     return files
 
@@ -319,11 +330,75 @@ def map_buffer(path: Path, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+def folder_owner(folder: Path) -> int | None:
+    """The uid a buffer folder's name says it belongs to (``dlsched-<uid>-<pool>``)."""
+    parts = folder.name.split("-")
+    if len(parts) == 3 and parts[0] == "dlsched" and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
 def remove_files(paths: Iterable[str]) -> None:
-    """Delete buffer files the ledger no longer needs (``file:`` names or paths)."""
+    """Delete buffer files the ledger no longer needs (``file:`` names or paths).
+
+    A shared pool's service deletes as root in its users' folders: each file is unlinked
+    through its folder opened without following a link, and only when that folder belongs
+    to the user its name says, so no link planted on the way sends the deletion elsewhere.
+    """
     for name in paths:
-        path = name[len(FILE_PREFIX) :] if name.startswith(FILE_PREFIX) else name
+        path = Path(name[len(FILE_PREFIX) :] if name.startswith(FILE_PREFIX) else name)
         try:
-            os.unlink(path)
-        except FileNotFoundError:
+            fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            owner = os.fstat(fd).st_uid
+            if owner in (os.geteuid(), folder_owner(path.parent)):
+                os.unlink(path.name, dir_fd=fd)
+        except OSError:
             pass
+        finally:
+            os.close(fd)
+
+
+def file_size(path: str, uid: int) -> int:
+    """The size of a buffer file a submission names, checked to be a regular file of
+    ``uid``'s (the ledger counts it against that user's quota)."""
+    st = os.lstat(path)
+    check_file(Path(path), st, owner=uid)
+    return st.st_size
+
+
+def sweep(home: Path, kept: set[str], before: float) -> tuple[int, int]:
+    """Delete the files of this pool's buffer folders (every user's under the default
+    root, and this process's own) that no job names and that were last written before
+    ``before`` (a submission killed half way left them; one writing now is newer);
+    ``(files, bytes)`` deleted."""
+    own = buffer_folder(home)
+    pool = own.name.rsplit("-", 1)[1]
+    folders = {own}
+    try:
+        folders.update(p for p in buffer_root().glob(f"dlsched-*-{pool}"))
+    except OSError:
+        pass
+    count = size = 0
+    for folder in folders:
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            owner = os.fstat(fd).st_uid
+            if owner not in (os.geteuid(), folder_owner(folder)):
+                continue
+            for name in os.listdir(fd):
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if str(folder / name) in kept or st.st_mtime >= before:
+                    continue
+                os.unlink(name, dir_fd=fd)
+                count, size = count + 1, size + st.st_size
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return count, size

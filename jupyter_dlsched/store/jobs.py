@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from ..vocab import private
-from ..vocab.errors import IllegalTransition, JobNotFound
+from ..vocab.errors import IllegalTransition, JobNotFound, UnsafeStateFolder
 from ..vocab.every import parse_every
 from ..vocab.schema import _ID, _ID_ALPHABET, TERMINAL, TRANSITIONS, WAITING, JobInfo, source_id
 from ..vocab.spec import JobSpec
 from ..vocab.units import format_duration
-from .buffers import FILE_PREFIX, buffer_files, buffer_folder
+from .buffers import FILE_PREFIX, buffer_files, buffer_folder, file_size
 from .job_reads import JobReads
 from .ledger import _keep_or_default
 
@@ -54,29 +54,31 @@ class Jobs(JobReads):
         return private.read_file(self.spool(job_id) / name)
 
     def _buffer_files(self, files: dict[str, bytes], uid: int) -> dict[str, int]:
-        """The buffer files a job's payload names, each checked to be in its submitter's
-        buffer folder under a digest's name (the ledger deletes what it counts)."""
+        """The buffer files a job's payload names and their sizes, each checked to be a file
+        of its submitter's, named by a digest, in the submitter's buffer folder (found by
+        its name, wherever their ``DLSCHED_BUFFERS`` put it). The ledger deletes what it
+        counts; a shared pool's service only in a folder of that user's
+        (``buffers.remove_files``)."""
         data = files.get("payload.pkl")
         named = buffer_files(data) if data is not None else {}
-        # by name, wherever the submitter's DLSCHED_BUFFERS put the folder: a pool of one's
-        # own deletes what it counts with its owner's rights, as the owner could
         folder = buffer_folder(self.home, uid).name
-        if named and uid != os.geteuid():
-            from ..vocab.errors import SpecError
-
-            # a shared pool's service deletes what it counts, as root: it counts no file
-            raise SpecError("payload.pkl", "data files", "a payload pickled in band")
+        sizes = {}
         for path in named:
             parent, _, name = path.rpartition("/")
-            if (
-                Path(parent).name != folder
-                or len(name) != 64
-                or not set(name) <= set("0123456789abcdef")
-            ):
+            digest = len(name) == 64 and set(name) <= set("0123456789abcdef")
+            try:
+                if Path(parent).name != folder or not digest:
+                    raise ValueError(path)
+                sizes[path] = file_size(path, uid)  # counted as it is, not as claimed
+            except (OSError, ValueError, UnsafeStateFolder):
                 from ..vocab.errors import SpecError
 
-                raise SpecError("payload.pkl", path, f"a data file in a folder named {folder}")
-        return named
+                raise SpecError(
+                    "payload.pkl",
+                    path,
+                    f"a data file of the submitter's in a folder named {folder}",
+                ) from None
+        return sizes
 
     def new_id(self) -> str:
         """Eight characters from a 32-letter alphabet without look-alikes (40 random bits)."""

@@ -10,7 +10,7 @@ import os
 import sqlite3
 import time
 
-from .buffers import FILE_PREFIX, buffer_folder, remove_files
+from .buffers import FILE_PREFIX, remove_files, sweep
 from .ledger import _keep_or_default, payload_keep
 from .schedules import Schedules
 
@@ -92,7 +92,7 @@ class Payloads(Schedules):
             count, size = freed.fetchone()
             db.execute(f"DELETE {leftover}")
             purged, purged_bytes = self._purge_payloads(db, now - keep)
-        swept, swept_bytes = self._sweep_buffer_folder(files, started)
+        swept, swept_bytes = sweep(self.home, files, started)
         return int(count) + purged + swept, int(size) + purged_bytes + swept_bytes
 
     @staticmethod
@@ -109,27 +109,6 @@ class Payloads(Schedules):
             db.execute("UPDATE blob_refs SET size=? WHERE hash=?", (size, key))
             kept.add(key[len(FILE_PREFIX) :])
         return kept
-
-    def _sweep_buffer_folder(self, kept: set[str], started: float) -> tuple[int, int]:
-        """Delete the files of this user's buffer folder that no job names and that were
-        last written before this sweep began (a submission killed half way left them; one
-        writing now is newer)."""
-        folder = buffer_folder(self.home)
-        count = size = 0
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            return 0, 0
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if entry.path in kept or st.st_mtime >= started or st.st_uid != os.getuid():
-                continue
-            remove_files([entry.path])
-            count, size = count + 1, size + st.st_size
-        return count, size
 
     def payload_bytes(self, uid: int) -> int:
         """Bytes of the payloads (each blob once) that user ``uid``'s jobs hold, unfinished
