@@ -21,6 +21,7 @@ from .errors import SpecError
 from .every import parse_every
 from .placement import fits_ever
 from .resources import Capacity, Request
+from .tracebacks import dumps
 from .units import parse_duration, parse_size
 from .when import parse_begin
 
@@ -421,7 +422,8 @@ def parse_stage_in(value: object) -> dict[str, str]:
 def pickle_payload(payload: dict[str, Any]) -> bytes:
     """Pickle what a job runs; name the object that cannot travel if pickling fails."""
     try:
-        return cloudpickle.dumps(payload)
+        # a function from a notebook keeps its cell's name and lines (its traceback's)
+        return dumps(payload)
     except Exception as whole_error:
         for label, obj in _parts(payload):
             try:
