@@ -252,7 +252,10 @@ def job_exception(
         except Exception:
             pass
     if info.state == "failed":
-        return JobFailed(info.id, info.state, info.reason, tb, details.get("type"))
+        failed = JobFailed(info.id, info.state, info.reason, tb, details.get("type"))
+        if tb:  # its own exception could not come back: its traceback still shows
+            _shown_as_the_jobs(failed, tb, info.id)
+        return failed
     return JobError(info.id, info.state, info.reason, tb, details.get("type"))
 
 

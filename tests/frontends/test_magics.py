@@ -152,6 +152,21 @@ def test_a_failed_function_job_shows_the_users_frames_with_their_source(ip, caps
     assert "return 1/x" in ip.user_ns["h"].logs()
 
 
+def test_a_job_exception_that_cannot_come_back_still_shows_the_users_frames(ip, capsys):
+    ip.run_cell(
+        "import jupyter_dlsched as dls\n\nclass Odd(Exception):\n"
+        "    def __init__(self, a, b):\n        super().__init__(a)\n\n"
+        "def odd():\n    raise Odd('odd one', 2)\n"
+    )
+    capsys.readouterr()
+    result = ip.run_cell("dls.submit(odd, cpus=0.25).result(timeout=60)\n")
+    assert isinstance(result.error_in_exec, dls.JobFailed)  # Odd('odd one') cannot be rebuilt
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert "raise Odd('odd one', 2)" in shown and "Odd: odd one" in shown, shown
+    for own in (PACKAGE, "jobproc.py", "handle.py"):
+        assert own not in shown, own
+
+
 # -- inline mode --------------------------------------------------------------------------------
 
 
