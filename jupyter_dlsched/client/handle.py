@@ -25,6 +25,7 @@ from ..vocab.errors import (
     RemoteTraceback,
     UnsafeStateFolder,
 )
+from ..vocab.tracebacks import JobTraceback
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -163,7 +164,7 @@ class JobHandle(concurrent.futures.Future):
             raise concurrent.futures.CancelledError(f"job {self.id} was cancelled")
         error = super().exception(timeout=0)
         if error is not None:
-            raise error
+            raise error.with_traceback(None)  # raised again, it shows this call only
         if self._value is _NOTHING:
             self._value = self._scheduler._load_result(self.id, self._final)
         return self._value
@@ -220,6 +221,14 @@ def _unreadable(info: JobInfo, why: str) -> JobError:
     return kind(info.id, info.state, f"{info.reason} ({why})")
 
 
+def _shown_as_the_jobs(error: BaseException, tb: str, job_id: str) -> None:
+    """In IPython, ``error`` shows as the user's frames only: here and in the job."""
+    try:
+        error._render_traceback_ = JobTraceback(error, tb, job_id)  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        pass  # an exception type with __slots__: IPython's own traceback it is
+
+
 def job_exception(
     info: JobInfo, error_json: str | None, error_pickle: bytes | None
 ) -> BaseException:
@@ -238,11 +247,15 @@ def job_exception(
             if isinstance(original, BaseException):
                 if tb:
                     original.__cause__ = RemoteTraceback(tb)
+                    _shown_as_the_jobs(original, tb, info.id)
                 return original
         except Exception:
             pass
     if info.state == "failed":
-        return JobFailed(info.id, info.state, info.reason, tb, details.get("type"))
+        failed = JobFailed(info.id, info.state, info.reason, tb, details.get("type"))
+        if tb:  # its own exception could not come back: its traceback still shows
+            _shown_as_the_jobs(failed, tb, info.id)
+        return failed
     return JobError(info.id, info.state, info.reason, tb, details.get("type"))
 
 

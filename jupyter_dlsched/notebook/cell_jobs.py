@@ -20,7 +20,8 @@ from IPython.core.error import UsageError
 
 from ..client.handle import JobHandle
 from ..vocab.schema import JobInfo
-from .cells import CellResult, execute, user_traceback
+from ..vocab.tracebacks import user_traceback
+from .cells import CellResult, execute
 
 
 class CellJob:

@@ -6,7 +6,7 @@ in the job process.
 defined in the notebook go by value through cloudpickle). ``run_cell(payload)`` runs in
 the job process: it executes the cell in a fresh namespace holding the shipped
 variables and returns a ``CellResult`` with the ``--out`` names and the value of a
-trailing expression. ``user_traceback`` shows a failure as the cell's own.
+trailing expression (a failure shows as the cell's own: ``vocab.tracebacks``).
 
 >>> names, _ = capture("y = model(x)", {"model": abs, "x": -2, "z": 0})
 >>> names
@@ -20,7 +20,6 @@ import builtins
 import importlib.util
 import linecache
 import os
-import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -170,48 +169,6 @@ def run_cell(payload: dict[str, Any]) -> CellResult:
     )
     result.job_id = os.environ.get("DLSCHED_JOB_ID", "")
     return _sendable(result)
-
-
-# the package (this file is in its room notebook/): frames there are ours, not the user's
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_FRAME = re.compile(r'^  File "(?P<file>[^"]*)", line \d+')
-
-
-def user_traceback(tb: str) -> str:
-    """A job's traceback with only the user's frames, the way a notebook cell shows it.
-
-    Frames of this package (the job process, the runner, the magics) go, and so does
-    everything above a scheduled cell's first frame. Headers, chained exceptions and the
-    exception lines stay.
-    """
-    out: list[str] = []
-    segment: list[tuple[str | None, list[str]]] = []  # (file of the frame or None, lines)
-
-    def flush() -> None:
-        files = [f for f, _ in segment if f is not None]
-        first_cell = next((i for i, f in enumerate(files) if f.startswith("<scheduled cell")), 0)
-        seen = 0
-        for file, lines in segment:
-            if file is not None:
-                seen += 1
-                if seen <= first_cell or file.startswith(_PACKAGE):
-                    continue
-            out.extend(lines)
-        segment.clear()
-
-    for line in tb.splitlines():
-        match = _FRAME.match(line)
-        if line.startswith("Traceback (most recent call last)"):
-            flush()
-            segment.append((None, [line]))
-        elif match:
-            segment.append((match.group("file"), [line]))
-        elif line.startswith("    ") and segment and segment[-1][0] is not None:
-            segment[-1][1].append(line)  # the frame's source line and its ^^^ markers
-        else:
-            segment.append((None, [line]))
-    flush()
-    return "\n".join(out)
 
 
 def _sendable(result: CellResult) -> CellResult:

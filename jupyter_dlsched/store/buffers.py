@@ -40,6 +40,7 @@ import cloudpickle
 
 from ..vocab.errors import DlschedError, SpecError, UnsafeStateFolder
 from ..vocab.private import check_file, secure_folder
+from ..vocab.tracebacks import Carrier, SourcePickler
 from ..vocab.units import format_size
 
 #: where buffer folders go when ``/dev/shm`` is small or missing
@@ -120,8 +121,9 @@ class _Storage:
         return _rebuild_storage, (pickle.PickleBuffer(self.array),)
 
 
-class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, with the storages of torch CPU tensors taken out of band too."""
+class _Pickler(SourcePickler):
+    """cloudpickle (keeping a notebook function's cell name and lines: ``SourcePickler``),
+    with the storages of torch CPU tensors taken out of band too."""
 
     def __init__(self, file: io.BytesIO, buffer_callback: Callable[[Any], Any]) -> None:
         super().__init__(file, protocol=5, buffer_callback=buffer_callback)
@@ -178,7 +180,7 @@ def _pickle(obj: Any) -> tuple[bytes, list[memoryview]]:
         return False
 
     out = io.BytesIO()
-    _Pickler(out, out_of_band).dump(obj)
+    _Pickler(out, out_of_band).dump(Carrier(obj))
     return out.getvalue(), taken
 
 
@@ -203,7 +205,9 @@ def dumps(
     its buffers are named in this header too, so the ledger keeps them as long.
     """
     if folder is None:
-        return cloudpickle.dumps(obj, protocol=5)
+        out = io.BytesIO()
+        _Pickler(out, lambda buffer: True).dump(Carrier(obj))  # every buffer in band
+        return out.getvalue()
     body, buffers = _pickle(obj)
     inner = manifest(nested) if nested is not None else None
     if not buffers and inner is None:

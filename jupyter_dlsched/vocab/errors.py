@@ -127,13 +127,19 @@ class JobLost(JobError):
 
 
 class RemoteTraceback(Exception):
-    """Carries the job process's traceback text as the ``__cause__`` of a re-raised exception."""
+    """Carries the job process's traceback text as the ``__cause__`` of a re-raised exception.
+
+    Shown, it is the user's frames only (``tracebacks.user_traceback``): the job process's
+    own frames say nothing about what went wrong. ``tb`` keeps the whole text.
+    """
 
     def __init__(self, tb: str) -> None:
         self.tb = tb
 
     def __str__(self) -> str:
-        return "\n" + self.tb
+        from .tracebacks import user_traceback
+
+        return "\n" + user_traceback(self.tb)
 
 
 def raised_here(fn: _F) -> _F:

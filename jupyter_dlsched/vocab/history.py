@@ -2,7 +2,8 @@
 
 The supervisor of each job measures its process tree (peak RSS, CPU seconds,
 GPU memory through NVML) and records it with the job's end; GPU-hours are the
-GPUs granted times the time the job ran, over every attempt.
+GPUs granted times the time the job ran, and RAN is the time it ran, both over every
+attempt (a retried, preempted or resized job ran several times).
 
 >>> rows = history_table(store.finished_jobs(since=time.time() - 86400))  # doctest: +SKIP
 """
@@ -72,12 +73,6 @@ def idle_gpu_hours(job: JobInfo) -> float:
     return float(value) if isinstance(value, int | float) else 0.0
 
 
-def _ran(job: JobInfo) -> float | None:
-    if job.started is None or job.finished is None:
-        return None
-    return max(0.0, job.finished - job.started)
-
-
 def history_table(jobs: Iterable[JobInfo], now: float | None = None) -> list[tuple[str, ...]]:
     """One row of words per finished job, under ``HEADER``."""
     now = time.time() if now is None else now
@@ -91,7 +86,7 @@ def history_table(jobs: Iterable[JobInfo], now: float | None = None) -> list[tup
                 job.owner,
                 job.state,
                 ended,
-                format_duration(_ran(job)),
+                format_duration(job.run_time),  # every attempt's, not the last one's
                 f"{job.gpus:g}" if job.max_gpus is None else f"{job.gpus:g}–{job.max_gpus}",
                 f"{job.gpu_hours:.2f}",
                 cpu_words(job.cpu_time),

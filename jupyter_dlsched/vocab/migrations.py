@@ -207,6 +207,16 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_held ON jobs(backend, seq)
         WHERE state='succeeded' AND lease_expires IS NOT NULL;
     """,
+    # version 13: the time a job ran over every attempt (a retried, preempted or resized
+    # job ran several times; `started` is its last run's). Known for a finished rigid GPU
+    # job (GPU-seconds over GPUs); for any other only its last run's length was kept
+    """
+    ALTER TABLE jobs ADD COLUMN run_time REAL;
+    UPDATE jobs SET run_time = CASE
+        WHEN gpus > 0 AND max_gpus IS NULL AND attained > 0 THEN attained / gpus
+        ELSE MAX(0, finished - started) END
+        WHERE finished IS NOT NULL AND started IS NOT NULL;
+    """,
 ]
 
 #: The version a ledger has once every migration ran.

@@ -79,6 +79,7 @@ def end_of_run(job: JobInfo, end: RunEnd, now: float) -> tuple[str, str, dict[st
         "cpu_now": None,
         "rss_now": None,
         "attained": job.attained + max(0.0, now - (job.started or now)) * held_gpus(job),
+        "run_time": (job.run_time or 0.0) + max(0.0, now - (job.started or now)),
     }
     if to == "cancelled":
         why = why or "cancelled by user"
@@ -170,6 +171,8 @@ class JobInfo:
     cpu_time: float | None = None
     peak_rss: int | None = None
     peak_gpu_mem: int | None = None
+    # seconds it ran, over every attempt (its runs that ended); None before it first ran
+    run_time: float | None = None
     # a running job's use now (None once it ended): percent of one core over the last few
     # seconds, and bytes resident in all of its processes
     cpu_now: float | None = None
@@ -267,6 +270,7 @@ class JobInfo:
             "expected_start": self.expected_start,
             "start_p80": self.start_p80,
             "usage": {
+                "run_time": self.run_time,
                 "gpu_hours": self.gpu_hours,
                 "cpu_time": self.cpu_time,
                 "peak_rss": self.peak_rss,

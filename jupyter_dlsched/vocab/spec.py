@@ -11,7 +11,7 @@ import re
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ from .errors import DlschedError, SpecError
 from .every import parse_every
 from .placement import fits_ever
 from .resources import Capacity, Request
+from .tracebacks import dumps as dumps_with_sources
 from .units import parse_duration, parse_size
 from .when import parse_begin
 
@@ -37,6 +38,9 @@ MAX_GPUS = 4096
 MAX_CPUS = 65536
 #: The smallest share of a GPU (``gpus``) or of a core (``cpus``) one job may ask for.
 MIN_SHARE = 1 / 64
+#: The cores a job gets that names none: one, but a GPU job no more than its GPUs' share of
+#: the pool's cores (``default_cpus``).
+DEFAULT_CPUS = 1.0
 MIN_GPU_MEM = 64 * 2**20
 MAX_TIME_LIMIT = 365 * 86400.0
 #: A deadline more than this far from now (either way) is a mistake, not a plan.
@@ -147,7 +151,7 @@ def build_spec(
     default_name: str = "job",
     gpus: object = None,
     gpu_mem: object = None,
-    cpus: object = 1,
+    cpus: object = None,
     mem: object = None,
     priority: object = "normal",
     deadline: object = None,
@@ -258,7 +262,33 @@ def _first_begin(begin: object, every: object, now: float | None) -> float | Non
     return first
 
 
+def default_cpus(gpus: float, capacity: Capacity) -> float:
+    """The cores of a job that names none: ``DEFAULT_CPUS``, and for a GPU job at most its
+    GPUs' share of the pool's cores, so that a default never keeps a GPU idle.
+
+    2 cores and 4 GPUs: half a core a GPU, and four one-GPU jobs run at once, not two.
+
+    >>> default_cpus(1, Capacity.empty(n_gpus=4, gpu_mem=2**34, cpus=2, mem=2**36))
+    0.5
+    """
+    if gpus <= 0 or not capacity.gpus:
+        return DEFAULT_CPUS
+    share = capacity.cpus_total / len(capacity.gpus) * gpus
+    # rounded down (the shares of all GPUs fit the cores), to a figure a person reads
+    return min(DEFAULT_CPUS, max(MIN_SHARE, math.floor(share * 100) / 100))
+
+
 def _request(gpus: object, gpu_mem: object, cpus: object, mem: object, cap: Capacity) -> Request:
+    """The request, its cores by ``default_cpus`` when ``cpus`` is None (not given)."""
+    request = _parsed_request(gpus, gpu_mem, DEFAULT_CPUS if cpus is None else cpus, mem, cap)
+    if cpus is None:
+        return replace(request, cpus=default_cpus(request.gpus, cap))
+    return request
+
+
+def _parsed_request(
+    gpus: object, gpu_mem: object, cpus: object, mem: object, cap: Capacity
+) -> Request:
     mem_bytes = 0 if mem is None else parse_size(mem, "mem")
     gpu_mem_bytes = None if gpu_mem is None else parse_size(gpu_mem, "gpu_mem")
     if gpu_mem_bytes is not None and gpu_mem_bytes < MIN_GPU_MEM:
@@ -420,10 +450,11 @@ def parse_stage_in(value: object) -> dict[str, str]:
 
 def pickle_payload(
     payload: dict[str, Any],
-    dumps: Callable[[Any], bytes] = cloudpickle.dumps,
+    dumps: Callable[[Any], bytes] = dumps_with_sources,
     check: Callable[[Any], object] = cloudpickle.dumps,
 ) -> bytes:
-    """Pickle what a job runs (with ``dumps``); name the object that cannot travel if
+    """Pickle what a job runs (with ``dumps``: by default, a function from a notebook keeps
+    its cell's name and lines, for its traceback); name the object that cannot travel if
     pickling fails (each part tried with ``check``, which must write nothing)."""
     try:
         return dumps(payload)

@@ -24,9 +24,9 @@ import ipywidgets as w
 
 from ..client.default import default_scheduler
 from ..client.handle import JobHandle
-from ..notebook.cells import user_traceback
 from ..vocab.history import usage_words
 from ..vocab.schema import TERMINAL, WAITING, JobInfo
+from ..vocab.tracebacks import user_traceback
 from ..vocab.units import format_duration
 from ..vocab.words import renumber
 from . import format as fmt
@@ -69,7 +69,7 @@ def remote_traceback(handle: JobHandle) -> str:
 
 
 def trim_traceback(tb: str) -> str:
-    """Only the user's frames of a job's traceback (see ``cells.user_traceback``)."""
+    """Only the user's frames of a job's traceback (see ``vocab.tracebacks.user_traceback``)."""
     return user_traceback(tb)
 
 

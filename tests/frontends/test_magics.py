@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 import time
 
@@ -12,6 +14,8 @@ from IPython.utils.capture import capture_output
 import jupyter_dlsched as dls
 from jupyter_dlsched.notebook.cells import CellResult
 from jupyter_dlsched.widgets.live import refresher
+
+PACKAGE = os.path.dirname(dls.__file__) + os.sep
 
 
 def wait_for(condition, timeout=60.0, what="condition"):
@@ -130,6 +134,37 @@ def test_a_failure_under_wait_shows_only_the_users_frames(ip, capsys):
     for own in ("jobproc.py", "runtime.py", "cells.py", "magics.py", "run_cell_magic"):
         assert own not in shown, own
     assert f"%dlsched logs {ip.user_ns['_job'].id}" in shown
+
+
+def test_a_failed_function_job_shows_the_users_frames_with_their_source(ip, capsys):
+    ip.run_cell("import jupyter_dlsched as dls\n\ndef boom(x):\n    return 1/x\n")
+    capsys.readouterr()
+    result = ip.run_cell("h = dls.submit(boom, 0, cpus=0.25)\nh.result(timeout=60)\n")
+    assert isinstance(result.error_in_exec, ZeroDivisionError)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    # the job's frame, named by the cell that defined it, with its source line
+    assert "in boom" in shown and "return 1/x" in shown, shown
+    assert "<dynamic-code>" not in shown
+    assert "h.result(timeout=60)" in shown  # the user's own line in this kernel
+    for own in (PACKAGE, "jobproc.py", "runtime.py", "handle.py"):
+        assert own not in shown, own
+    # the job's log, read after a kernel restart, has the source line too
+    assert "return 1/x" in ip.user_ns["h"].logs()
+
+
+def test_a_job_exception_that_cannot_come_back_still_shows_the_users_frames(ip, capsys):
+    ip.run_cell(
+        "import jupyter_dlsched as dls\n\nclass Odd(Exception):\n"
+        "    def __init__(self, a, b):\n        super().__init__(a)\n\n"
+        "def odd():\n    raise Odd('odd one', 2)\n"
+    )
+    capsys.readouterr()
+    result = ip.run_cell("dls.submit(odd, cpus=0.25).result(timeout=60)\n")
+    assert isinstance(result.error_in_exec, dls.JobFailed)  # Odd('odd one') cannot be rebuilt
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert "raise Odd('odd one', 2)" in shown and "Odd: odd one" in shown, shown
+    for own in (PACKAGE, "jobproc.py", "handle.py"):
+        assert own not in shown, own
 
 
 # -- inline mode --------------------------------------------------------------------------------

@@ -546,11 +546,12 @@ def test_a_refused_submit_in_a_kernel_shows_the_users_line_and_the_error(home, t
         assert cell.source in shown  # the user's own line
         assert "agent/" not in shown and "protocol.py" not in shown
     assert shown_text(caught).strip() == "caught gpus"
-    # a job's own failure keeps its whole story: the frames of the job process
+    # a job's own failure is the user's frames, in the job and here, not the job process's
     (error,) = errors_of(failing)
     shown = strip_colours("\n".join(error["traceback"]))
     assert error["ename"] == "ValueError" and "boom in the job" in shown
-    assert "raise ValueError('boom in the job')" in shown
+    assert "raise ValueError('boom in the job')" in shown and ", in boom" in shown
+    assert "jobproc.py" not in shown and "handle.py" not in shown
 
 
 def strip_colours(text: str) -> str:

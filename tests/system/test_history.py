@@ -10,8 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from jupyter_dlsched.store import Store
 from jupyter_dlsched.vocab.migrations import MIGRATIONS
+from jupyter_dlsched.vocab.units import format_duration
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 MiB = 2**20
@@ -75,6 +78,31 @@ def test_dlsched_history_lists_finished_jobs_with_usage_and_totals(sched, home):
         [DLSCHED, "history", "-u", "nobody-here"], capture_output=True, text=True, timeout=60
     )
     assert other.returncode == 0 and "no jobs finished in the last 7 days" in other.stdout
+
+
+def test_ran_is_the_time_running_over_every_attempt(sched, home, tmp_path):
+    # the first attempt runs 2 s and fails, the retry runs 2 s and succeeds
+    marker = tmp_path / "tried"
+    script = f"sleep 2; test -e {marker} || {{ touch {marker}; exit 1; }}"
+    job = sched.submit_command(["sh", "-c", script], gpus=1, retries=1, name="twice")
+    assert job.wait(timeout=120).state == "succeeded"
+    info = sched.info(job.id)
+    assert info.attempts == 2
+    assert info.run_time >= 4.0 and info.run_time <= info.finished - info.submitted
+    assert info.run_time == pytest.approx(info.gpu_hours * 3600)  # one GPU all along
+
+    data = json.loads(
+        subprocess.run(
+            [DLSCHED, "history", "--json"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+    )
+    assert data["jobs"][0]["usage"]["run_time"] == info.run_time
+    table = subprocess.run(
+        [DLSCHED, "history"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    header, row = table.splitlines()[:2]
+    ran = row[header.index("RAN") :].split("  ")[0].strip()
+    assert ran == format_duration(info.run_time)
 
 
 def test_dlsched_history_refuses_a_bad_period_in_one_line(home):

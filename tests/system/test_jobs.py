@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from conftest import wait_for
 
 import jupyter_dlsched as dls
 from jupyter_dlsched.client.scheduler import Scheduler
@@ -107,6 +108,36 @@ def test_a_queued_job_says_why_it_waits(sched):
     assert info.position == 1 and info.waiting == "waiting for 1 GPU"
     blocker.cancel()
     waiting.result(timeout=30)
+
+
+@pytest.fixture
+def two_cores():
+    """This process, and the pool agent it starts, may use two cores: the pool has two."""
+    cores = os.sched_getaffinity(0)
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    os.sched_setaffinity(0, sorted(cores)[:2])
+    yield
+    os.sched_setaffinity(0, cores)
+
+
+def test_no_gpu_waits_for_a_core_a_job_did_not_ask_for(home, monkeypatch, two_cores):
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "4x16GiB")
+    with Scheduler(home) as s:
+        sweep = s.map(time.sleep, [60] * 4, gpus=1)  # no cpus: half a core each
+        why = lambda: [job.info().waiting for job in sweep]  # noqa: E731
+        wait_for(lambda: all(job.state == "running" for job in sweep), what=why)
+        assert {job.info().cpus for job in sweep} == {0.5}
+        for job in sweep:
+            job.cancel()
+        # asked for, a whole core each: two run, and two wait for cores with GPUs free
+        asked = s.map(time.sleep, [60] * 4, gpus=1, cpus=1)
+        wait_for(lambda: sum(job.state == "running" for job in asked) == 2)
+        s.tick()
+        waiting = [job.info() for job in asked if job.state == "queued"]
+        assert len(waiting) == 2 and all("CPU" in (info.waiting or "") for info in waiting)
+        for job in asked:
+            job.cancel()
 
 
 def test_an_exception_comes_back_with_the_remote_traceback(sched):

@@ -16,8 +16,8 @@ from jupyter_dlsched.notebook.cells import (
     capture,
     execute,
     run_cell,
-    user_traceback,
 )
+from jupyter_dlsched.vocab.tracebacks import user_traceback
 
 
 @pytest.mark.parametrize(

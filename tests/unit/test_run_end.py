@@ -61,6 +61,15 @@ def test_preemption_requeues_and_counts_cancel_and_success_finish(sched):
         end_of_run(job, RunEnd("queued"), 105.0)
 
 
+def test_the_time_a_job_ran_adds_up_over_its_runs(sched):
+    first = running_job(sched)  # ran from 100
+    ended = end_of_run(first, RunEnd("preempted"), 111.0)[2]
+    assert ended["run_time"] == 11.0
+    again = running_job(sched, started=200.0, attempts=2, run_time=11.0, attained=11.0)
+    ended = end_of_run(again, RunEnd("succeeded"), 240.0)[2]
+    assert (ended["run_time"], ended["attained"]) == (51.0, 51.0)  # not the last run's 40
+
+
 def test_the_store_applies_the_rule_and_keeps_what_the_runner_measured(sched):
     job = running_job(sched, retries=1)
     with sched.store.transaction() as db:

@@ -173,3 +173,22 @@ def test_whole_gpus_with_a_memory_floor_count_only_big_enough_cards():
 def test_names_in_any_script_are_kept():
     for name in ("résumé-lr3", "训练", "نموذج", "emoji-🧪", "a\u200db"):
         assert spec(name=name).name == name
+
+
+@pytest.mark.parametrize(
+    ("cores", "asked", "cpus"),
+    [
+        (2, {"gpus": 1}, 0.5),  # 2 cores for 4 GPUs: half a core a GPU
+        (2, {"gpus": 2}, 1.0),  # at most the one core a job gets without a GPU
+        (2, {"gpus": 0.5}, 0.25),  # a share of a GPU, that share of its cores
+        (2, {"gpus": "1:4", "preemptible": True}, 0.5),  # an elastic job: its least GPUs
+        (2, {"gpu_mem": "8GiB"}, 0.25),  # sized by memory: half a card
+        (3, {"gpus": 1}, 0.75),
+        (16, {"gpus": 1}, 1.0),
+        (2, {}, 1.0),  # a CPU job
+        (2, {"gpus": 1, "cpus": 1}, 1.0),  # asked for: what was asked
+    ],
+)
+def test_a_gpu_job_that_names_no_cpus_takes_its_gpus_share_of_the_cores(cores, asked, cpus):
+    pool = Capacity.empty(n_gpus=4, gpu_mem=16 * GiB, cpus=cores, mem=64 * GiB)
+    assert build_spec(capacity=pool, **asked).request.cpus == cpus

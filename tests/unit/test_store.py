@@ -84,22 +84,60 @@ def test_the_schema_migrates_forward(tmp_path, monkeypatch):
     assert "note" in columns
 
 
-def test_migrating_to_held_grants_clears_leases_left_on_finished_jobs(tmp_path, monkeypatch):
+def ledger_at(home, version: int, *rows: str):
+    """A ledger as ``version`` left it, holding ``rows`` (values of ``OLD_JOB``)."""
+    import sqlite3
+
+    home.mkdir(mode=0o700)
+    db = sqlite3.connect(home / "ledger.sqlite")
+    for script in store_mod.MIGRATIONS[:version]:
+        db.executescript(script)
+    db.execute("INSERT INTO meta VALUES('schema_version', ?)", (str(version),))
+    for values in rows:
+        db.execute(OLD_JOB + values)
+    db.commit()
+    db.close()
+    (home / "ledger.sqlite").chmod(0o600)
+    return Store(home)
+
+
+OLD_JOB = (
+    "INSERT INTO jobs(id, name, kind, owner, uid, state, priority, gpus, cpus, mem, "
+    "max_gpus, submitted, started, finished, attained, lease_expires) VALUES"
+)
+
+
+def test_migrating_to_held_grants_clears_leases_left_on_finished_jobs(tmp_path):
     # before version 12 a follower's renewal could set a lease on a job that had ended;
     # from 12 on, a success with a lease holds its grant: none of those may look held
-    monkeypatch.setattr(store_mod.ledger, "MIGRATIONS", store_mod.MIGRATIONS[:11])
-    old = Store(tmp_path / "h")
-    job = queued_job(old)
-    old.transition(job.id, "running", started=1.0, attempts=1)
-    old.transition(job.id, "succeeded", finished=2.0)
-    old.update(job.id, lease_expires=1e12)
-    old.close()
-    monkeypatch.setattr(store_mod.ledger, "MIGRATIONS", store_mod.MIGRATIONS)
-    store = Store(tmp_path / "h")
-    assert store.get_meta("schema_version") == 12
-    assert store.get(job.id).lease_expires is None
+    store = ledger_at(
+        tmp_path / "h",
+        11,
+        "('leftjob1', 'j', 'function', 'anna', 1000, 'succeeded', 50, 1, 1, 0, NULL, "
+        "0, 1, 2, 1, 1e12)",
+    )
+    assert store.get_meta("schema_version") == len(store_mod.MIGRATIONS)
+    assert store.get("leftjob1").lease_expires is None
     with store.transaction() as db:
         assert store.held_grants(db, "local") == 0
+
+
+def test_migrating_to_run_times_keeps_what_is_known_of_finished_jobs(tmp_path):
+    # a rigid GPU job's time over all its runs is its GPU-seconds over its GPUs; of any
+    # other only its last run was kept
+    store = ledger_at(
+        tmp_path / "h",
+        12,
+        "('rigidgp1', 'j', 'function', 'anna', 1000, 'succeeded', 50, 2, 1, 0, NULL, "
+        "0, 90, 100, 60, NULL)",
+        "('elastic1', 'j', 'function', 'anna', 1000, 'succeeded', 50, 1, 1, 0, 4, "
+        "0, 90, 100, 70, NULL)",
+        "('waiting1', 'j', 'function', 'anna', 1000, 'queued', 50, 1, 1, 0, NULL, "
+        "0, NULL, NULL, 0, NULL)",
+    )
+    assert store.get("rigidgp1").run_time == 30.0
+    assert store.get("elastic1").run_time == 10.0
+    assert store.get("waiting1").run_time is None
 
 
 def test_a_ledger_from_a_newer_version_is_refused(tmp_path):
