@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jupyter_dlsched
+
 # the console script pip installed next to this interpreter, as a user runs it
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 
@@ -77,3 +79,9 @@ def test_errors_are_one_line_messages(home):
     assert missing.returncode == 2 and "no job with id 'nosuchjob'" in missing.stderr
     empty = dlsched("submit", "--", check=False)
     assert empty.returncode == 2 and "give the command after --" in empty.stderr
+
+
+def test_version_prints_the_release():
+    out = dlsched("--version")
+    assert out.stdout.strip() == f"dlsched {jupyter_dlsched.__version__}"
+
