@@ -85,3 +85,11 @@ def test_version_prints_the_release():
     out = dlsched("--version")
     assert out.stdout.strip() == f"dlsched {jupyter_dlsched.__version__}"
 
+
+def test_an_unknown_job_id_points_a_shell_user_at_the_queue(home):
+    missing = dlsched("logs", "nosuchid", check=False)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        "dlsched logs: no job with id 'nosuchid'; `dlsched queue --all` lists the jobs"
+    )
+
