@@ -38,6 +38,10 @@ MAX_CPUS = 65536
 #: The smallest share of a GPU (``gpus``) or of a core (``cpus``) one job may ask for.
 MIN_SHARE = 1 / 64
 MIN_GPU_MEM = 64 * 2**20
+#: The smallest memory limit (``mem``): what a process needs to start, measured as peak RSS
+#: (``true`` 1.6 MiB, ``python -c pass`` 9 to 13 MiB); below it a job could never run, and a
+#: short one would slip past the supervisor's check and "succeed" under a limit it broke.
+MIN_MEM = 16 * 2**20
 MAX_TIME_LIMIT = 365 * 86400.0
 #: A deadline more than this far from now (either way) is a mistake, not a plan.
 DEADLINE_RANGE = 10 * 365 * 86400.0
@@ -260,6 +264,10 @@ def _first_begin(begin: object, every: object, now: float | None) -> float | Non
 
 def _request(gpus: object, gpu_mem: object, cpus: object, mem: object, cap: Capacity) -> Request:
     mem_bytes = 0 if mem is None else parse_size(mem, "mem")
+    if 0 < mem_bytes < MIN_MEM:
+        raise SpecError(
+            "mem", mem, "a size of at least 16 MiB (a process needs that much to start)"
+        )
     gpu_mem_bytes = None if gpu_mem is None else parse_size(gpu_mem, "gpu_mem")
     if gpu_mem_bytes is not None and gpu_mem_bytes < MIN_GPU_MEM:
         raise SpecError("gpu_mem", gpu_mem, "a size of at least 64 MiB")

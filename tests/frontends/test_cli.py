@@ -93,3 +93,15 @@ def test_an_unknown_job_id_points_a_shell_user_at_the_queue(home):
         "dlsched logs: no job with id 'nosuchid'; `dlsched queue --all` lists the jobs"
     )
 
+
+def test_a_memory_limit_too_small_to_start_a_process_is_refused(home):
+    tiny = dlsched("submit", "--mem", "1KiB", "--", "true", check=False)
+    assert tiny.returncode == 2
+    assert tiny.stderr.strip() == (
+        "dlsched submit: mem='1KiB' is invalid: expected a size of at least 16 MiB "
+        "(a process needs that much to start)"
+    )
+    assert json.loads(dlsched("queue", "--all", "--json").stdout) == []
+    # the floor itself is enough for a Python interpreter to start and end
+    out = dlsched("submit", "--mem", "16MiB", "--wait", "--", sys.executable, "-c", "print('ok')")
+    assert out.stdout == "ok\n"
