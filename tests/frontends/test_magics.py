@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from html.parser import HTMLParser
 
 import pytest
 from IPython.core.error import UsageError
@@ -278,6 +279,26 @@ def test_dlsched_queue_all_includes_finished_jobs(ip):
         ip.run_line_magic("dlsched", "queue --all")
     assert "finished-one" not in active.outputs[0].data["text/plain"]
     assert "finished-one" in everything.outputs[0].data["text/plain"]
+    # JupyterLab's stylesheet right-aligns table cells: each one says its own alignment,
+    # the same as its header's, or id and name sit right under left-aligned headings
+    aligned = cell_alignments(everything.outputs[0].data["text/html"])
+    assert {tag for tag, _ in aligned} == {"th", "td"}
+    assert {align for _, align in aligned} == {"left"}
+
+
+def cell_alignments(html: str) -> list[tuple[str, str | None]]:
+    """``(tag, text-align)`` of every header and cell of a table, None where it says none."""
+    found: list[tuple[str, str | None]] = []
+
+    class Cells(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag in ("th", "td"):
+                style = dict(attrs).get("style") or ""
+                rules = dict(r.split(":", 1) for r in style.replace(" ", "").split(";") if r)
+                found.append((tag, rules.get("text-align")))
+
+    Cells().feed(html)
+    return found
 
 
 def test_dlsched_pool_shows_the_gpu_cards(ip):
