@@ -334,8 +334,10 @@ class SchedulerMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext jupyter_dlsched``."""
+    """``%load_ext jupyter_dlsched``, and importing the package in IPython; idempotent."""
     from .ipython_errors import install
 
-    ipython.register_magics(SchedulerMagics)
+    # a second registration would replace the magics and forget the views they keep
+    if not isinstance(ipython.magics_manager.registry.get("SchedulerMagics"), SchedulerMagics):
+        ipython.register_magics(SchedulerMagics)
     install(ipython)  # API errors as the user's line and the message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from html.parser import HTMLParser
@@ -390,3 +392,31 @@ def test_attach_shows_the_live_line_and_brings_the_names_back_at_the_end(ip, tmp
     wait_for(lambda: not view.refresh(), what="the attached line to see the end")
     assert "done in" in view.status.value and "found returned" in view.status.value
     assert ip.user_ns["found"] == "yes"
+
+
+IMPORT_THEN_MAGIC = """
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+assert shell.run_cell("import jupyter_dlsched as dls").success
+assert shell.run_cell("%dlsched queue").success
+magics = shell.magics_manager.registry["SchedulerMagics"]
+# %load_ext after the import keeps the one set of magics (and what they hold)
+assert shell.run_cell("%load_ext jupyter_dlsched").success
+assert shell.magics_manager.registry["SchedulerMagics"] is magics
+assert shell.run_cell("%load_ext jupyter_dlsched").success
+"""
+
+
+def test_importing_the_package_in_ipython_registers_the_magics(home):
+    # a fresh interpreter: this one imported the package before any shell existed
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_THEN_MAGIC],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "no queued or running jobs" in out.stdout
+    assert "not found" not in out.stdout + out.stderr
