@@ -219,6 +219,23 @@ def test_bad_input_gives_a_one_line_usage_error(ip, line, cell, message):
     assert "_job" not in ip.user_ns
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            "--gpus many",
+            "%%schedule: argument --gpus: expected a number such as 2 or 0.5, got 'many' "
+            "(--gpus N|0.5|MIN:MAX)",
+        ),
+        ("--gpus", "%%schedule: argument --gpus: expected one argument (--gpus N|0.5|MIN:MAX)"),
+    ],
+)
+def test_a_bad_flag_value_names_the_flag_and_what_it_takes_not_every_flag(ip, line, message):
+    with pytest.raises(UsageError) as caught:
+        schedule(ip, line, "1")
+    assert str(caught.value) == message
+
+
 def test_a_usage_error_in_a_cell_prints_one_line_not_a_traceback(ip, capsys):
     result = ip.run_cell("%%schedule --gpu 1\n1\n")
     assert isinstance(result.error_before_exec or result.error_in_exec, UsageError)
