@@ -228,18 +228,17 @@ __all__ = [
 ]
 
 
-def _short_errors_in_ipython() -> None:
-    # a notebook shows `dls.submit(f, gpus=9)` as its line and the SpecError, not the
-    # package's frames; IPython is not imported here, only used when it is running
+def _load_in_ipython() -> None:
+    # imported in a notebook, the package brings its magics (`%dlsched` needs no
+    # `%load_ext` first), and `dls.submit(f, gpus=9)` shows as its line and the SpecError,
+    # not the package's frames; IPython is not imported here, only used when it is running
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is not None:
-        from .notebook.ipython_errors import install
-
-        install(shell)
+        load_ipython_extension(shell)
 
 
-_short_errors_in_ipython()
+_load_in_ipython()
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -10,7 +10,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..vocab.errors import DlschedError, IllegalTransition, LedgerUnavailable
+from ..vocab.errors import DlschedError, IllegalTransition, JobNotFound, LedgerUnavailable
 from ..vocab.private import default_home
 from .common import EXIT_CLOSED_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CommandError
 from .parser import build_parser
@@ -33,6 +33,9 @@ def _explain(error: BaseException, args: argparse.Namespace) -> tuple[int, str]:
     home = _home(args)
     if isinstance(error, CommandError):
         return error.status, str(error)
+    if isinstance(error, JobNotFound):
+        # the exception's own hint names dls.jobs() too, which a shell cannot run
+        return EXIT_USAGE, f"no job with id {error.job_id!r}; `dlsched queue --all` lists the jobs"
     if isinstance(error, LedgerUnavailable | IllegalTransition):
         # IllegalTransition: the job's state does not allow it (a finished job's priority,
         # requeueing an unfinished job); the input itself was fine

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import NoReturn
 
+from .._version import __version__
 from ..vocab.errors import DlschedError
 from ..vocab.options import add_resource_flags
 from ..vocab.schema import ACTIVE, STATES
@@ -86,6 +87,7 @@ def build_parser() -> _Parser:
     )
     parser.add_argument("--home", help="state folder (default: $DLSCHED_HOME or Jupyter's)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    parser.add_argument("--version", action="version", version=f"dlsched {__version__}")
     sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:

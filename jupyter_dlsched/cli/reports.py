@@ -9,6 +9,7 @@ from typing import Any
 
 from ..client.data import data_words
 from ..nbjobs.record import read_record
+from ..vocab import words
 from ..vocab.history import history_table, period_words, totals_by_owner
 from ..vocab.schema import ACTIVE, JobInfo
 from ..vocab.units import format_size
@@ -98,17 +99,9 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def progress_words(job: JobInfo) -> str:
-    """A running job's last ``dls.progress``: ``"67% cell 2/3"``, ``"step 12 loss 0.31"``."""
-    p = job.progress
-    if job.state != "running" or not p:
-        return ""
-    done, total = float(p.get("done") or 0), p.get("total")
-    head = f"{done / float(total):.0%}" if total else f"step {done:g}"
-    metrics = p.get("metrics") or {}
-    if not metrics:
-        return head
-    name, value = list(metrics.items())[-1]
-    return f"{head} {name} {value:.4g}" if isinstance(value, float) else f"{head} {name} {value}"
+    """A running job's last ``dls.progress``: ``"67% cell 2/3"``, ``"step 12 loss 0.31"``;
+    a GPU kernel's ``"3 cells · idle 12 min"`` (the words every view uses)."""
+    return words.progress_words(job) if job.state == "running" else ""
 
 
 def use_words(job: JobInfo) -> str:

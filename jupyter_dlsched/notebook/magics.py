@@ -50,6 +50,13 @@ class _Parser(argparse.ArgumentParser):
         self.one_line_usage = usage
 
     def error(self, message: str) -> NoReturn:
+        flag = message.removeprefix("argument ").partition(": ")[0]
+        action = self._option_string_actions.get(flag) if message.startswith("argument ") else None
+        if action is not None:
+            # a bad value of a known flag: that flag and what it takes, not every flag there
+            # is; the message itself in the words dlsched gives it
+            takes = "" if action.nargs == 0 else f" {action.metavar or action.dest.upper()}"
+            raise UsageError(f"{self.prog}: {message} ({flag}{takes})")
         raise UsageError(f"{self.prog}: {message}. Usage: {self.one_line_usage}")
 
 
@@ -70,7 +77,7 @@ def _items(text: str | None) -> list[str]:
 def schedule_parser() -> _Parser:
     p = _Parser("%%schedule", SCHEDULE_USAGE)
     add_resource_flags(p)  # the same set as dls.submit's keywords and dlsched submit's flags
-    p.add_argument("--out")
+    p.add_argument("--out", metavar="a,b")
     p.add_argument("--wait", action="store_true")
     p.add_argument("--inline", action="store_true")
     return p
@@ -267,7 +274,7 @@ class SchedulerMagics(Magics):
             print(f"job {info.id} ({info.name}): {info.state}")
 
     def _logs(self, rest: list[str]) -> None:
-        args = self._parse("logs", rest, ("id", {}), ("--tail", {"type": int}))
+        args = self._parse("logs", rest, ("id", {}), ("--tail", {"type": int, "metavar": "N"}))
         text = self._scheduler().get(args.id).logs(tail=args.tail)
         print(text if text else f"(job {args.id} has written no output yet)")
 
@@ -287,7 +294,7 @@ class SchedulerMagics(Magics):
     def _wait(self, rest: list[str]) -> None:
         from ..vocab.words import state_words
 
-        args = self._parse("wait", rest, ("id", {}), ("--out", {}))
+        args = self._parse("wait", rest, ("id", {}), ("--out", {"metavar": "a,b"}))
         names = _names(args.out, "--out", "%dlsched wait") if args.out is not None else None
         handle = self._scheduler().get(args.id)
         try:
@@ -305,7 +312,7 @@ class SchedulerMagics(Magics):
     def _outputs(self, rest: list[str]) -> None:
         from ..vocab.words import state_words
 
-        args = self._parse("outputs", rest, ("id", {}), ("--out", {}))
+        args = self._parse("outputs", rest, ("id", {}), ("--out", {"metavar": "a,b"}))
         names = _names(args.out, "--out", "%dlsched outputs") if args.out is not None else None
         handle = self._scheduler().get(args.id)
         info = handle.info()
@@ -334,8 +341,10 @@ class SchedulerMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext jupyter_dlsched``."""
+    """``%load_ext jupyter_dlsched``, and importing the package in IPython; idempotent."""
     from .ipython_errors import install
 
-    ipython.register_magics(SchedulerMagics)
+    # a second registration would replace the magics and forget the views they keep
+    if not isinstance(ipython.magics_manager.registry.get("SchedulerMagics"), SchedulerMagics):
+        ipython.register_magics(SchedulerMagics)
     install(ipython)  # API errors as the user's line and the message

@@ -42,6 +42,10 @@ MIN_SHARE = 1 / 64
 #: the pool's cores (``default_cpus``).
 DEFAULT_CPUS = 1.0
 MIN_GPU_MEM = 64 * 2**20
+#: The smallest memory limit (``mem``): what a process needs to start, measured as peak RSS
+#: (``true`` 1.6 MiB, ``python -c pass`` 9 to 13 MiB); below it a job could never run, and a
+#: short one would slip past the supervisor's check and "succeed" under a limit it broke.
+MIN_MEM = 16 * 2**20
 MAX_TIME_LIMIT = 365 * 86400.0
 #: A deadline more than this far from now (either way) is a mistake, not a plan.
 DEADLINE_RANGE = 10 * 365 * 86400.0
@@ -290,6 +294,10 @@ def _parsed_request(
     gpus: object, gpu_mem: object, cpus: object, mem: object, cap: Capacity
 ) -> Request:
     mem_bytes = 0 if mem is None else parse_size(mem, "mem")
+    if 0 < mem_bytes < MIN_MEM:
+        raise SpecError(
+            "mem", mem, "a size of at least 16 MiB (a process needs that much to start)"
+        )
     gpu_mem_bytes = None if gpu_mem is None else parse_size(gpu_mem, "gpu_mem")
     if gpu_mem_bytes is not None and gpu_mem_bytes < MIN_GPU_MEM:
         raise SpecError("gpu_mem", gpu_mem, "a size of at least 64 MiB")

@@ -128,6 +128,51 @@ def state_words(job: JobInfo, now: float | None = None) -> str:
     return job.state
 
 
+def progress_share(job: JobInfo) -> float | None:
+    """Progress in [0, 1] from ``dls.progress``, or None when there is no total."""
+    p = job.progress
+    if not p or not p.get("total"):
+        return None
+    return max(0.0, min(1.0, float(p.get("done", 0)) / float(p["total"])))
+
+
+def last_metric(job: JobInfo) -> str:
+    """The last metric reported with ``dls.progress``: ``"loss 0.31"``; for a GPU kernel,
+    its idle stretch: ``"idle 12 min"``."""
+    metrics = (job.progress or {}).get("metrics") or {}
+    if not metrics:
+        return ""
+    if job.kind == "kernel" and isinstance(metrics.get("idle_min"), int | float):
+        return kernel_idle_words(float(metrics["idle_min"]))
+    key, value = list(metrics.items())[-1]
+    if isinstance(value, float):
+        value = f"{value:.4g}"
+    return f"{key} {value}"
+
+
+def kernel_idle_words(minutes: float) -> str:
+    """A GPU kernel's idle stretch: ``"idle 12 min"``, ``"idle <1 min"``."""
+    return "idle <1 min" if minutes < 1 else f"idle {minutes:.0f} min"
+
+
+def progress_words(job: JobInfo) -> str:
+    """``"70% loss 0.31"``, ``"step 12 loss 0.31"`` or ``""``; a GPU kernel's lease reads
+    ``"3 cells · idle 12 min · 0.40 GPU-h idle"`` (its progress counts cells, docs/kernels.md).
+    """
+    p = job.progress
+    if not p:
+        return ""
+    if job.kind == "kernel":
+        cells = int(p.get("done") or 0)
+        idle_hours = (p.get("metrics") or {}).get("idle_gpu_h") or 0
+        held = f" · {idle_hours:.2f} GPU-h idle" if idle_hours >= 0.01 else ""
+        idle = last_metric(job)
+        return f"{cells} cell{'' if cells == 1 else 's'}{' · ' + idle if idle else ''}{held}"
+    share = progress_share(job)
+    head = f"{share * 100:.0f}%" if share is not None else f"step {p.get('done') or 0:g}"
+    return f"{head} {last_metric(job)}".strip()
+
+
 def notebook_words(origin: str) -> str:
     """The short name of where a job came from: a notebook's file name, not its full path.
 

@@ -13,9 +13,13 @@ from typing import Any
 from ..vocab.schema import JobInfo
 from ..vocab.units import format_size
 from ..vocab.words import (  # noqa: F401  (used as fmt.*)
+    kernel_idle_words,
+    last_metric,
     notebook_words,
     owner_words,
     priority_words,
+    progress_share,
+    progress_words,
     ran_for,
     state_words,
     wait_words,
@@ -74,48 +78,6 @@ def coloured(state: str, text: str) -> str:
     if state == "queued":
         colour = "var(--jp-ui-font-color1, inherit)"
     return f'<span class="dlsched-{esc(state)}" style="color:{colour}">{text}</span>'
-
-
-def fraction(job: JobInfo) -> float | None:
-    """Progress in [0, 1] from ``dls.progress``, or None when there is no total."""
-    p = job.progress
-    if not p or not p.get("total"):
-        return None
-    return max(0.0, min(1.0, float(p.get("done", 0)) / float(p["total"])))
-
-
-def last_metric(job: JobInfo) -> str:
-    """The last metric reported, e.g. ``"loss 0.31"`` (plain text)."""
-    metrics = (job.progress or {}).get("metrics") or {}
-    if not metrics:
-        return ""
-    if job.kind == "kernel" and isinstance(metrics.get("idle_min"), int | float):
-        return kernel_idle_words(float(metrics["idle_min"]))
-    key, value = list(metrics.items())[-1]
-    if isinstance(value, float):
-        value = f"{value:.4g}"
-    return f"{key} {value}"
-
-
-def kernel_idle_words(minutes: float) -> str:
-    """A GPU kernel's idle stretch: ``"idle 12 min"``, ``"idle <1 min"``."""
-    return "idle <1 min" if minutes < 1 else f"idle {minutes:.0f} min"
-
-
-def progress_words(job: JobInfo) -> str:
-    """``"70% loss 0.31"``, ``"step 12 loss 0.31"`` or ``""`` (plain text)."""
-    p = job.progress
-    if not p:
-        return ""
-    if job.kind == "kernel":
-        cells = int(p.get("done", 0))
-        idle_hours = (p.get("metrics") or {}).get("idle_gpu_h") or 0
-        held = f" · {idle_hours:.2f} GPU-h idle" if idle_hours >= 0.01 else ""
-        return f"{cells} cell{'' if cells == 1 else 's'} · {last_metric(job)}{held}"
-    share = fraction(job)
-    head = f"{share * 100:.0f}%" if share is not None else f"step {p.get('done', 0):g}"
-    metric = last_metric(job)
-    return f"{head} {metric}".strip()
 
 
 def bar_html(share: float, colour: str = COLOURS["running"], width: int = 110) -> str:

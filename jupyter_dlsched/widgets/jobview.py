@@ -344,7 +344,7 @@ class JobView(w.VBox):
         if info.state in TERMINAL and not self.finished:
             self._finish(info)
         self.status.value = self._status_html(info, now)
-        share = fmt.fraction(info)
+        share = fmt.progress_share(info)
         show_bar = info.state == "running" and share is not None
         self.bar.layout.display = "" if show_bar else "none"
         if share is not None:

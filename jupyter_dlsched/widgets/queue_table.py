@@ -139,7 +139,7 @@ class QueueRow:
     def _progress_html(job: JobInfo, words: str) -> str:
         if job.state in ("queued", "preempted"):
             return f'<span style="{MUTED}">{fmt.esc(words)}</span>'
-        share = fmt.fraction(job)
+        share = fmt.progress_share(job)
         if share is None:
             return fmt.esc(words)
         colour = fmt.COLOURS.get(job.state, fmt.COLOURS["running"])

@@ -22,6 +22,9 @@ HEAD = (
     "ran",
     "progress",
 )
+#: Every header and cell says its alignment: JupyterLab's stylesheet right-aligns table
+#: cells, which put ids and names under headings that read from the left.
+ALIGN = "text-align:left"
 
 
 def queue_order(jobs: list[JobInfo]) -> list[JobInfo]:
@@ -57,12 +60,12 @@ class QueueSnapshot:
     def _repr_html_(self) -> str:
         if not self.jobs:
             return "<i>no queued or running jobs</i>"
-        head = "".join(f"<th style='text-align:left'>{fmt.esc(h)}</th>" for h in HEAD)
+        head = "".join(f"<th style='{ALIGN}'>{fmt.esc(h)}</th>" for h in HEAD)
         rows = []
         for job in self.jobs:
             cells = [fmt.chip(job.state), *(fmt.esc(c) for c in self._cells(job))]
             cells[3] = fmt.owner_html(job)  # the short name, the full path on hover
-            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+            rows.append("<tr>" + "".join(f"<td style='{ALIGN}'>{c}</td>" for c in cells) + "</tr>")
         return (
             f'<table class="dlsched-queue"><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>"

@@ -315,20 +315,34 @@ export function lineWords(job: IJob, now: number): string {
   return `${icon} ${stateWords(job, now)}`;
 }
 
+/**
+ * How far a job without a total got: "step 12"; a GPU kernel's lease counts the cells it
+ * ran: "3 cells" (docs/kernels.md); "" without progress.
+ */
+export function stepWords(job: IJob): string {
+  if (!job.progress) {
+    return '';
+  }
+  const done = job.progress.done;
+  if (job.kind === 'kernel') {
+    return `${done} cell${done === 1 ? '' : 's'}`;
+  }
+  return `step ${done}`;
+}
+
 /** "70% loss 0.31", "step 12 loss 0.31" or "" (as the notebook widget writes it). */
 export function progressWords(job: IJob): string {
   if (!job.progress) {
     return '';
   }
   if (job.kind === 'kernel') {
-    const cells = job.progress.done;
     const idleHours = Number(job.progress.metrics?.idle_gpu_h ?? 0);
     const held = idleHours >= 0.01 ? ` · ${idleHours.toFixed(2)} GPU-h idle` : '';
-    return `${cells} cell${cells === 1 ? '' : 's'} · ${lastMetric(job)}${held}`;
+    const idle = lastMetric(job);
+    return `${stepWords(job)}${idle ? ` · ${idle}` : ''}${held}`;
   }
   const fraction = progressFraction(job);
-  const head =
-    fraction === null ? `step ${job.progress.done}` : `${Math.round(fraction * 100)}%`;
+  const head = fraction === null ? stepWords(job) : `${Math.round(fraction * 100)}%`;
   return `${head} ${lastMetric(job)}`.trim();
 }
 

@@ -17,6 +17,7 @@ import {
   stateDetail,
   stateTone,
   stateWords,
+  stepWords,
   usageWords,
   waitedFor
 } from './format';
@@ -181,7 +182,7 @@ export class JobRow {
     const fraction = progressFraction(job);
     if (fraction === null) {
       // Without a total there is no bar, only how far it got (as the Python widgets say it).
-      const step = job.progress ? `step ${job.progress.done}` : '';
+      const step = stepWords(job);
       if (this._progress.textContent !== step || this._progress.childElementCount) {
         this._progress.replaceChildren(step);
       }

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jupyter_dlsched
+
 # the console script pip installed next to this interpreter, as a user runs it
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 
@@ -77,3 +79,29 @@ def test_errors_are_one_line_messages(home):
     assert missing.returncode == 2 and "no job with id 'nosuchjob'" in missing.stderr
     empty = dlsched("submit", "--", check=False)
     assert empty.returncode == 2 and "give the command after --" in empty.stderr
+
+
+def test_version_prints_the_release():
+    out = dlsched("--version")
+    assert out.stdout.strip() == f"dlsched {jupyter_dlsched.__version__}"
+
+
+def test_an_unknown_job_id_points_a_shell_user_at_the_queue(home):
+    missing = dlsched("logs", "nosuchid", check=False)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        "dlsched logs: no job with id 'nosuchid'; `dlsched queue --all` lists the jobs"
+    )
+
+
+def test_a_memory_limit_too_small_to_start_a_process_is_refused(home):
+    tiny = dlsched("submit", "--mem", "1KiB", "--", "true", check=False)
+    assert tiny.returncode == 2
+    assert tiny.stderr.strip() == (
+        "dlsched submit: mem='1KiB' is invalid: expected a size of at least 16 MiB "
+        "(a process needs that much to start)"
+    )
+    assert json.loads(dlsched("queue", "--all", "--json").stdout) == []
+    # the floor itself is enough for a Python interpreter to start and end
+    out = dlsched("submit", "--mem", "16MiB", "--wait", "--", sys.executable, "-c", "print('ok')")
+    assert out.stdout == "ok\n"

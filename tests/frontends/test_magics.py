@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
+from html.parser import HTMLParser
 
 import pytest
 from IPython.core.error import UsageError
@@ -251,6 +254,23 @@ def test_bad_input_gives_a_one_line_usage_error(ip, line, cell, message):
     assert "_job" not in ip.user_ns
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            "--gpus many",
+            "%%schedule: argument --gpus: expected a number such as 2 or 0.5, got 'many' "
+            "(--gpus N|0.5|MIN:MAX)",
+        ),
+        ("--gpus", "%%schedule: argument --gpus: expected one argument (--gpus N|0.5|MIN:MAX)"),
+    ],
+)
+def test_a_bad_flag_value_names_the_flag_and_what_it_takes_not_every_flag(ip, line, message):
+    with pytest.raises(UsageError) as caught:
+        schedule(ip, line, "1")
+    assert str(caught.value) == message
+
+
 def test_a_usage_error_in_a_cell_prints_one_line_not_a_traceback(ip, capsys):
     result = ip.run_cell("%%schedule --gpu 1\n1\n")
     assert isinstance(result.error_before_exec or result.error_in_exec, UsageError)
@@ -313,6 +333,26 @@ def test_dlsched_queue_all_includes_finished_jobs(ip):
         ip.run_line_magic("dlsched", "queue --all")
     assert "finished-one" not in active.outputs[0].data["text/plain"]
     assert "finished-one" in everything.outputs[0].data["text/plain"]
+    # JupyterLab's stylesheet right-aligns table cells: each one says its own alignment,
+    # the same as its header's, or id and name sit right under left-aligned headings
+    aligned = cell_alignments(everything.outputs[0].data["text/html"])
+    assert {tag for tag, _ in aligned} == {"th", "td"}
+    assert {align for _, align in aligned} == {"left"}
+
+
+def cell_alignments(html: str) -> list[tuple[str, str | None]]:
+    """``(tag, text-align)`` of every header and cell of a table, None where it says none."""
+    found: list[tuple[str, str | None]] = []
+
+    class Cells(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag in ("th", "td"):
+                style = dict(attrs).get("style") or ""
+                rules = dict(r.split(":", 1) for r in style.replace(" ", "").split(";") if r)
+                found.append((tag, rules.get("text-align")))
+
+    Cells().feed(html)
+    return found
 
 
 def test_dlsched_pool_shows_the_gpu_cards(ip):
@@ -404,3 +444,31 @@ def test_attach_shows_the_live_line_and_brings_the_names_back_at_the_end(ip, tmp
     wait_for(lambda: not view.refresh(), what="the attached line to see the end")
     assert "done in" in view.status.value and "found returned" in view.status.value
     assert ip.user_ns["found"] == "yes"
+
+
+IMPORT_THEN_MAGIC = """
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+assert shell.run_cell("import jupyter_dlsched as dls").success
+assert shell.run_cell("%dlsched queue").success
+magics = shell.magics_manager.registry["SchedulerMagics"]
+# %load_ext after the import keeps the one set of magics (and what they hold)
+assert shell.run_cell("%load_ext jupyter_dlsched").success
+assert shell.magics_manager.registry["SchedulerMagics"] is magics
+assert shell.run_cell("%load_ext jupyter_dlsched").success
+"""
+
+
+def test_importing_the_package_in_ipython_registers_the_magics(home):
+    # a fresh interpreter: this one imported the package before any shell existed
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_THEN_MAGIC],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "no queued or running jobs" in out.stdout
+    assert "not found" not in out.stdout + out.stderr

@@ -21,6 +21,7 @@ import pytest
 from conftest import wait_for
 from jupyter_client import KernelManager
 
+from jupyter_dlsched.cli.reports import progress_words as cli_progress_words
 from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.kernels import control
 from jupyter_dlsched.kernels.kernelspecs import GpuKernelRequest, install
@@ -336,6 +337,17 @@ def test_history_counts_a_kernels_gpu_hours_and_the_idle_part(
     lease = kernel.lease
     # Prometheus sees the lease and, once the lease reports it, the GPU time it held idle
     wait_for(lambda: ((pool.info(lease).progress or {}).get("metrics") or {}).get("idle_gpu_h"))
+    # the shell's queue reads the lease's row in words, as the widgets and docs/kernels.md do
+    queue = subprocess.run(
+        [str(Path(sys.executable).with_name("dlsched")), "queue"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
+    [row] = [line for line in queue.stdout.splitlines() if line.startswith(lease)]
+    assert "running" in row and "1 cell · idle <1 min" in row, row
+    assert "idle_min" not in row and "step" not in row, row
     scraped = parse(exposition(pool.store, None, time.time()).decode())
     assert ({"state": "running"}, 1.0) in [(lb, v) for lb, v, _ in scraped["dlsched_kernel_leases"]]
     [(labels, idle, _)] = scraped["dlsched_kernel_idle_gpu_seconds"]
@@ -471,14 +483,16 @@ def test_a_kernel_whose_lease_process_is_killed_stops_rather_than_use_freed_gpus
     wait_for(lambda: state(pool, info.id) == "failed", timeout=30)
 
 
-def test_a_kernels_row_says_cells_idle_time_and_idle_gpu_hours() -> None:
+@pytest.mark.parametrize("words", [progress_words, cli_progress_words], ids=["widgets", "cli"])
+def test_a_kernels_row_says_cells_idle_time_and_idle_gpu_hours(words: Any) -> None:
     from types import SimpleNamespace
 
     job = SimpleNamespace(
         kind="kernel",
+        state="running",
         progress={"done": 3, "total": None, "metrics": {"idle_gpu_h": 0.4, "idle_min": 12.2}},
     )
-    assert progress_words(job) == "3 cells · idle 12 min · 0.40 GPU-h idle"  # type: ignore[arg-type]
+    assert words(job) == "3 cells · idle 12 min · 0.40 GPU-h idle"
 
 
 def test_a_notebook_job_on_a_gpu_kernelspec_uses_the_jobs_gpus_without_a_second_lease(

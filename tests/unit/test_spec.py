@@ -92,6 +92,8 @@ def test_deadline_accepts_datetime_and_duration():
         ({"cpus": 64}, "cpus", "this pool has 4"),
         ({"mem": "1TiB"}, "mem", "this pool has 64 GiB"),
         ({"mem": "lots"}, "mem", "a size such as"),
+        ({"mem": "1KiB"}, "mem", "at least 16 MiB (a process needs that much to start)"),
+        ({"mem": 16 * 2**20 - 1}, "mem", "at least 16 MiB"),
         ({"priority": "asap"}, "priority", "low=0, normal=50"),
         ({"priority": True}, "priority", "an integer"),
         ({"time_limit": "soon"}, "time_limit", "a duration above zero"),
