@@ -21,7 +21,9 @@
     max_gpus = 8
 
 Every value is checked when the service starts: a wrong type, a number out of range,
-NaN or infinity is refused with the key, the value and what is allowed.
+NaN or infinity, a fraction of a byte or a limit of no bytes, a user or group the
+machine does not know (a typo would otherwise weigh or limit nobody, or make nobody an
+admin) is refused with the key, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import tomllib
 
 from ..vocab.errors import SpecError
 from ..vocab.spec import MAX_GPUS, check_text, parse_priority
-from ..vocab.units import parse_size
+from ..vocab.units import parse_size, parse_size_exact
 
 log = logging.getLogger("jupyter_dlsched.agent")
 
@@ -109,11 +111,14 @@ class ServiceConfig:
         admin_group = data.get("admin_group")
         if admin_group is not None:
             admin_group = check_text(admin_group, "admin_group")
+            _known("admin_group", admin_group, group=True)
         weights = {}
         for who, weight in _table(data.get("weights"), "weights", "a table of weights").items():
             weights[who] = _number(weight, f"weights.{who}", "a number above zero", low=0.0)
             if weights[who] <= 0:
                 raise SpecError(f"weights.{who}", weight, "a number above zero")
+            group = who.startswith("@")
+            _known(f"weights.{who}", who[1:] if group else who, group=group)
         limits_table = dict(_table(data.get("limits"), "limits", "a table of limits"))
         users = _table(limits_table.pop("users", None), "limits.users", "a table of users")
         if "max_priority" not in limits_table:
@@ -122,6 +127,7 @@ class ServiceConfig:
         for user, table in users.items():
             where = f"limits.users.{user}"
             user_limits[user] = _limits({**limits_table, **_table(table, where, "a table")}, where)
+            _known(where, user, group=False)
         return cls(
             policy=policy,
             policy_params=params,
@@ -170,6 +176,22 @@ class ServiceConfig:
             if not who.startswith("@"):
                 weights[who] = weight
         return weights
+
+
+def _known(where: str, name: str, *, group: bool) -> None:
+    """Refuse a user or group the machine does not know: a misspelt name in the file would
+    weigh, limit or make an admin of nobody, in silence. One that is created later is
+    added to the file then (and the service restarted). A directory service that fails
+    leaves the name as written, with a warning: it must not keep the pool from starting."""
+    what = "a group of this machine" if group else "a user of this machine"
+    if not name:
+        raise SpecError(where, name, f"{what} (an empty name names nobody)")
+    try:
+        (grp.getgrnam if group else pwd.getpwnam)(name)
+    except KeyError:
+        raise SpecError(where, name, f"{what} (no such {'group' if group else 'user'})") from None
+    except Exception as error:
+        log.warning("dlsched service: cannot tell whether %s %r exists: %s", where, name, error)
 
 
 def _table(value: object, where: str, allowed: str) -> dict[str, Any]:
@@ -272,7 +294,13 @@ def _size(value: Any, where: str) -> int | None:
     """A size limit (``"1GiB"`` or bytes), or None when the key is left out."""
     if value is None:
         return None
+    allowed = "a size of at least one whole byte, such as '1GiB' or 1000"
     try:
-        return parse_size(value, where)
-    except SpecError as error:
-        raise SpecError(error.field, value, "a size such as '1GiB' or bytes") from None
+        size = parse_size(value, where)
+    except SpecError:
+        raise SpecError(where, value, allowed) from None
+    # parse_size rounds down: 1.5 would be one byte, 0.5 none, and a limit of no bytes
+    # refuses every submission (or every stage-in)
+    if size < 1 or size != parse_size_exact(value):
+        raise SpecError(where, value, allowed)
+    return size
