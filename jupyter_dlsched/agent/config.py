@@ -4,6 +4,7 @@
 
     policy = "fair"                 # any dlsched policy; fair share between users by default
     admin_group = "dlsched-admin"   # members (and root) may steer every job
+    min_schedule_interval = "1m"    # --every closer than this is refused (default 1 minute)
 
     [weights]                       # fair-share weights: a user, or "@group"
     ana = 2
@@ -16,6 +17,8 @@
     max_priority = "high"           # the highest priority a user may ask for (admins: any)
     max_payload_bytes = "1GiB"      # what one user's unfinished jobs' payloads may take
     max_cache_bytes = "200GiB"      # what one user's staged inputs may hold in the data cache
+    max_schedules = 20              # schedules (--every) of one user (default 20)
+    max_schedule_runs_per_hour = 600  # runs one user's schedules make an hour (default 600)
 
     [limits.users.ana]              # one user's own limits
     max_gpus = 8
@@ -46,7 +49,15 @@ from ..vocab.units import parse_size, parse_size_exact
 log = logging.getLogger("jupyter_dlsched.agent")
 
 DEFAULT_CONFIG = Path("/etc/dlsched/service.toml")
-_TOP_KEYS = ("policy", "policy_params", "admin_group", "weights", "limits")
+_TOP_KEYS = (
+    "policy",
+    "policy_params",
+    "admin_group",
+    "weights",
+    "limits",
+    # schedules
+    "min_schedule_interval",
+)
 _LIMIT_KEYS = (
     "max_gpus",
     "max_running",
@@ -54,6 +65,9 @@ _LIMIT_KEYS = (
     "max_priority",
     "max_payload_bytes",
     "max_cache_bytes",
+    # schedules
+    "max_schedules",
+    "max_schedule_runs_per_hour",
 )
 #: Running or waiting jobs of one user a limit may name (the ledger's integers hold more;
 #: a larger number is a typo, not a plan).
@@ -72,6 +86,12 @@ class Limits:
     max_payload_bytes: int | None = None
     #: bytes one user's entries may hold in the data cache (staged inputs)
     max_cache_bytes: int | None = None
+    # -- schedules (``--every``): each tick makes a job, which ends and frees its place in
+    # max_queued at once, so a user's schedules are capped, and the runs they make an hour
+    #: schedules one user may hold
+    max_schedules: int | None = 20
+    #: runs one user's schedules may make in an hour; a tick past it is skipped
+    max_schedule_runs_per_hour: int | None = 600
 
 
 @dataclass
@@ -85,6 +105,8 @@ class ServiceConfig:
     limits: Limits = field(default_factory=Limits)
     user_limits: dict[str, Limits] = field(default_factory=dict)
     path: Path | None = None
+    #: seconds at least between two ticks of a schedule (written to the ledger's settings)
+    min_schedule_interval: float = 60.0
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None) -> ServiceConfig:
@@ -136,6 +158,7 @@ class ServiceConfig:
             limits=_limits(limits_table, "limits"),
             user_limits=user_limits,
             path=file,
+            min_schedule_interval=_interval(data.get("min_schedule_interval", 60.0)),
         )
 
     def limits_for(self, user: str) -> Limits:
@@ -270,7 +293,12 @@ def _limits(table: dict[str, Any], where: str) -> Limits:
         max_priority = parse_priority(priority) if priority is not None else None
     except SpecError as error:
         raise SpecError(f"{where}.max_priority", priority, error.allowed) from None
+    schedules = _whole(table.get("max_schedules", 20), f"{where}.max_schedules", "a whole number")
+    runs = table.get("max_schedule_runs_per_hour", 600)
+    runs = _whole(runs, f"{where}.max_schedule_runs_per_hour", "a whole number of runs")
     return Limits(
+        max_schedules=schedules,
+        max_schedule_runs_per_hour=runs,
         max_gpus=(
             _number(
                 gpus,
@@ -288,6 +316,18 @@ def _limits(table: dict[str, Any], where: str) -> Limits:
         max_payload_bytes=payload,
         max_cache_bytes=cached,
     )
+
+
+def _interval(value: object) -> float:
+    """``min_schedule_interval``: a duration (``"1m"``, or seconds) of 0 or more."""
+    from ..store.settings import check_resize_every
+
+    try:
+        seconds = check_resize_every(value, "min_schedule_interval")
+    except SpecError as error:
+        raise SpecError("min_schedule_interval", value, error.allowed) from None
+    assert seconds is not None
+    return seconds
 
 
 def _size(value: Any, where: str) -> int | None:

@@ -285,6 +285,8 @@ def test_a_job_can_be_cancelled_on_a_full_disk(small_service, users):
         ("[weights]\nana = 0", "weights.ana=0", "a number above zero"),
         ("weights = 3", "weights=3", "a table of weights"),
         ("polic = 'fair'", "polic='fair'", "one of policy"),
+        ("min_schedule_interval = 'soon'", "min_schedule_interval='soon'", "a duration"),
+        ("[limits]\nmax_schedules = -1", "limits.max_schedules=-1", "a whole number"),
         # a typo of a name would weigh, limit or make an admin of nobody, in silence
         (
             "[weights]\n'@dlsnosuchgroup' = 2",
