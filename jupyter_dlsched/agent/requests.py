@@ -131,6 +131,7 @@ class Requests(Reads):
             ],
             inventory=self.ray.inventory() if ray else None,
             check=(lambda spec: refuse_stage_in("ray", spec)) if ray else None,
+            inline=inline,
         )
         self._check_priority(peer, batch[0][1].priority)
         self._check_queued(peer, len(batch))

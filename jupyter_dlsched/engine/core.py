@@ -44,6 +44,7 @@ from ..vocab.options import RESOURCE_ARGS
 from ..vocab.spec import MAX_NAME, JobSpec, build_spec, parse_priority
 from ..vocab.sweep import member_name
 from . import tick as tick_steps
+from .job_files import check_job_files
 from .launching import Launching, OwnJobs
 from .queue_index import QueueIndex
 
@@ -227,6 +228,7 @@ class Engine:
         suffixes: Sequence[str | None] | None = None,
         inventory: dict[str, Any] | None = None,
         check: Callable[[JobSpec], None] | None = None,
+        inline: bool = False,
     ) -> Batch:
         """Validate a submission (one spec for every job of it) and give each job its id and
         name: ``(job_id, spec, files)`` for ``insert``. The one copy of the checks every
@@ -246,6 +248,8 @@ class Engine:
             **options,
         )
         (self.backend.check if check is None else check)(spec)
+        for files in jobs:
+            check_job_files(kind, files, inline=inline)
         if spec.every is not None:
             check_interval(spec.every, self.settings.min_schedule_interval)
         names = list(suffixes) if suffixes is not None else [None] * len(jobs)
