@@ -4,6 +4,7 @@
 
     policy = "fair"                 # any dlsched policy; fair share between users by default
     admin_group = "dlsched-admin"   # members (and root) may steer every job
+    min_schedule_interval = "1m"    # --every closer than this is refused (default 1 minute)
 
     [weights]                       # fair-share weights: a user, or "@group"
     ana = 2
@@ -16,12 +17,16 @@
     max_priority = "high"           # the highest priority a user may ask for (admins: any)
     max_payload_bytes = "1GiB"      # what one user's unfinished jobs' payloads may take
     max_cache_bytes = "200GiB"      # what one user's staged inputs may hold in the data cache
+    max_schedules = 20              # schedules (--every) of one user (default 20)
+    max_schedule_runs_per_hour = 600  # runs one user's schedules make an hour (default 600)
 
     [limits.users.ana]              # one user's own limits
     max_gpus = 8
 
 Every value is checked when the service starts: a wrong type, a number out of range,
-NaN or infinity is refused with the key, the value and what is allowed.
+NaN or infinity, a fraction of a byte or a limit of no bytes, a user or group the
+machine does not know (a typo would otherwise weigh or limit nobody, or make nobody an
+admin) is refused with the key, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -39,12 +44,20 @@ import tomllib
 
 from ..vocab.errors import SpecError
 from ..vocab.spec import MAX_GPUS, check_text, parse_priority
-from ..vocab.units import parse_size
+from ..vocab.units import parse_size, parse_size_exact
 
 log = logging.getLogger("jupyter_dlsched.agent")
 
 DEFAULT_CONFIG = Path("/etc/dlsched/service.toml")
-_TOP_KEYS = ("policy", "policy_params", "admin_group", "weights", "limits")
+_TOP_KEYS = (
+    "policy",
+    "policy_params",
+    "admin_group",
+    "weights",
+    "limits",
+    # schedules
+    "min_schedule_interval",
+)
 _LIMIT_KEYS = (
     "max_gpus",
     "max_running",
@@ -52,6 +65,9 @@ _LIMIT_KEYS = (
     "max_priority",
     "max_payload_bytes",
     "max_cache_bytes",
+    # schedules
+    "max_schedules",
+    "max_schedule_runs_per_hour",
 )
 #: Running or waiting jobs of one user a limit may name (the ledger's integers hold more;
 #: a larger number is a typo, not a plan).
@@ -70,6 +86,12 @@ class Limits:
     max_payload_bytes: int | None = None
     #: bytes one user's entries may hold in the data cache (staged inputs)
     max_cache_bytes: int | None = None
+    # -- schedules (``--every``): each tick makes a job, which ends and frees its place in
+    # max_queued at once, so a user's schedules are capped, and the runs they make an hour
+    #: schedules one user may hold
+    max_schedules: int | None = 20
+    #: runs one user's schedules may make in an hour; a tick past it is skipped
+    max_schedule_runs_per_hour: int | None = 600
 
 
 @dataclass
@@ -83,6 +105,8 @@ class ServiceConfig:
     limits: Limits = field(default_factory=Limits)
     user_limits: dict[str, Limits] = field(default_factory=dict)
     path: Path | None = None
+    #: seconds at least between two ticks of a schedule (written to the ledger's settings)
+    min_schedule_interval: float = 60.0
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None) -> ServiceConfig:
@@ -109,11 +133,14 @@ class ServiceConfig:
         admin_group = data.get("admin_group")
         if admin_group is not None:
             admin_group = check_text(admin_group, "admin_group")
+            _known("admin_group", admin_group, group=True)
         weights = {}
         for who, weight in _table(data.get("weights"), "weights", "a table of weights").items():
             weights[who] = _number(weight, f"weights.{who}", "a number above zero", low=0.0)
             if weights[who] <= 0:
                 raise SpecError(f"weights.{who}", weight, "a number above zero")
+            group = who.startswith("@")
+            _known(f"weights.{who}", who[1:] if group else who, group=group)
         limits_table = dict(_table(data.get("limits"), "limits", "a table of limits"))
         users = _table(limits_table.pop("users", None), "limits.users", "a table of users")
         if "max_priority" not in limits_table:
@@ -122,6 +149,7 @@ class ServiceConfig:
         for user, table in users.items():
             where = f"limits.users.{user}"
             user_limits[user] = _limits({**limits_table, **_table(table, where, "a table")}, where)
+            _known(where, user, group=False)
         return cls(
             policy=policy,
             policy_params=params,
@@ -130,6 +158,7 @@ class ServiceConfig:
             limits=_limits(limits_table, "limits"),
             user_limits=user_limits,
             path=file,
+            min_schedule_interval=_interval(data.get("min_schedule_interval", 60.0)),
         )
 
     def limits_for(self, user: str) -> Limits:
@@ -170,6 +199,22 @@ class ServiceConfig:
             if not who.startswith("@"):
                 weights[who] = weight
         return weights
+
+
+def _known(where: str, name: str, *, group: bool) -> None:
+    """Refuse a user or group the machine does not know: a misspelt name in the file would
+    weigh, limit or make an admin of nobody, in silence. One that is created later is
+    added to the file then (and the service restarted). A directory service that fails
+    leaves the name as written, with a warning: it must not keep the pool from starting."""
+    what = "a group of this machine" if group else "a user of this machine"
+    if not name:
+        raise SpecError(where, name, f"{what} (an empty name names nobody)")
+    try:
+        (grp.getgrnam if group else pwd.getpwnam)(name)
+    except KeyError:
+        raise SpecError(where, name, f"{what} (no such {'group' if group else 'user'})") from None
+    except Exception as error:
+        log.warning("dlsched service: cannot tell whether %s %r exists: %s", where, name, error)
 
 
 def _table(value: object, where: str, allowed: str) -> dict[str, Any]:
@@ -248,7 +293,12 @@ def _limits(table: dict[str, Any], where: str) -> Limits:
         max_priority = parse_priority(priority) if priority is not None else None
     except SpecError as error:
         raise SpecError(f"{where}.max_priority", priority, error.allowed) from None
+    schedules = _whole(table.get("max_schedules", 20), f"{where}.max_schedules", "a whole number")
+    runs = table.get("max_schedule_runs_per_hour", 600)
+    runs = _whole(runs, f"{where}.max_schedule_runs_per_hour", "a whole number of runs")
     return Limits(
+        max_schedules=schedules,
+        max_schedule_runs_per_hour=runs,
         max_gpus=(
             _number(
                 gpus,
@@ -268,11 +318,29 @@ def _limits(table: dict[str, Any], where: str) -> Limits:
     )
 
 
+def _interval(value: object) -> float:
+    """``min_schedule_interval``: a duration (``"1m"``, or seconds) of 0 or more."""
+    from ..store.settings import check_resize_every
+
+    try:
+        seconds = check_resize_every(value, "min_schedule_interval")
+    except SpecError as error:
+        raise SpecError("min_schedule_interval", value, error.allowed) from None
+    assert seconds is not None
+    return seconds
+
+
 def _size(value: Any, where: str) -> int | None:
     """A size limit (``"1GiB"`` or bytes), or None when the key is left out."""
     if value is None:
         return None
+    allowed = "a size of at least one whole byte, such as '1GiB' or 1000"
     try:
-        return parse_size(value, where)
-    except SpecError as error:
-        raise SpecError(error.field, value, "a size such as '1GiB' or bytes") from None
+        size = parse_size(value, where)
+    except SpecError:
+        raise SpecError(where, value, allowed) from None
+    # parse_size rounds down: 1.5 would be one byte, 0.5 none, and a limit of no bytes
+    # refuses every submission (or every stage-in)
+    if size < 1 or size != parse_size_exact(value):
+        raise SpecError(where, value, allowed)
+    return size

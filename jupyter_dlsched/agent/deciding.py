@@ -23,7 +23,7 @@ from ..policy import Policy
 from ..store import Store
 from ..vocab.schema import JobInfo
 from .config import ServiceConfig
-from .limits import LimitsGate
+from .limits import LimitsGate, ScheduleRuns
 
 
 class AgentSide(Protocol):
@@ -107,6 +107,8 @@ def agent_engine(agent: AgentSide, home: str | os.PathLike[str], **settings: Any
         positions_at_once=POSITIONS_AT_ONCE,
         probe_pool=False,
     )
+    if agent.config is not None:
+        engine.fire_gate = ScheduleRuns(agent.config)
     engine.write_settings(**settings)
     engine.refresh_inventory()
     return engine

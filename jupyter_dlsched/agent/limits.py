@@ -4,17 +4,23 @@ Like the staging gate, ``LimitsGate`` wraps the pool's policy for one tick:
 jobs whose owner is at a limit are not offered to the policy, and a decision
 that would start several jobs of one owner keeps only those within the limit.
 A held job's waiting reason names the limit: ``"ana holds 4 GPUs, the limit
-per user is 4"``.
+per user is 4"``. ``ScheduleRuns`` counts the runs each user's schedules make, and
+turns a tick past ``max_schedule_runs_per_hour`` into a skip.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from ..policy import Decisions, Policy, QueuedJob, RunningJob
 from ..policy.base import PolicyGate, narrowed
 from ..vocab.resources import Capacity
+from ..vocab.schedule_info import ScheduleInfo
 from .config import Limits, ServiceConfig
+
+#: The window ``max_schedule_runs_per_hour`` counts runs in, in seconds.
+HOUR = 3600.0
 
 
 class LimitsGate(PolicyGate):
@@ -110,3 +116,28 @@ def _over(
             f"the limit per user is {limits.max_gpus:g}"
         )
     return None
+
+
+class ScheduleRuns:
+    """Whether a schedule's tick may make its run: its owner's schedules made fewer than
+    ``max_schedule_runs_per_hour`` in the last hour (the engine's ``fire_gate``).
+
+    The runs a schedule makes end at once and so never count in ``max_queued``; this is
+    what bounds the jobs a user's schedules add to every decision. The count lives in
+    the service (a restart forgets an hour at most)."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self._config = config
+        self._runs: dict[int, deque[float]] = {}
+
+    def __call__(self, schedule: ScheduleInfo, now: float) -> bool:
+        cap = self._config.limits_for(schedule.owner).max_schedule_runs_per_hour
+        if cap is None:
+            return True
+        runs = self._runs.setdefault(schedule.uid, deque())
+        while runs and runs[0] <= now - HOUR:
+            runs.popleft()
+        if len(runs) >= cap:
+            return False
+        runs.append(now)
+        return True

@@ -24,7 +24,13 @@ from typing import Any
 
 from ..local.launcher import code_stamp
 from ..vocab import private
-from ..vocab.errors import DlschedError, JobNotFound, PermissionDenied, SpecError
+from ..vocab.errors import (
+    DlschedError,
+    JobNotFound,
+    PermissionDenied,
+    SpecError,
+    UnsafeStateFolder,
+)
 from ..vocab.schema import JobInfo, info_from_json
 from ..vocab.spec import _after, parse_stage_in
 from .client import AgentClient, agent_wanted, shared_socket, user_address
@@ -269,6 +275,22 @@ def _jsonable(value: object) -> bool:
     return False
 
 
+def _not_yours(info: JobInfo, name: str) -> PermissionDenied:
+    """Why another user's job file is not read: a pickle never (loading one runs the code
+    it names, as the reader), the rest only by its owner and root."""
+    owner = info.owner
+    if name.endswith(".pkl"):
+        return PermissionDenied(
+            f"job {info.id} belongs to {owner}: its result is a pickle its job wrote as "
+            f"{owner}, and loading a pickle runs the code it names, so only {owner} loads it "
+            f"(an admin reads its state and log: dlsched logs {info.id})"
+        )
+    return PermissionDenied(
+        f"job {info.id} belongs to {owner}: only its owner (or root) may read its log and "
+        "error report, and only its owner its result"
+    )
+
+
 class RemoteLedger:
     """The ledger of a shared pool, read through its agent (the reads a client makes).
 
@@ -360,18 +382,25 @@ class RemoteLedger:
         return self.spool_root / job_id
 
     def read_spool_file(self, job_id: str, name: str) -> bytes | None:
-        """One of this user's job files; another user's is refused, not read."""
+        """One of this user's job files. Of another user's job, root reads what is not a
+        pickle (the error report) as the owner's file; a pickle (the result) is refused
+        unread, to everyone: loading one runs the code it names, as the reader."""
         path = self.spool(job_id) / name
         try:
             return private.read_file(path)
+        except UnsafeStateFolder:
+            # root may open any file: one that is not root's is checked as its owner's
+            info = self.get(job_id) if os.getuid() == 0 else None
+            if info is None or info.uid == 0:
+                raise
+            if name.endswith(".pkl"):
+                raise _not_yours(info, name) from None
+            return private.read_file(path, info.uid)
         except PermissionError as error:
             if getattr(error, "errno", None) == errno.EACCES:
                 info = self.get(job_id)
                 if info.uid != os.getuid():
-                    raise PermissionDenied(
-                        f"job {job_id} belongs to {info.owner}: only its owner or a pool admin "
-                        "may read its results and logs"
-                    ) from None
+                    raise _not_yours(info, name) from None
                 # the user's own job: a folder on the way is closed to them
                 what = "result" if name == "result.pkl" else "error report"
                 raise PermissionDenied(

@@ -132,10 +132,12 @@ class Requests(Reads):
             ],
             inventory=self.ray.inventory() if ray else None,
             check=(lambda spec: refuse_stage_in("ray", spec)) if ray else None,
+            inline=inline,
         )
         self._check_priority(peer, batch[0][1].priority)
         self._check_queued(peer, len(batch))
         self._check_payload(peer, batch)
+        self._check_schedules(peer, batch)
         ids = self.sched.insert(
             batch, owner=peer.user, uid=peer.uid, inline=inline, backend=backend
         )
@@ -192,6 +194,23 @@ class Requests(Reads):
                 f"{peer.user}'s queued payloads take {format_size(held)}; the limit per user "
                 f"is {format_size(cap)}; this request adds {format_size(adding)} (wait for "
                 "jobs to end, or pass large data by path rather than as an argument)"
+            )
+
+    def _check_schedules(self, peer: Peer, batch: list[tuple[str, Any, dict[str, bytes]]]) -> None:
+        """Refuse a schedule past ``max_schedules`` of its user (each tick of each makes a
+        job, however soon it ends)."""
+        adding = sum(1 for _, spec, _ in batch if spec.every is not None)
+        if not adding or self.config is None:
+            return
+        cap = self.config.limits_for(peer.user).max_schedules
+        if cap is None:
+            return
+        held = self._store.schedule_count(peer.uid)
+        if held + adding > cap:
+            raise PermissionDenied(
+                f"{peer.user} has {held} schedule{'s' if held != 1 else ''}; the limit per "
+                f"user is {cap} (max_schedules; this request adds {adding}): remove one "
+                "with `dlsched schedules remove ID`"
             )
 
     def _owned(self, peer: Peer, job_id: object, doing: str) -> JobInfo:
@@ -269,6 +288,7 @@ class Requests(Reads):
             msg.get("policy_params"),
             resize_every=msg.get("resize_every"),
             resize_cost=msg.get("resize_cost"),
+            min_schedule_interval=msg.get("min_schedule_interval"),
         )
         self._dirty = True
         return {"settings": self._store.get_meta("settings")}

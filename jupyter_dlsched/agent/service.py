@@ -237,7 +237,11 @@ class Agent(Requests, Forking):
             params = dict(self.config.policy_params)
             if self.config.policy == "fair" and "weights" not in params:
                 params["weights"] = self.config.owner_weights()
-            options = {"policy": self.config.policy, "policy_params": params}
+            options = {
+                "policy": self.config.policy,
+                "policy_params": params,
+                "min_schedule_interval": self.config.min_schedule_interval,
+            }
         if self.shared:
             _check_reachable(self.home)  # before anything is created in it
         self.sched = agent_engine(self, self.home, **options)

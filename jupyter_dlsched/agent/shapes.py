@@ -140,6 +140,7 @@ class SettingsRequest(TypedDict, total=False):
     policy_params: dict[str, Any] | None
     resize_every: float | None
     resize_cost: float | None
+    min_schedule_interval: float | None
 
 
 class SamplesRequest(TypedDict, total=False):

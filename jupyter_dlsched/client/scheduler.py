@@ -52,7 +52,9 @@ class Scheduler(Watching):
     ``DLSCHED_POLICY``) apply. So are ``resize_every`` (seconds between two
     resizes of one elastic job, 300 by default, ``DLSCHED_RESIZE_EVERY`` for a
     new ledger) and ``resize_cost`` (seconds a resize is taken to cost, 30);
-    see ``docs/elastic.md``.
+    see ``docs/elastic.md``; and ``min_schedule_interval`` (seconds at least between
+    two ticks of a schedule, 60, ``DLSCHED_MIN_SCHEDULE_INTERVAL`` for a new ledger;
+    in a shared pool ``service.toml`` sets it).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class Scheduler(Watching):
         policy_params: dict[str, Any] | None = None,
         resize_every: float | None = None,
         resize_cost: float | None = None,
+        min_schedule_interval: float | str | None = None,
         probe_pool: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_max: int | str | None = None,
@@ -101,6 +104,9 @@ class Scheduler(Watching):
             "policy_params": policy_params,
             "resize_every": check_resize_every(resize_every),
             "resize_cost": check_resize_every(resize_cost, "resize_cost"),
+            "min_schedule_interval": check_resize_every(
+                min_schedule_interval, "min_schedule_interval"
+            ),
         }
         if agent_link is not None:
             agent_link.settings(**settings)

@@ -39,15 +39,18 @@ from ..staging import StagingGate
 from ..store import JobInfo, Store, inventory_key
 from ..store.settings import Settings, check_resize_every
 from ..vocab.errors import SpecError
+from ..vocab.every import check_interval
 from ..vocab.options import RESOURCE_ARGS
 from ..vocab.spec import MAX_NAME, JobSpec, build_spec, parse_priority
 from ..vocab.sweep import member_name
 from . import tick as tick_steps
+from .job_files import check_job_files
 from .launching import Launching, OwnJobs
 from .queue_index import QueueIndex
 
 if TYPE_CHECKING:
     from ..machine.inventory import PoolInfo
+    from ..vocab.schedule_info import ScheduleInfo
 
 #: Seconds between decisions when nothing changed (aging, GPU memory used outside the pool).
 REDECIDE_EVERY = 10.0
@@ -58,6 +61,9 @@ Batch = list[tuple[str, JobSpec, dict[str, bytes]]]
 
 #: Ranks in line written per transaction by ``Engine.flush_positions``.
 POSITIONS_PER_WRITE = 2_000
+#: A new ledger's ``min_schedule_interval`` (a duration), as ``DLSCHED_POLICY`` its policy.
+MIN_INTERVAL_ENV = "DLSCHED_MIN_SCHEDULE_INTERVAL"
+
 #: Seconds at least between two start-time forecasts. A drain of short jobs decides every
 #: few milliseconds, and the forecast is most of such a decision (it holds up the next):
 #: a decision within this of the last forecast leaves its own for a tick after it.
@@ -105,6 +111,8 @@ class Engine:
         self.gate = gate
         self.on_wake = wake
         self._policy_object = policy
+        #: whether a schedule's tick may make its run (a shared pool's rate per user)
+        self.fire_gate: Callable[[ScheduleInfo, float], bool] | None = None
         self.backend = make_backend(backend, self, **backend_options)
         self.inventory_key = inventory_key(self.backend.name)
         #: ``((newest event, grants held past an end), settings)`` at the last decision
@@ -151,6 +159,7 @@ class Engine:
         policy_params: dict[str, Any] | None = None,
         resize_every: object = None,
         resize_cost: object = None,
+        min_schedule_interval: object = None,
     ) -> None:
         """Write the given settings to the ledger (unset ones keep theirs); a policy object
         decides for this engine only and is not written."""
@@ -168,6 +177,9 @@ class Engine:
             env_resize = os.environ.get("DLSCHED_RESIZE_EVERY")
             if env_resize is not None:  # a new ledger's default, as DLSCHED_POLICY
                 settings["resize_every"] = check_resize_every(env_resize, "DLSCHED_RESIZE_EVERY")
+            env_floor = os.environ.get(MIN_INTERVAL_ENV)
+            if env_floor is not None:
+                settings["min_schedule_interval"] = check_resize_every(env_floor, MIN_INTERVAL_ENV)
         updates = {
             "policy": policy,
             "policy_params": policy_params if policy is not None else None,
@@ -175,6 +187,9 @@ class Engine:
             "grace": grace,
             "resize_every": check_resize_every(resize_every),
             "resize_cost": check_resize_every(resize_cost, "resize_cost"),
+            "min_schedule_interval": check_resize_every(
+                min_schedule_interval, "min_schedule_interval"
+            ),
         }
         changed = stored is None
         for key, value in updates.items():
@@ -213,6 +228,7 @@ class Engine:
         suffixes: Sequence[str | None] | None = None,
         inventory: dict[str, Any] | None = None,
         check: Callable[[JobSpec], None] | None = None,
+        inline: bool = False,
     ) -> Batch:
         """Validate a submission (one spec for every job of it) and give each job its id and
         name: ``(job_id, spec, files)`` for ``insert``. The one copy of the checks every
@@ -232,6 +248,10 @@ class Engine:
             **options,
         )
         (self.backend.check if check is None else check)(spec)
+        for files in jobs:
+            check_job_files(kind, files, inline=inline)
+        if spec.every is not None:
+            check_interval(spec.every, self.settings.min_schedule_interval)
         names = list(suffixes) if suffixes is not None else [None] * len(jobs)
         if len(names) != len(jobs):
             raise SpecError("suffixes", len(names), f"one per job ({len(jobs)})")
@@ -319,7 +339,7 @@ class Engine:
     def _tick(self, fixed_now: float | None) -> Decisions | None:
         now = time.time() if fixed_now is None else fixed_now
         backend = self.backend.name
-        fire_due(self.store, now)  # schedules whose tick came submit their next run
+        fire_due(self.store, now, self.fire_gate)  # schedules whose tick came: their next run
         waiting, expired, last_event, settings_json = self.store.tick_inputs(backend, now)
         # Deciding again is only worth it when a job changed state (every change is an
         # event) or released the grant it held past its end, the settings changed, the

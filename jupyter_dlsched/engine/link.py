@@ -84,6 +84,7 @@ class EngineLink:
             origin=origin,
             options=options,
             suffixes=suffixes,
+            inline=inline,
         )
         return self.engine.insert(batch, owner=self.owner, uid=self.uid, inline=inline)
 

@@ -24,7 +24,7 @@ from ..store import WAITING, Store
 from ..vocab.resources import Capacity, Request
 from .lanes import Lanes
 from .line_ranks import rerank
-from .rows import dependency_states, queued_job, why_blocked
+from .rows import queued_job, settle_dependencies
 
 _job_id = attrgetter("id")
 _job_request = attrgetter("request")
@@ -188,10 +188,10 @@ class QueueIndex:
         if not self.pending:
             return {}
         rows = list(self.pending.values())
-        dep_states = dependency_states(store, db, rows)
+        reasons = settle_dependencies(store, db, rows, now)
         blocked: dict[str, str] = {}
         for row in rows:
-            why = why_blocked(store, db, row, dep_states, now)
+            why = reasons[row["id"]]
             if why is None:
                 del self.pending[row["id"]]
                 self._offer(self.queued(row))

@@ -1,6 +1,7 @@
 """A ledger row as a policy sees it: the policy's inputs made from the rows a decision
 reads (``queued_job``, ``running_job``), and why a waiting row cannot start yet
-(``why_blocked``: its ``begin``, a dependency).
+(``why_blocked``: its ``begin``, a dependency; ``settle_dependencies``: every waiting
+row's, a failure passed down each chain at once).
 """
 
 from __future__ import annotations
@@ -43,6 +44,30 @@ def dependency_states(
 ) -> dict[str, str]:
     deps = sorted({d for r in waiting if r["after"] != "[]" for d in json.loads(r["after"])})
     return store.states(deps, db)
+
+
+def settle_dependencies(
+    store: Store, db: sqlite3.Connection, waiting: list[sqlite3.Row], now: float
+) -> dict[str, str | None]:
+    """``why_blocked`` of each waiting row, by id, with a failure passed down whole chains
+    in this one decision: a job failed here for its dependency is a failed dependency of
+    the jobs after it, which fail too (a chain of thousands fails at once, not one link a
+    decision). Looks again only while a pass failed someone."""
+    dep_states = dependency_states(store, db, waiting)
+    why: dict[str, str | None] = {}
+    todo = waiting
+    while todo:
+        failed = False
+        still: list[sqlite3.Row] = []
+        for row in todo:
+            why[row["id"]] = reason = why_blocked(store, db, row, dep_states, now)
+            if reason == "":
+                dep_states[row["id"]] = "failed"
+                failed = True
+            elif reason and row["after"] != "[]":
+                still.append(row)
+        todo = still if failed else []
+    return why
 
 
 def request_of(row: sqlite3.Row) -> Request:

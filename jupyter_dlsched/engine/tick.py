@@ -20,7 +20,7 @@ from ..vocab.resources import Capacity, GpuFree, Placement
 from ..vocab.schema import WAITING
 from .line_ranks import rerank
 from .queue_index import QueueIndex
-from .rows import dependency_states, queued_job, running_job, why_blocked
+from .rows import queued_job, running_job, settle_dependencies
 
 CLAIM_GRACE = 30.0  # seconds an allocated job may wait for its supervisor to claim it
 
@@ -237,11 +237,11 @@ def _ready(
 ) -> tuple[list[QueuedJob], dict[str, str]]:
     """The waiting jobs whose dependencies have succeeded, and the others' reasons (a job
     whose dependency failed fails here)."""
-    dep_states = dependency_states(store, db, waiting)
+    reasons = settle_dependencies(store, db, waiting, now)
     queued: list[QueuedJob] = []
     blocked: dict[str, str] = {}
     for row in waiting:
-        why = why_blocked(store, db, row, dep_states, now)
+        why = reasons[row["id"]]
         if why is None:
             queued.append(queued_job(row))
         elif why:

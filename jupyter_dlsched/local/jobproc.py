@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import pwd
 import resource
 import signal
 import socket
@@ -235,9 +236,7 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
                 libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a uid change clears it
             except (OSError, AttributeError):
                 pass
-        cwd = context.get("cwd")
-        if cwd and os.path.isdir(cwd):
-            os.chdir(cwd)
+        os.chdir(_working_folder(context.get("cwd")))
         if cores:
             os.sched_setaffinity(0, cores)
         # a program run next is given ``env`` by the exec; this process takes it only to
@@ -268,6 +267,22 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
                 _report_result(report)
         finally:
             os._exit(code)
+
+
+def _working_folder(cwd: object) -> str:
+    """Where the job runs: the folder it was submitted from, else (none given, or gone
+    since) its owner's home, else ``/``; never its supervisor's folder, which in a shared
+    pool is the service's. Called as the owner, so a folder the owner cannot enter is
+    passed over too."""
+    if isinstance(cwd, str) and cwd and os.path.isdir(cwd) and os.access(cwd, os.X_OK):
+        return cwd
+    try:
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        home = ""
+    if home and os.path.isdir(home) and os.access(home, os.X_OK):
+        return home
+    return "/"
 
 
 def take_environment(env: dict[str, str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..vocab.errors import DlschedError
@@ -18,14 +19,20 @@ from ..vocab.every import parse_every
 
 if TYPE_CHECKING:
     from ..store import Store
+    from ..vocab.schedule_info import ScheduleInfo
 
 log = logging.getLogger(__name__)
 #: a run still in one of these states makes the schedule skip its tick
 _STILL_GOING = ("queued", "running", "preempted")
 
 
-def fire_due(store: Store, now: float | None = None) -> list[str]:
-    """Make the runs of the schedules whose tick has come; the new jobs' ids."""
+def fire_due(
+    store: Store,
+    now: float | None = None,
+    allow: Callable[[ScheduleInfo, float], bool] | None = None,
+) -> list[str]:
+    """Make the runs of the schedules whose tick has come; the new jobs' ids. ``allow``
+    (a shared pool's per-user rate of runs) may turn a tick into a skip."""
     now = time.time() if now is None else now
     made: list[str] = []
     for schedule in store.due_schedules(now):
@@ -36,7 +43,7 @@ def fire_due(store: Store, now: float | None = None) -> list[str]:
         claimed, last_state = store.claim_schedule_tick(schedule.id, now, following)
         if not claimed:
             continue  # another process handled this tick
-        if last_state in _STILL_GOING:
+        if last_state in _STILL_GOING or (allow is not None and not allow(schedule, now)):
             store.record_schedule_skip(schedule.id)
             continue
         try:

@@ -94,8 +94,10 @@ class Schedules(Events):
         row = self.db.execute(f"{_SELECT} WHERE s.id=?", (schedule_id,)).fetchone()
         return _info(row) if row is not None else None
 
-    def schedule_count(self) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM schedules").fetchone()[0])
+    def schedule_count(self, uid: int | None = None) -> int:
+        """How many schedules there are (``uid``: of that user)."""
+        where, args = ("WHERE uid=?", (uid,)) if uid is not None else ("", ())
+        return int(self.db.execute(f"SELECT COUNT(*) FROM schedules {where}", args).fetchone()[0])
 
     def remove_schedule(
         self, schedule_id: str, *, uid: int | None = None, now: float | None = None

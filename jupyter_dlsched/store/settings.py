@@ -22,6 +22,8 @@ class Settings:
     # seconds one resize is assumed to cost a job (checkpoint, restart, warm-up): a running
     # elastic job grows only when that saves more than twice this
     resize_cost: float = 30.0
+    # seconds at least between two ticks of a schedule (``--every``): each tick makes a job
+    min_schedule_interval: float = 60.0
 
     def preempt_grace(self) -> float:
         """Seconds a preempted job gets to checkpoint: the policy's ``preempt_grace``."""

@@ -40,6 +40,8 @@ _SHORTHANDS = {
 _BOUNDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
 #: a cron expression with no tick in this many years never has one (Feb 30)
 _SEARCH_YEARS = 5
+#: ticks of a cron expression walked to find its shortest gap (a year of a daily one)
+_GAP_TICKS = 400
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,28 @@ class Every:
             else:
                 return moment.timestamp()
         raise SpecError("every", self.text, "a cron expression that has a next time")
+
+    def shortest_gap(self, longest_wanted: float) -> float:
+        """The shortest time between two ticks, as far as it matters to ``longest_wanted``:
+        an interval is itself; a cron expression ticks at most once a minute, and the ticks
+        of its next few days are walked only when more than a minute is wanted.
+
+        >>> parse_every("90s").shortest_gap(60), parse_every("*/5 * * * *").shortest_gap(600)
+        (90.0, 300.0)
+        """
+        if self.interval is not None:
+            return self.interval
+        if longest_wanted <= 60.0:
+            return 60.0
+        t = self.next_after(datetime(2026, 1, 1).timestamp())  # from a tick, not between
+        shortest = math.inf
+        for _ in range(_GAP_TICKS):
+            after = self.next_after(t)
+            shortest = min(shortest, after - t)
+            if shortest < longest_wanted:
+                break
+            t = after
+        return shortest
 
     def _day_matches(self, moment: datetime) -> bool:
         day_ok = moment.day in self.days
@@ -149,3 +173,36 @@ def _field(text: str, lo: int, hi: int, whole: object) -> frozenset[int]:
             raise SpecError("every", whole, EVERY_HELP)
         values.update(range(start, end + 1, step))
     return frozenset(values)
+
+
+def check_interval(every: str, minimum: float) -> None:
+    """Refuse a schedule whose ticks come closer than ``minimum`` seconds, a pool's
+    ``min_schedule_interval``: each tick makes a job, and a job a second from each of a
+    user's schedules slows every decision of the pool.
+
+    >>> check_interval("1s", 60)
+    Traceback (most recent call last):
+    ...
+    jupyter_dlsched.vocab.errors.SpecError: --every 1s is below this pool's minimum interval of 1m (min_schedule_interval)
+    """
+    if minimum <= 0 or parse_every(every).shortest_gap(minimum) >= minimum:
+        return
+    words = interval_words(minimum)
+    refused = SpecError("every", every, f"ticks at least {words} apart (min_schedule_interval)")
+    shown = f"'{every}'" if " " in every else every
+    refused.args = (
+        f"--every {shown} is below this pool's minimum interval of {words} (min_schedule_interval)",
+    )
+    raise refused
+
+
+def interval_words(seconds: float) -> str:
+    """``"1m"``, ``"90s"``, ``"2h"``: a duration as it would be written after ``--every``.
+
+    >>> interval_words(60), interval_words(90), interval_words(7200), interval_words(0.5)
+    ('1m', '90s', '2h', '0.5s')
+    """
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"

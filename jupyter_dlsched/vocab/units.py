@@ -59,6 +59,19 @@ def parse_size(value: object, field: str = "size") -> int:
     return int(number)
 
 
+def parse_size_exact(value: object, field: str = "size") -> float:
+    """A size in bytes as written, not rounded (``"1.5"`` is 1.5): whoever needs whole
+    bytes compares it with ``parse_size``.
+
+    >>> parse_size_exact("1.5"), parse_size_exact("0.5KiB")
+    (1.5, 512.0)
+    """
+    parse_size(value, field)
+    number = _number_with_unit(value, _SIZE_UNITS)
+    assert number is not None
+    return number
+
+
 def parse_duration(value: object, field: str = "duration") -> float:
     """Return a duration in seconds.
 

@@ -45,6 +45,8 @@ def test_cron_expressions_and_durations_name_their_next_tick():
 
 def console_env(home: Path) -> dict[str, str]:
     env = {**os.environ, "DLSCHED_HOME": str(home), "DLSCHED_SIMULATE_GPUS": "2x16GiB"}
+    # a run every 3 s keeps these tests short: below the default minimum interval of 1m
+    env["DLSCHED_MIN_SCHEDULE_INTERVAL"] = "1s"
     for name in ("DLSCHED_POLICY", "DLSCHED_BACKEND", "DLSCHED_SOCKET"):
         env.pop(name, None)
     return env
@@ -129,5 +131,21 @@ def test_a_cron_schedules_first_run_waits_for_its_first_tick(home):
         assert schedule.next_run == parse_every("0 3 * * *").next_after(info.begin)
         s.tick()
         assert "not before" in (s.info(h.id).waiting or "")
+        s.remove_schedule(schedule.id)
+        s.cancel(h.id)
+
+
+def test_ones_own_pool_refuses_a_schedule_below_its_minimum_interval_unless_set_lower(home):
+    with Scheduler(home, agent=False, loop=False) as s:
+        with pytest.raises(SpecError) as refused:
+            s.submit(os.getpid, every="1s", cpus=0.25)
+        assert str(refused.value) == (
+            "--every 1s is below this pool's minimum interval of 1m (min_schedule_interval)"
+        )
+        assert s.schedules() == [] and s.jobs() == []
+    with Scheduler(home, agent=False, loop=False, min_schedule_interval="1s") as s:
+        h = s.submit(os.getpid, every="1s", cpus=0.25)
+        [schedule] = s.schedules()
+        assert schedule.template == h.id and schedule.every == "1s"
         s.remove_schedule(schedule.id)
         s.cancel(h.id)

@@ -285,6 +285,46 @@ def test_a_job_can_be_cancelled_on_a_full_disk(small_service, users):
         ("[weights]\nana = 0", "weights.ana=0", "a number above zero"),
         ("weights = 3", "weights=3", "a table of weights"),
         ("polic = 'fair'", "polic='fair'", "one of policy"),
+        ("min_schedule_interval = 'soon'", "min_schedule_interval='soon'", "a duration"),
+        ("[limits]\nmax_schedules = -1", "limits.max_schedules=-1", "a whole number"),
+        # a typo of a name would weigh, limit or make an admin of nobody, in silence
+        (
+            "[weights]\n'@dlsnosuchgroup' = 2",
+            "weights.@dlsnosuchgroup='dlsnosuchgroup'",
+            "a group of this machine (no such group)",
+        ),
+        (
+            "[weights]\ndlsnosuchuser = 2",
+            "weights.dlsnosuchuser='dlsnosuchuser'",
+            "a user of this machine (no such user)",
+        ),
+        ("[weights]\n'' = 2", "weights.=''", "a user of this machine (an empty name"),
+        (
+            "[limits.users.dlsnosuchuser]\nmax_gpus = 1",
+            "limits.users.dlsnosuchuser='dlsnosuchuser'",
+            "a user of this machine (no such user)",
+        ),
+        (
+            "admin_group = 'dlsnosuchgroup'",
+            "admin_group='dlsnosuchgroup'",
+            "a group of this machine (no such group)",
+        ),
+        # a fraction of a byte, and a limit of no bytes that refuses every submission
+        (
+            "[limits]\nmax_cache_bytes = 1.5",
+            "limits.max_cache_bytes=1.5",
+            "a size of at least one whole byte",
+        ),
+        (
+            "[limits]\nmax_payload_bytes = 0",
+            "limits.max_payload_bytes=0",
+            "a size of at least one whole byte",
+        ),
+        (
+            "[limits]\nmax_payload_bytes = '0.5'",
+            "limits.max_payload_bytes='0.5'",
+            "a size of at least one whole byte",
+        ),
         ("policy = [", "config=", "TOML"),
     ],
 )
@@ -318,18 +358,18 @@ def test_a_bad_service_toml_value_stops_the_start_in_one_line(tmp_path, toml, ke
 def test_a_good_service_toml_is_read_as_written(tmp_path):
     config = tmp_path / "service.toml"
     config.write_text(
-        "policy = 'las'\nadmin_group = 'wheel'\n[policy_params]\nthresholds = [60, 600.5]\n"
-        "preempt = false\n[weights]\nana = 2\n'@interns' = 0.5\n"
+        "policy = 'las'\nadmin_group = 'root'\n[policy_params]\nthresholds = [60, 600.5]\n"
+        "preempt = false\n[weights]\nroot = 2\n'@root' = 0.5\n"
         "[limits]\nmax_gpus = 2.5\nmax_running = 3\nmax_payload_bytes = '50MiB'\n"
-        "max_cache_bytes = '2GiB'\n[limits.users.ana]\nmax_payload_bytes = 1000\n"
+        "max_cache_bytes = '2GiB'\n[limits.users.root]\nmax_payload_bytes = 1000\n"
     )
     loaded = ServiceConfig.load(config)
-    assert (loaded.policy, loaded.admin_group) == ("las", "wheel")
+    assert (loaded.policy, loaded.admin_group) == ("las", "root")
     assert loaded.policy_params == {"thresholds": [60, 600.5], "preempt": False}
-    assert loaded.weights == {"ana": 2.0, "@interns": 0.5}
+    assert loaded.weights == {"root": 2.0, "@root": 0.5}
     assert loaded.limits.max_gpus == 2.5 and loaded.limits.max_running == 3
     assert loaded.limits.max_payload_bytes == 50 * MiB
-    ana = loaded.limits_for("ana")
+    ana = loaded.limits_for("root")
     assert (ana.max_payload_bytes, ana.max_gpus, ana.max_priority) == (1000, 2.5, 100)
     assert loaded.limits.max_cache_bytes == ana.max_cache_bytes == 2 * 2**30
 
