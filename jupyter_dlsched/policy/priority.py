@@ -75,9 +75,10 @@ class PriorityPolicy:
       must end before the holders' likely end, not their late one (with one
       learnt length for all, a backfilled job then never outruns the job it
       waits on by estimate alone);
-    * ``reserve_depth=2``: blocked jobs, in order, that hold devices back; the
-      second keeps a long job from taking, on devices the first leaves
-      free, what the next wide job needs.
+    * ``reserve_depth=2``: blocked jobs, in order, that hold devices back: the
+      first, and then the first blocked job wider than it, which needs some
+      of the devices the first leaves to backfill (a long job backfilled
+      there held it back long after the first had started).
 
     >>> PriorityPolicy(preempt=True).preempt_grace
     30.0
@@ -310,8 +311,15 @@ class PriorityPolicy:
             ends_in_time = length is not None and now + length <= shadow + EPS  # type: ignore[operator]
             placement = (room if ends_in_time else protected).place(job.request)
             if placement is None:
-                if held < self.reserve_depth and holders is not None and protected.whole > 0:
-                    held += 1  # this job's claim too: a long job must not take it
+                if (
+                    held < self.reserve_depth
+                    and holders is not None
+                    and protected.whole > 0
+                    and job.request.whole_gpus > head.request.whole_gpus
+                ):
+                    # wider than the head: it needs devices the head leaves to backfill,
+                    # where one long job would hold it back long after the head started
+                    held += 1
                     _, claim = _reservation(job.request, protected.capacity, holders)
                     protected = Room(_protect(protected.capacity, job.request, claim))
                 if lean:
