@@ -75,10 +75,11 @@ class PriorityPolicy:
       must end before the holders' likely end, not their late one (with one
       learnt length for all, a backfilled job then never outruns the job it
       waits on by estimate alone);
-    * ``reserve_depth=2``: blocked jobs, in order, that hold devices back: the
-      first, and then the first blocked job wider than it, which needs some
-      of the devices the first leaves to backfill (a long job backfilled
-      there held it back long after the first had started).
+    * ``reserve_depth=4``: how many blocked jobs, in order, may hold devices
+      back: the first always; each of the next ones that is wider than the
+      first, since it needs some of the devices the first leaves to
+      backfill, where one long job would hold it back long after the first
+      started. ``1`` is plain EASY backfill.
 
     >>> PriorityPolicy(preempt=True).preempt_grace
     30.0
@@ -95,7 +96,7 @@ class PriorityPolicy:
     window: int = 2000
     group_min: int = 3
     end_quantile: float = 0.5
-    reserve_depth: int = 2
+    reserve_depth: int = 4
     name: str = "priority"
     #: backfill reads declared time limits (the simulator says when those are true durations)
     reads_time_limits = True
@@ -311,17 +312,12 @@ class PriorityPolicy:
             ends_in_time = length is not None and now + length <= shadow + EPS  # type: ignore[operator]
             placement = (room if ends_in_time else protected).place(job.request)
             if placement is None:
-                if (
-                    held < self.reserve_depth
-                    and holders is not None
-                    and protected.whole > 0
-                    and job.request.whole_gpus > head.request.whole_gpus
-                ):
-                    # wider than the head: it needs devices the head leaves to backfill,
-                    # where one long job would hold it back long after the head started
+                if held < self.reserve_depth and holders is not None and protected.whole > 0:
                     held += 1
-                    _, claim = _reservation(job.request, protected.capacity, holders)
-                    protected = Room(_protect(protected.capacity, job.request, claim))
+                    if job.request.whole_gpus > head.request.whole_gpus:
+                        # it needs devices the head leaves to backfill: keep long jobs off
+                        _, claim = _reservation(job.request, protected.capacity, holders)
+                        protected = Room(_protect(protected.capacity, job.request, claim))
                 if lean:
                     continue
                 if room.place(job.request) is None:
