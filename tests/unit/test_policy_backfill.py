@@ -6,10 +6,11 @@ backfills with run times learnt from the jobs that finished first.
 
 from __future__ import annotations
 
+from jupyter_dlsched.policy import PriorityPolicy
 from jupyter_dlsched.sim import TraceJob, simulate
 
 
-def finishes(jobs: list[TraceJob], policy: str, gpus: int) -> dict[str, float]:
+def finishes(jobs: list[TraceJob], policy: str | PriorityPolicy, gpus: int) -> dict[str, float]:
     return {j.id: j.finish for j in simulate(jobs, policy, gpus=gpus).jobs}
 
 
@@ -33,6 +34,15 @@ def test_a_long_job_does_not_take_what_the_next_wide_job_in_line_needs():
     fifo = finishes(WIDE_BEHIND_WIDE, "fifo", gpus=4)
     assert (fifo["w"], fifo["a"], fifo["b"], fifo["c"]) == (1050.0, 1100.0, 1150.0, 11_150.0)
     assert finishes(WIDE_BEHIND_WIDE, "priority", gpus=4) == fifo
+
+
+def test_each_of_the_two_rules_alone_still_lets_the_long_job_in():
+    # plain EASY (only a holds a claim): c takes GPU 3 at 1003 and b waits for it
+    assert finishes(WIDE_BEHIND_WIDE, PriorityPolicy(reserve_depth=1), gpus=4)["b"] == 11_053.0
+    # holders' ends at the cautious estimate: once a runs (from 1050, to 1450 by that
+    # estimate), c's estimate (400 s) ends "in time" for b's reservation and c starts
+    late = finishes(WIDE_BEHIND_WIDE, PriorityPolicy(end_quantile=0.8), gpus=4)
+    assert (late["c"], late["b"]) == (11_050.0, 11_100.0)
 
 
 # 4 GPUs. w (3 GPUs, 200 s) runs; a (4 GPUs) waits for it. bo's jobs are known to be
