@@ -342,7 +342,7 @@ class GittinsPolicy(RankedPolicy):
             at = min(at, job.submitted + self.promote_factor * mean / max(job.request.gpus, 1.0))
         return at
 
-    def rank_margin(self, job: RunningJob) -> float:
+    def rank_margin(self, job: RunningJob, delayed: float = 0.0) -> float:
         # ranks are GPU-seconds per completion: a restart costs restart_cost on each GPU
         return self.restart_cost * max(job.request.gpus, 1.0)
 

@@ -36,6 +36,8 @@ class RankedPreemption:
 
     name: str
     skip: bool
+    #: whether ``rank_margin`` counts the waiting jobs a restart holds back (``delayed``)
+    margin_counts_queue = False
 
     def queued_rank(self, job: QueuedJob) -> float:
         """How urgent a waiting job is for preemption (smaller is more urgent)."""
@@ -49,23 +51,32 @@ class RankedPreemption:
         """When ``job``'s running rank next changes, if it changes on its own."""
         return None
 
-    def rank_margin(self, job: RunningJob) -> float:
+    def rank_margin(self, job: RunningJob, delayed: float = 0.0) -> float:
         """How much better, in rank units, a waiting job must rank to stop ``job``.
 
         Stopping a job costs it a restart (``restart_cost`` seconds on each of its
         GPUs): a preemption only pays when the waiting job is shorter by more than
-        that. ``0`` for ranks that are not in GPU-seconds (``las`` levels).
+        that. ``delayed`` is how many waiting jobs ranked after ``job`` the restart
+        also holds back (each by its share of the pool: its GPUs over the pool's),
+        for a policy whose margin counts them. ``0`` for ranks that are not in
+        GPU-seconds (``las`` levels).
         """
         return 0.0
 
     def _guard(
-        self, victims: list[tuple[float, int, RunningJob]], now: float
+        self,
+        victims: list[tuple[float, int, RunningJob]],
+        now: float,
+        ordered: Sequence[QueuedJob] = (),
+        pool: int = 1,
     ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
         """``victims`` without jobs inside their minimum run time, each ranked better by its
-        restart margin; and when the first protected job may be stopped."""
+        restart margin; and when the first protected job may be stopped. ``ordered`` (the
+        waiting jobs) and ``pool`` (GPUs in all) tell a margin whom a restart holds back."""
         min_run = float(getattr(self, "min_run", 0.0))
         if min_run <= 0 and float(getattr(self, "restart_cost", 0.0)) <= 0:
             return victims, None
+        waiting: list[float] | None = None  # ranks of the waiting jobs, built once if asked
         guarded = []
         until = math.inf
         for item in victims:
@@ -74,7 +85,13 @@ class RankedPreemption:
             if min_run > 0 and now < free_at:
                 until = min(until, free_at)
                 continue
-            margin = self.rank_margin(r)
+            delayed = 0.0
+            if self.margin_counts_queue and ordered:
+                if waiting is None:
+                    waiting = sorted(self.queued_rank(j) for j in ordered)
+                behind = len(waiting) - bisect.bisect_right(waiting, -item[0])
+                delayed = behind * max(r.request.gpus, 1.0) / max(pool, 1)
+            margin = self.rank_margin(r, delayed)
             guarded.append((item[0] + margin, item[1], r) if margin else item)
         return guarded, (None if until == math.inf else until)
 

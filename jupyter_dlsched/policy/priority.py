@@ -68,7 +68,18 @@ class PriorityPolicy:
       backfill, to run as long as ``estimate_quantile`` of the jobs of its
       owner and name (else its owner, else everyone) that finished before
       this decision; ``False``: such jobs have no known end, as before;
-    * ``estimate_quantile=0.8``, ``window=2000``, ``group_min=3``: see ``SizeModel``.
+    * ``estimate_quantile=0.8``, ``window=2000``, ``group_min=3``: see ``SizeModel``;
+    * ``end_quantile=0.5``: the quantile a job holding devices is expected to
+      end at when a reservation is planned: the median, not the cautious
+      ``estimate_quantile``, so a job that may start behind the reservation
+      must end before the holders' likely end, not their late one (with one
+      learnt length for all, a backfilled job then never outruns the job it
+      waits on by estimate alone);
+    * ``reserve_depth=4``: how many blocked jobs, in order, may hold devices
+      back: the first always; each of the next ones that is wider than the
+      first, since it needs some of the devices the first leaves to
+      backfill, where one long job would hold it back long after the first
+      started. ``1`` is plain EASY backfill.
 
     >>> PriorityPolicy(preempt=True).preempt_grace
     30.0
@@ -84,6 +95,8 @@ class PriorityPolicy:
     estimate_quantile: float = 0.8
     window: int = 2000
     group_min: int = 3
+    end_quantile: float = 0.5
+    reserve_depth: int = 4
     name: str = "priority"
     #: backfill reads declared time limits (the simulator says when those are true durations)
     reads_time_limits = True
@@ -91,11 +104,13 @@ class PriorityPolicy:
 
     def __post_init__(self) -> None:
         self._sizes = SizeModel(self.window, self.group_min, self.estimate_quantile)
+        self._ends = SizeModel(self.window, self.group_min, self.end_quantile)
 
     def learn(self, finished: list[FinishedJob], replace: bool = False) -> None:
         """Take in jobs that finished (each once), for the estimates of jobs without limits."""
         if self.learn_sizes and self.backfill:
             self._sizes.learn(finished, replace=replace)
+            self._ends.learn(finished, replace=replace)
 
     def length(self, owner: str, name: str, gpus: float, time_limit: float | None) -> float | None:
         """Seconds a job is expected to run: its ``time_limit``, else what was learnt."""
@@ -258,6 +273,7 @@ class PriorityPolicy:
         shadow: float | None = None
         protected = room
         ahead: list[QueuedJob] = []  # started before the head
+        held = 1  # blocked jobs holding devices back
         for job in ordered:
             if lean and room.whole == 0:
                 break
@@ -282,7 +298,7 @@ class PriorityPolicy:
                     continue
                 holders = [(self._expected_end(r, now), r.placement) for r in running]
                 holders.extend(
-                    (_end(now, self._length(q)), s.placement)
+                    (_end(now, self._likely_length(q)), s.placement)
                     for q, s in zip(ahead, out.starts, strict=True)
                 )
                 shadow, reserved = _reservation(job.request, room.capacity, holders)
@@ -296,6 +312,12 @@ class PriorityPolicy:
             ends_in_time = length is not None and now + length <= shadow + EPS  # type: ignore[operator]
             placement = (room if ends_in_time else protected).place(job.request)
             if placement is None:
+                if held < self.reserve_depth and holders is not None and protected.whole > 0:
+                    held += 1
+                    if job.request.whole_gpus > head.request.whole_gpus:
+                        # it needs devices the head leaves to backfill: keep long jobs off
+                        _, claim = _reservation(job.request, protected.capacity, holders)
+                        protected = Room(_protect(protected.capacity, job.request, claim))
                 if lean:
                     continue
                 if room.place(job.request) is None:
@@ -316,8 +338,14 @@ class PriorityPolicy:
     def _length(self, job: QueuedJob) -> float | None:
         return self.length(job.owner, job.name, job.request.gpus, job.time_limit)
 
+    def _likely_length(self, job: QueuedJob | RunningJob) -> float | None:
+        """Seconds a job holding devices is likely to run: its limit, else the learnt median."""
+        if job.time_limit is not None:
+            return job.time_limit
+        return self._ends.estimate(job.owner, job.name)
+
     def _expected_end(self, job: RunningJob, now: float) -> float | None:
-        length = self.length(job.owner, job.name, job.request.gpus, job.time_limit)
+        length = self._likely_length(job)
         if length is None:
             return None
         # a job past its estimate is expected to end any moment, not in the past

@@ -149,7 +149,7 @@ class RankedPolicy(RankedPreemption):
             self._decide_by_index(queued, ordered, running, ranks, capacity, now, out)
         elif self.preempt and ordered:
             victims, wake = self.rank_running(running, now)
-            victims, free_at = self._guard(victims, now)
+            victims, free_at = self._guard(victims, now, ordered, len(capacity.gpus))
             wake = _earliest(wake, free_at)
             if protected:
                 victims = [v for v in victims if v[2].id not in protected]
@@ -197,7 +197,7 @@ class RankedPolicy(RankedPreemption):
             self._first_fit(queued, ordered, capacity, True, out)
         elif self._first_fit_unless_planned(ordered, ranks, capacity, now, smallest, out):
             victims, _ = self.rank_running(running, now)
-            victims, free_at = self._guard(victims, now)
+            victims, free_at = self._guard(victims, now, ordered, len(capacity.gpus))
             if self._plan_reaches(ordered, victims, capacity, ranks.stopping_gpus, smallest):
                 room = GangRoom if _indexed(capacity.gpus) else Room
                 self._plan_by_rank(ordered, running, victims, capacity, out, set(), smallest, room)

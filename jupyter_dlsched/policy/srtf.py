@@ -33,7 +33,9 @@ class SrtfPolicy(RankedPolicy):
     * ``preempt_grace=30``: seconds a preempted job gets to checkpoint;
     * ``restart_cost=30``: seconds a job loses when it starts again; a running job
       is stopped only for a job whose remaining GPU-time is smaller by more than
-      that on each of the victim's GPUs (it knows the true gain);
+      that on each of the victim's GPUs, counted once for the victim and once for
+      each waiting job ranked after it, in the victim's share of the pool (the
+      restart delays them too): the JCT a preemption saves against what it costs;
     * ``min_run=0``: seconds a job runs before it can be preempted;
     * ``skip=True``: a job that fits starts even if one ahead does not.
 
@@ -48,6 +50,8 @@ class SrtfPolicy(RankedPolicy):
     min_run: float = 0.0
     skip: bool = True
     name: str = "srtf"
+    #: the restart margin counts the waiting jobs a restart holds back, not the victim alone
+    margin_counts_queue = True
     #: it reads every job's true remaining run time: the simulator labels its rows "(oracle)"
     oracle = True
 
@@ -65,8 +69,14 @@ class SrtfPolicy(RankedPolicy):
             return math.inf
         return left * max(job.request.gpus, 1.0)
 
-    def rank_margin(self, job: RunningJob) -> float:
-        return self.restart_cost * max(job.request.gpus, 1.0)
+    def rank_margin(self, job: RunningJob, delayed: float = 0.0) -> float:
+        # Stopping the victim for a shorter job saves that job the victim's remaining
+        # time and costs the victim the shorter one's: the difference of their ranks.
+        # The restart costs restart_cost more, to the victim and to every waiting job
+        # ranked after it, which the victim's extra time on its GPUs holds back by its
+        # share of the pool. On one GPU with n jobs behind the victim, a preemption
+        # pays only when the ranks differ by more than restart_cost x (1 + n).
+        return self.restart_cost * max(job.request.gpus, 1.0) * (1.0 + delayed)
 
     def rank_running(
         self, running: Sequence[RunningJob], now: float
