@@ -380,6 +380,7 @@ def test_killed_worker_is_lost_then_retried(sched: Scheduler, tmp_path: Path) ->
     marker = tmp_path / "marker"
     h = sched.submit(crash_once, str(marker), retries=1)
     until(marker.exists)  # the first attempt is inside the job's code
+    until(lambda: h.info().job_pid is not None)  # recorded a moment after it started
     os.kill(h.info().job_pid, signal.SIGKILL)
     assert h.wait(timeout=60).state == "succeeded", (sched.store.events(h.id), h.logs())
     assert h.result() == "second attempt"
@@ -393,6 +394,7 @@ def test_killed_worker_without_retries_is_lost(sched: Scheduler, tmp_path: Path)
     marker = tmp_path / "marker"
     h = sched.submit(crash_once, str(marker))
     until(marker.exists)
+    until(lambda: h.info().job_pid is not None)  # recorded a moment after it started
     os.kill(h.info().job_pid, signal.SIGKILL)
     with pytest.raises(JobLost):
         h.result(timeout=60)
