@@ -157,8 +157,10 @@ def shared_pool(config: str = "", **options: Any) -> Iterator[Service]:
     finally:
         if service.proc is not None and service.proc.poll() is None:
             client = AgentClient(str(service.socket))
-            for job in client.call("jobs", states=["queued", "running", "preempted"])["jobs"]:
-                client.call("cancel", id=job["id"])
+            # the running first: a page of the queue is 1000 jobs at most
+            for states in (["running", "preempted"], ["queued"]):
+                for job in client.call("jobs", states=states)["jobs"]:
+                    client.call("cancel", id=job["id"])
         service.stop()
         subprocess.run(["rm", "-rf", str(root), str(service.run)], check=False)
 

@@ -73,6 +73,8 @@ class Peer:
     out: bytearray = field(default_factory=bytearray)
     #: a ``changes`` request held until something changes: (since, deadline)
     waiting: tuple[int, float] | None = None
+    #: a list request waits in its user's line of reads (``Reads.serve_queued_reads``)
+    held: bool = False
     #: when a byte last arrived (time.monotonic()), or reading resumed after a pause
     last_input: float = 0.0
     #: the selector events it is registered for
@@ -320,7 +322,7 @@ class Connections:
             return
         peer.last_input = time.monotonic()
         self._feed(peer, data)
-        if peer.waiting is not None and peer.decoder.buffered > MAX_HELD:
+        if (peer.waiting is not None or peer.held) and peer.decoder.buffered > MAX_HELD:
             self.drop(peer)  # sending on while its request is held: not a client of ours
             return
         self.resume(peer)
@@ -328,7 +330,7 @@ class Connections:
     def resume(self, peer: Peer) -> None:
         """Handle the requests of ``peer`` that have arrived whole: none while one is held,
         none while its replies are unread (it is resumed once they are)."""
-        while peer.waiting is None and self._open(peer) and self._may_read(peer):
+        while peer.waiting is None and not peer.held and self._open(peer) and self._may_read(peer):
             try:
                 message = self._pop(peer)
             except ProtocolError as error:
@@ -424,6 +426,10 @@ class Connections:
         self._wake_user(peer.uid)
 
     # -- interest: what each connection is waited on for -----------------------------------
+
+    def is_open(self, peer: Peer) -> bool:
+        """Whether ``peer`` is still one of the open connections."""
+        return self._open(peer)
 
     def _open(self, peer: Peer) -> bool:
         fd = peer.sock.fileno()

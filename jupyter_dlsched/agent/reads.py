@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,8 +51,19 @@ if TYPE_CHECKING:
 MAX_WAIT = 30.0
 
 
-#: Rows a list request returns at most.
+#: Rows a list request returns at most (of events and state changes: small rows).
 MAX_ROWS = 100_000
+
+#: Jobs one ``jobs`` or ``finished`` request returns at most: a larger ``limit`` is clamped,
+#: and the reply says there is more (``more``, ``next_offset``). A page of job rows costs
+#: the agent's one thread tens of milliseconds; the whole ledger would cost seconds.
+MAX_JOB_ROWS = 1000
+
+
+#: Requests that read many rows: each user's wait in a line of their own, and the agent
+#: answers one from each user's line per turn of its loop, so a user reading in a loop (from
+#: any number of connections) delays another user's request by one page at most.
+QUEUED_READS = frozenset({"jobs", "finished", "events", "samples"})
 
 
 #: Samples one ``samples`` request answers at most (each source thinned evenly to fit).
@@ -106,14 +118,23 @@ def _list_args(msg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _page(msg: Mapping[str, Any]) -> int:
-    """Rows one list request answers: its ``limit``, at most ``MAX_ROWS``."""
+def _page(msg: Mapping[str, Any], most: int = MAX_ROWS) -> int:
+    """Rows one list request answers: its ``limit``, at most ``most``."""
     limit = msg.get("limit")
     if limit is None:
-        return MAX_ROWS
+        return most
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise SpecError("limit", limit, "a whole number of rows, 1 or more")
-    return min(limit, MAX_ROWS)
+    return min(limit, most)
+
+
+def _job_page(rows: list[Any], page: int, offset: int) -> JobsReply:
+    """A page of job rows (``rows`` holds one more when more follow) and how to ask on."""
+    more = len(rows) > page
+    reply: JobsReply = {"jobs": [info_to_json(info) for info in rows[:page]], "more": more}
+    if more:
+        reply["next_offset"] = offset + page
+    return reply
 
 
 def _owner(path: str) -> int | None:
@@ -150,6 +171,9 @@ class Reads:
         _stopping: bool
         socket_path: Path | None
 
+        _read_queue: dict[int, deque[tuple[Peer, dict[str, Any], list[bytes]]]]
+
+        def _answer(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None: ...
         def _cache_quota(self, uid: int) -> int | None: ...
         def take_back(self, peer: Peer, again: bool) -> None: ...
 
@@ -158,6 +182,24 @@ class Reads:
         @property
         def peers(self) -> dict[int, Peer]: ...
 
+    def queue_read(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None:
+        """Put a list request in its user's line; the connection reads no more until it is
+        answered (a client waits for each reply anyway)."""
+        peer.held = True
+        self._read_queue.setdefault(peer.uid, deque()).append((peer, message, blobs))
+
+    def serve_queued_reads(self) -> None:
+        """Answer the first list request in each user's line (one turn of the loop)."""
+        for uid in list(self._read_queue):
+            line = self._read_queue[uid]
+            peer, message, blobs = line.popleft()
+            if not line:
+                del self._read_queue[uid]
+            peer.held = False
+            if self.conns.is_open(peer):
+                self._answer(peer, message, blobs)
+                self.conns.resume(peer)  # what it sent meanwhile
+
     def _get(self, peer: Peer, msg: JobIdRequest, blobs: list[bytes]) -> JobReply:
         job_id = msg.get("id")
         if not isinstance(job_id, str):
@@ -165,10 +207,9 @@ class Reads:
         return {"job": info_to_json(self._store.get(job_id))}
 
     def _jobs(self, peer: Peer, msg: JobsRequest, blobs: list[bytes]) -> JobsReply:
-        rows = self._store.jobs(
-            limit=_page(msg), offset=_count_arg(msg, "offset"), **_list_args(msg)
-        )
-        return {"jobs": [info_to_json(info) for info in rows]}
+        page, offset = _page(msg, MAX_JOB_ROWS), _count_arg(msg, "offset")
+        rows = self._store.jobs(limit=page + 1, offset=offset, **_list_args(msg))
+        return _job_page(rows, page, offset)
 
     def _finished(self, peer: Peer, msg: FinishedRequest, blobs: list[bytes]) -> JobsReply:
         since, owner = msg.get("since") or 0.0, msg.get("owner")
@@ -180,8 +221,11 @@ class Reads:
             raise SpecError("since", since, "a time in epoch seconds")
         if owner is not None and not isinstance(owner, str):
             raise SpecError("owner", owner, "a user name")
-        rows = self._store.finished_jobs(since=float(since), owner=owner, limit=_page(msg))
-        return {"jobs": [info_to_json(info) for info in rows]}
+        page, offset = _page(msg, MAX_JOB_ROWS), _count_arg(msg, "offset")
+        rows = self._store.finished_jobs(
+            since=float(since), owner=owner, limit=page + 1, offset=offset
+        )
+        return _job_page(rows, page, offset)
 
     def _ping(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> Done:
         return {}

@@ -35,6 +35,7 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ from .deciding import agent_engine
 from .forking import SPARES, Forking, _set_name
 from .protocol import ProtocolError, error_reply
 from .ray_keeper import RayKeeper
+from .reads import QUEUED_READS
 from .requests import Requests
 from .scrape import ScrapeEndpoint
 
@@ -138,6 +140,8 @@ class Agent(Requests, Forking):
         #: this ledger's Ray driver, started while a Ray job waits or runs
         self.ray = RayKeeper(self.home, lambda: self._store, self.shared)
         self._names: dict[int, tuple[str, bool, float]] = {}
+        #: each user's list requests not yet answered, oldest first (``Reads.queue_read``)
+        self._read_queue: dict[int, deque[tuple[Peer, dict[str, Any], list[bytes]]]] = {}
         self.code = code_stamp()
         # each handler takes its op's request shape and returns its reply shape (shapes.OPS);
         # a message off the wire is only a JSON object, so the table takes any
@@ -314,7 +318,8 @@ class Agent(Requests, Forking):
         last_refill = last_warned = last_ray = last_sweep = last_sample = 0.0
         while not self._stopping:
             quiet = time.monotonic() - last_change
-            timeout = 0.0 if self._dirty else min(0.25, max(0.002, quiet / 20))
+            busy = self._dirty or self._read_queue
+            timeout = 0.0 if busy else min(0.25, max(0.002, quiet / 20))
             scrape = self.scrape
             for key, mask in self.selector.select(timeout):
                 if scrape is not None and scrape.owns(key.data):
@@ -360,6 +365,7 @@ class Agent(Requests, Forking):
                 time.sleep(0.5)
             self._answer_watchers()
             self.conns.serve_ready()
+            self.serve_queued_reads()
             if len(self._spares) < SPARES and not self._dirty:
                 self.fork_spare()  # off the path of the launch that used the last one
             if self.peers or not self.shared and self._has_waiting():
@@ -402,6 +408,12 @@ class Agent(Requests, Forking):
         return known[0], known[1]
 
     def _handle(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None:
+        if message.get("op") in QUEUED_READS:
+            self.queue_read(peer, message, blobs)  # answered in its user's turn
+        else:
+            self._answer(peer, message, blobs)
+
+    def _answer(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None:
         op = message.get("op")
         handler = self._ops.get(op) if isinstance(op, str) else None
         try:

@@ -1,0 +1,189 @@
+"""A shared pool no user can slow, blind or fill: list reads, the metrics port, a job's log
+and the service's own log of the limits that bite.
+
+Real Unix users (``team_users``) talk to a real ``dlsched service run``; simulated
+GPUs stand in for the hardware. No test asserts on speed: each asserts on what its
+limit guarantees (a page's size, an order of replies, a scrape answered, a log cut).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import pytest
+from team_pool import Service, shared_pool
+
+from jupyter_dlsched.agent.client import AgentClient
+
+
+@pytest.fixture
+def users(team_users):
+    return team_users
+
+
+@pytest.fixture
+def service_factory() -> Iterator:
+    with ExitStack() as stack:
+        yield lambda config="", **options: stack.enter_context(shared_pool(config, **options))
+
+
+@pytest.fixture
+def service(service_factory) -> Service:
+    return service_factory()
+
+
+def _start(user, service: Service, script: str, *args: str) -> subprocess.Popen[str]:
+    """``script`` as ``user`` in the background, talking to ``service``."""
+    return subprocess.Popen(
+        user.command("/usr/bin/python3", "-c", script, *args),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        env=user.client_env(DLSCHED_SOCKET=str(service.socket)),
+    )
+
+
+def _line(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict:
+    """The next JSON line ``proc`` prints (its stderr if it exits instead)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ""
+    if not line:
+        proc.kill()
+        raise AssertionError(f"no line from the user's script: {proc.stderr.read()}")  # type: ignore[union-attr]
+    return json.loads(line)
+
+
+#: A's jobs: the first holds both GPUs, the rest wait behind it (one transaction).
+FILL = r"""
+import json, sys, time
+import jupyter_dlsched as dls
+s = dls.Scheduler(loop=False)
+handles = s.map(time.sleep, [600.0] * int(sys.argv[1]), gpus=2, cpus=0.25)
+print(json.dumps(len(handles)), flush=True)
+"""
+
+#: A connects ``n`` times and says so; at a line on stdin sends ``request`` on each
+#: connection and says so; leaves a mark the moment its first reply begins to arrive, then
+#: prints when each reply came (CLOCK_MONOTONIC, the same clock in every process).
+SEND_AT_SIGNAL = r"""
+import json, os, select, socket, sys, time
+from jupyter_dlsched.agent.protocol import Decoder, encode, recv_message
+path, n, request, mark = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+conns = []
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(60)
+    s.connect(path)
+    s.sendall(encode({"op": "ping"}))
+    assert recv_message(s, Decoder())[0]["ok"]
+    conns.append(s)
+print(json.dumps("connected"), flush=True)
+sys.stdin.readline()
+for s in conns:
+    s.sendall(encode(request))
+print(json.dumps("sent"), flush=True)
+came = {}  # when each reply began to arrive, before any is read
+while len(came) < n:
+    ready, _, _ = select.select([s for s in conns if s not in came], [], [], 60)
+    for s in ready:
+        came[s] = time.monotonic()
+    if not os.path.exists(mark):
+        open(mark, "w").close()
+out = []
+for s in conns:
+    reply, _ = recv_message(s, Decoder())
+    out.append((came[s], len(reply.get("jobs", ())), reply.get("more")))
+print(json.dumps(out), flush=True)
+"""
+
+#: B waits for A's mark, then pings once and prints when its answer came.
+PING_AT_MARK = r"""
+import json, os, select, socket, sys, time
+from jupyter_dlsched.agent.protocol import Decoder, encode, recv_message
+path, mark = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(60)
+s.connect(path)
+s.sendall(encode({"op": "ping"}))
+assert recv_message(s, Decoder())[0]["ok"]
+print(json.dumps("connected"), flush=True)
+while not os.path.exists(mark):
+    time.sleep(0.0005)
+s.sendall(encode({"op": "ping"}))
+select.select([s], [], [], 60)
+came = time.monotonic()
+assert recv_message(s, Decoder())[0]["ok"]
+print(json.dumps(came), flush=True)
+"""
+
+
+READ = {"op": "jobs", "limit": 2**70}
+
+
+def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_everyone(
+    service, users
+):
+    """Finding 1 of #51: each ``jobs`` request answered the whole ledger (any ``limit``),
+    from the service's one thread, so a user reading in a loop stalled every other user."""
+    a, b = users
+    n = 3000
+    filled = a.python(FILL, str(n), env={"DLSCHED_SOCKET": str(service.socket)}, timeout=300)
+    assert filled.returncode == 0, filled.stderr
+    root = AgentClient(str(service.socket))
+    # a page is at most 1000 rows, whatever the limit asked; the reply says how to go on
+    first = root.call("jobs", limit=2**70)
+    assert len(first["jobs"]) == 1000 and first["more"] and first["next_offset"] == 1000
+    last = root.call("jobs", limit=2**70, offset=3000)
+    assert len(last["jobs"]) == 0 and not last["more"]
+    assert len(root.call("jobs", offset=2999)["jobs"]) == 1
+    finished = root.call("finished", limit=2**70)
+    assert not finished["more"]
+
+    # A's eight reads wait in the service's sockets at once (the service stopped meanwhile),
+    # so its next turn finds them together; B pings the moment A's first reply arrives
+    folder = tempfile.mkdtemp(prefix="dlsched-mark-")
+    os.chmod(folder, 0o777)
+    mark = os.path.join(folder, "first")
+    sock = str(service.socket)
+    reader = _start(a, service, SEND_AT_SIGNAL, sock, "8", json.dumps(READ), mark)
+    pinger = _start(b, service, PING_AT_MARK, sock, mark)
+    try:
+        assert _line(reader) == _line(pinger) == "connected"
+        assert service.proc is not None and reader.stdin is not None
+        os.kill(service.proc.pid, signal.SIGSTOP)
+        try:
+            reader.stdin.write("go\n")
+            reader.stdin.flush()
+            assert _line(reader) == "sent"
+        finally:
+            os.kill(service.proc.pid, signal.SIGCONT)
+        replies, pinged = _line(reader), _line(pinger)
+    finally:
+        for proc in (pinger, reader):
+            proc.kill()
+            proc.wait()
+        subprocess.run(["rm", "-rf", folder], check=False)
+    assert all(rows == 1000 and more for _, rows, more in replies), replies
+    # A's reads wait in A's line, one answered per turn of the service's loop, so B's ping
+    # is answered before A's last read (it was answered after all eight, which the service
+    # read in one turn and answered before looking at any other socket)
+    assert pinged < max(at for at, _, _ in replies), (pinged, replies)
+
+    # the CLI reads every page: all of A's jobs are listed to B
+    listed = b.python(
+        "import sys; from jupyter_dlsched.cli.app import main; sys.exit(main(['queue', '--all']))",
+        env={"DLSCHED_SOCKET": str(service.socket)},
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert sum(a.name in line for line in listed.stdout.splitlines()) == n, listed.stdout[-2000:]
