@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
-from team_pool import Service, shared_pool
+from team_pool import Service, shared_pool, wait_for
 
 from jupyter_dlsched.agent.client import AgentClient
 
@@ -187,3 +187,60 @@ def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_ever
     )
     assert listed.returncode == 0, listed.stderr
     assert sum(a.name in line for line in listed.stdout.splitlines()) == n, listed.stdout[-2000:]
+
+
+#: B holds ``n`` idle connections to the metrics port, opening a new one for each closed.
+HOLD_IDLE = r"""
+import json, select, socket, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def connect():
+    s = socket.create_connection((host, port), timeout=10)
+    s.setblocking(False)
+    return s
+held = [connect() for _ in range(n)]
+print(json.dumps(len(held)), flush=True)
+while True:
+    ready, _, _ = select.select(held + [sys.stdin], [], [], 1.0)
+    if sys.stdin in ready:
+        break
+    for s in ready:
+        try:
+            gone = not s.recv(4096)
+        except BlockingIOError:
+            continue
+        except OSError:
+            gone = True
+        if gone:
+            s.close()
+            held[held.index(s)] = connect()
+"""
+
+
+def test_idle_connections_to_the_metrics_port_do_not_stop_scrapes(service_factory, users):
+    """Finding 2 of #51: sixteen idle connections took every scraper slot for 5 s each, so
+    a user holding forty blinded Prometheus (1 scrape of 20 answered)."""
+    import re
+    import urllib.request
+
+    a, b = users
+    service = service_factory(args=("--metrics", "127.0.0.1:0"))
+    found = wait_for(
+        lambda: re.search(
+            r"Prometheus metrics at http://(\S+):(\d+)/metrics", service.log.read_text()
+        )
+    )
+    host, port = found.group(1), found.group(2)
+    holder = _start(b, service, HOLD_IDLE, host, port, "100")
+    answered = 0
+    try:
+        assert _line(holder) == 100
+        for _ in range(20):
+            try:
+                with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as reply:
+                    answered += reply.status == 200 and b"dlsched_jobs" in reply.read()
+            except OSError:
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert answered == 20
