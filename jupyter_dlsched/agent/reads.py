@@ -45,6 +45,7 @@ from .shapes import (
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..machine.sampling import Sampler
+    from .bites import Bites
     from .ray_keeper import RayKeeper
 
 #: Longest a ``changes`` request waits for a state change before answering empty.
@@ -64,6 +65,10 @@ MAX_JOB_ROWS = 1000
 #: answers one from each user's line per turn of its loop, so a user reading in a loop (from
 #: any number of connections) delays another user's request by one page at most.
 QUEUED_READS = frozenset({"jobs", "finished", "events", "samples"})
+
+
+#: A user's line of list requests this long is logged as a limit biting (``bites.py``).
+LONG_LINE = 8
 
 
 #: Samples one ``samples`` request answers at most (each source thinned evenly to fit).
@@ -172,6 +177,7 @@ class Reads:
         socket_path: Path | None
 
         _read_queue: dict[int, deque[tuple[Peer, dict[str, Any], list[bytes]]]]
+        bites: Bites
 
         def _answer(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None: ...
         def _cache_quota(self, uid: int) -> int | None: ...
@@ -186,7 +192,16 @@ class Reads:
         """Put a list request in its user's line; the connection reads no more until it is
         answered (a client waits for each reply anyway)."""
         peer.held = True
-        self._read_queue.setdefault(peer.uid, deque()).append((peer, message, blobs))
+        line = self._read_queue.setdefault(peer.uid, deque())
+        line.append((peer, message, blobs))
+        if len(line) >= LONG_LINE:
+            self.bites.hit(
+                "queued_reads",
+                peer.user,
+                "%s has %d list requests waiting in line (each answered in its turn)",
+                peer.user,
+                len(line),
+            )
 
     def serve_queued_reads(self) -> None:
         """Answer the first list request in each user's line (one turn of the loop)."""
@@ -206,8 +221,23 @@ class Reads:
             raise JobNotFound(job_id)
         return {"job": info_to_json(self._store.get(job_id))}
 
+    def _clamped(self, peer: Peer, msg: Mapping[str, Any]) -> int:
+        """A job list's page, counted as a limit biting when it asked for more."""
+        page, asked = _page(msg, MAX_JOB_ROWS), msg.get("limit")
+        if isinstance(asked, int) and asked > page:
+            self.bites.hit(
+                "list_rows",
+                peer.user,
+                "%s asked for %s jobs in one %r request; a page is %d",
+                peer.user,
+                asked if asked < 10**12 else f"{asked:.3g}",
+                msg.get("op"),
+                page,
+            )
+        return page
+
     def _jobs(self, peer: Peer, msg: JobsRequest, blobs: list[bytes]) -> JobsReply:
-        page, offset = _page(msg, MAX_JOB_ROWS), _count_arg(msg, "offset")
+        page, offset = self._clamped(peer, msg), _count_arg(msg, "offset")
         rows = self._store.jobs(limit=page + 1, offset=offset, **_list_args(msg))
         return _job_page(rows, page, offset)
 
@@ -221,7 +251,7 @@ class Reads:
             raise SpecError("since", since, "a time in epoch seconds")
         if owner is not None and not isinstance(owner, str):
             raise SpecError("owner", owner, "a user name")
-        page, offset = _page(msg, MAX_JOB_ROWS), _count_arg(msg, "offset")
+        page, offset = self._clamped(peer, msg), _count_arg(msg, "offset")
         rows = self._store.finished_jobs(
             since=float(since), owner=owner, limit=page + 1, offset=offset
         )
@@ -277,7 +307,7 @@ class Reads:
         pool = None
         if any(not g.get("simulated") for g in inventory.get("gpus") or []):
             pool = self.sched.pool()  # measured, with each GPU process's job (or user)
-        return exposition(self._store, pool, time.time())
+        return exposition(self._store, pool, time.time(), self.bites.counts)
 
     def _cache_info(self, peer: Peer) -> dict[str, Any]:
         """The stage-in cache; in a shared pool a user sees only their own entries and

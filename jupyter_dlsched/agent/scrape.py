@@ -91,6 +91,11 @@ class ScrapeEndpoint:
         self._scrapers: dict[int, _Scraper] = {}
         selector.register(listener, selectors.EVENT_READ, self)
 
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self._scrapers)
+
     def owns(self, data: object) -> bool:
         return data is self or isinstance(data, _Scraper)
 

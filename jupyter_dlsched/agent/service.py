@@ -45,6 +45,7 @@ from ..machine.metrics import CONTENT_TYPE
 from ..store import payload_keep
 from ..vocab.errors import DlschedError, LedgerUnavailable, PermissionDenied, SpecError
 from ..vocab.schema import WAITING
+from .bites import Bites
 from .client import IDLE_EXIT, trusted_server_uids, user_address
 from .config import ServiceConfig
 from .connections import Connections, Peer
@@ -53,6 +54,7 @@ from .forking import SPARES, Forking, _set_name
 from .protocol import ProtocolError, error_reply
 from .ray_keeper import RayKeeper
 from .reads import QUEUED_READS
+from .refusals import CountedRefusals
 from .requests import Requests
 from .scrape import ScrapeEndpoint
 
@@ -96,7 +98,7 @@ def preload() -> None:
     forkserver.preload()
 
 
-class Agent(Requests, Forking):
+class Agent(CountedRefusals, Requests, Forking):
     """Serve one ledger: ``Agent(home).serve()`` runs until stopped (or idle, for one user)."""
 
     def __init__(
@@ -120,12 +122,15 @@ class Agent(Requests, Forking):
         self.idle_exit = idle_exit
         self.uid = os.getuid()
         self.selector = selectors.DefaultSelector()
+        #: the limits that bit: counted for the metrics, logged once a minute per user
+        self.bites = Bites()
         self.conns = Connections(
             self.selector,
             shared=self.shared,
             handle=self._handle,
             who=self._who,
             refuse=self._refuse_uid,
+            bites=self.bites,
         )
         self.sched: Engine | None = None
         self._dirty = True
@@ -252,7 +257,11 @@ class Agent(Requests, Forking):
             self.sampler = Sampler(self._store, self.sched.pool, SAMPLE_INTERVAL, SAMPLE_RETENTION)
         if self.metrics_address is not None:
             self.scrape = ScrapeEndpoint(
-                self.selector, self.metrics_address, self.render_metrics, CONTENT_TYPE
+                self.selector,
+                self.metrics_address,
+                self.render_metrics,
+                CONTENT_TYPE,
+                evicted=self._scrape_evicted,
             )
         if self.shared:
             _check_reachable(self.home)  # and the folders just created
@@ -438,11 +447,16 @@ class Agent(Requests, Forking):
             return reply
         return redact(dict(reply), Viewer(peer.uid, peer.admin), self._store.owners)
 
-    # -- forking supervisors ------------------------------------------------------------------
+    # -- limits of a shared pool: each refusal counted and logged (bites.py) -----------------
 
-    # -- requests ---------------------------------------------------------------------------
-
-    # -- limits of a shared pool -------------------------------------------------------------
+    def _scrape_evicted(self) -> None:
+        assert self.scrape is not None
+        self.bites.hit(
+            "metrics_connections",
+            "",
+            "%d connections to the metrics port: closed the oldest idle one for a new one",
+            self.scrape.connections,
+        )
 
 
 def _user_name(uid: int) -> str:

@@ -244,3 +244,50 @@ def test_idle_connections_to_the_metrics_port_do_not_stop_scrapes(service_factor
         holder.kill()
         holder.wait()
     assert answered == 20
+
+
+#: A user's script: ``n`` submissions one at a time of jobs that need both GPUs; prints how
+#: many were refused and the first refusal.
+SUBMIT_EACH = r"""
+import json, sys, time
+import jupyter_dlsched as dls
+from jupyter_dlsched.vocab.errors import PermissionDenied
+s = dls.Scheduler(loop=False)
+refused = []
+for _ in range(int(sys.argv[1])):
+    try:
+        s.submit(time.sleep, 600, gpus=2, cpus=0.25)
+    except PermissionDenied as error:
+        refused.append(str(error))
+print(json.dumps({"refused": len(refused), "first": refused[0] if refused else None}))
+"""
+
+
+def test_a_limit_that_bites_is_logged_once_a_minute_per_user_and_counted_each_time(
+    service_factory, users
+):
+    """Finding 4 of #51: the service's log said nothing of refusals at its limits (queued
+    jobs, connections, list pages, the metrics port), and no metric counted them."""
+    from jupyter_dlsched.machine.metrics import parse
+
+    a, b = users
+    service = service_factory("[limits]\nmax_queued = 2\n")
+    env = {"DLSCHED_SOCKET": str(service.socket)}
+    # one of A's jobs runs, two wait; the next four are refused; then B's three
+    done = a.python(SUBMIT_EACH, "7", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["refused"] == 4, done.stdout
+    done = b.python(SUBMIT_EACH, "5", env=env)
+    assert done.returncode == 0, done.stderr
+    refusal = json.loads(done.stdout)
+    assert refusal["refused"] == 3 and "the limit per user is 2" in refusal["first"], refusal
+    root = AgentClient(str(service.socket))
+    root.call("jobs", limit=5000)  # an admin's too-long page is cut, and counted
+    lines = [line for line in service.log.read_text().splitlines() if "limit max_queued" in line]
+    assert len(lines) == 2, lines  # one for each user within the minute, with the figures
+    assert any(a.name in line and "limit per user is 2" in line for line in lines), lines
+    assert any(b.name in line for line in lines), lines
+    assert "limit list_rows" in service.log.read_text()
+    families = parse(root.call("metrics")["text"])
+    counted = {s[0]["limit"]: s[1] for s in families["dlsched_limit_refusals"]}
+    assert counted["max_queued"] == 7 and counted["list_rows"] == 1, counted
