@@ -158,9 +158,15 @@ def shared_pool(config: str = "", **options: Any) -> Iterator[Service]:
         if service.proc is not None and service.proc.poll() is None:
             client = AgentClient(str(service.socket))
             # the running first: a page of the queue is 1000 jobs at most
-            for states in (["running", "preempted"], ["queued"]):
-                for job in client.call("jobs", states=states)["jobs"]:
-                    client.call("cancel", id=job["id"])
+            running = client.call("jobs", states=["running", "preempted"])["jobs"]
+            for job in running + client.call("jobs", states=["queued"])["jobs"]:
+                client.call("cancel", id=job["id"])
+            # their supervisors remove their cgroups as they end: not cut short by the stop
+            ids = [job["id"] for job in running]
+            wait_for(
+                lambda: not client.call("jobs", ids=ids, states=["running", "preempted"])["jobs"],
+                timeout=60,
+            )
         service.stop()
         subprocess.run(["rm", "-rf", str(root), str(service.run)], check=False)
 

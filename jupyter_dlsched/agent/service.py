@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..local.launcher import code_stamp
+from ..local.logcap import max_log_bytes
 from ..machine.metrics import CONTENT_TYPE
 from ..store import payload_keep
 from ..vocab.errors import DlschedError, LedgerUnavailable, PermissionDenied, SpecError
@@ -269,6 +270,7 @@ class Agent(CountedRefusals, Requests, Forking):
             os.chmod(self._store.home, 0o711)
             os.chmod(self._store.spool_root, 0o711)
         payload_keep()  # a bad DLSCHED_PAYLOAD_KEEP is this start's error, in one line
+        max_log_bytes()  # and so is a bad DLSCHED_MAX_LOG_BYTES
         try:
             blobs, size = self._store.collect_leftovers()
         except LedgerUnavailable as error:

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 from team_pool import Service, shared_pool, wait_for
@@ -291,3 +292,62 @@ def test_a_limit_that_bites_is_logged_once_a_minute_per_user_and_counted_each_ti
     families = parse(root.call("metrics")["text"])
     counted = {s[0]["limit"]: s[1] for s in families["dlsched_limit_refusals"]}
     assert counted["max_queued"] == 7 and counted["list_rows"] == 1, counted
+
+
+#: A command that writes 100 MB to its stdout as fast as it can.
+FLOOD_STDOUT = (
+    "import sys; line = b'x' * 1048575 + b'\\n'\n"
+    "for _ in range(100):\n"
+    "    sys.stdout.buffer.write(line)\n"
+)
+
+SUBMIT_FLOODS = r"""
+import json, sys
+import jupyter_dlsched as dls
+s = dls.Scheduler(loop=False)
+ids = [s.submit_command([sys.executable, "-c", sys.argv[2]], cpus=0.25).id
+       for _ in range(int(sys.argv[1]))]
+print(json.dumps(ids))
+"""
+
+SUBMIT_ONE = r"""
+import jupyter_dlsched as dls
+print(dls.Scheduler(loop=False).submit_command(["true"], cpus=0.25).id)
+"""
+
+
+def test_a_jobs_output_stops_at_its_cap_and_never_fills_the_services_disk(users):
+    """Finding 3 of #51: a job's stdout went straight to its log, which grew until the
+    service's disk was full, and then every user's submissions were refused."""
+    from conftest import small_disk
+
+    a, b = users
+    root = Path(tempfile.mkdtemp(prefix="dlsched-team-"))
+    os.chmod(root, 0o755)
+    with small_disk(root / "home", "40m"):
+        service = Service(root, env={"DLSCHED_MAX_LOG_BYTES": "5MiB"})
+        try:
+            service.start()
+            env = {"DLSCHED_SOCKET": str(service.socket)}
+            # eight jobs of A's at once, 100 MB each: 5 MiB each is more than the disk spares
+            done = a.python(SUBMIT_FLOODS, "8", FLOOD_STDOUT, env=env)
+            assert done.returncode == 0, done.stderr
+            ids = json.loads(done.stdout)
+            ended = ("succeeded", "failed")
+            wait_for(lambda: all(service.job(i)["state"] in ended for i in ids), timeout=120)
+            logs = [(service.home / "spool" / i / "log").read_bytes() for i in ids]
+            for log in logs:
+                assert len(log) <= (5 << 20) + 4096, len(log)
+                last = log.rstrip(b"\n").rsplit(b"\n", 1)[-1].decode()
+                assert last.startswith("[dlsched] the log stops here: "), last
+            reasons = [log.rstrip(b"\n").rsplit(b"\n", 1)[-1].decode() for log in logs]
+            assert any("more than its cap of 5.0 MiB" in r for r in reasons), reasons
+            assert any("is kept for the pool" in r for r in reasons), reasons
+            # the disk kept its reserve: B's submission is accepted, and runs
+            done = b.python(SUBMIT_ONE, env=env)
+            assert done.returncode == 0, done.stderr
+            [job_id] = done.stdout.split()
+            wait_for(lambda: service.job(job_id)["state"] == "succeeded", timeout=60)
+        finally:
+            service.stop()
+    subprocess.run(["rm", "-rf", str(root), str(service.run)], check=False)
