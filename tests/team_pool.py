@@ -157,8 +157,16 @@ def shared_pool(config: str = "", **options: Any) -> Iterator[Service]:
     finally:
         if service.proc is not None and service.proc.poll() is None:
             client = AgentClient(str(service.socket))
-            for job in client.call("jobs", states=["queued", "running", "preempted"])["jobs"]:
+            # the running first: a page of the queue is 1000 jobs at most
+            running = client.call("jobs", states=["running", "preempted"])["jobs"]
+            for job in running + client.call("jobs", states=["queued"])["jobs"]:
                 client.call("cancel", id=job["id"])
+            # their supervisors remove their cgroups as they end: not cut short by the stop
+            ids = [job["id"] for job in running]
+            wait_for(
+                lambda: not client.call("jobs", ids=ids, states=["running", "preempted"])["jobs"],
+                timeout=60,
+            )
         service.stop()
         subprocess.run(["rm", "-rf", str(root), str(service.run)], check=False)
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..vocab.errors import DlschedError, PermissionDenied
+from .bites import Bites
 from .protocol import Decoder, ProtocolError, encode, error_reply
 
 log = logging.getLogger("jupyter_dlsched.agent")
@@ -73,6 +74,8 @@ class Peer:
     out: bytearray = field(default_factory=bytearray)
     #: a ``changes`` request held until something changes: (since, deadline)
     waiting: tuple[int, float] | None = None
+    #: a list request waits in its user's line of reads (``Reads.serve_queued_reads``)
+    held: bool = False
     #: when a byte last arrived (time.monotonic()), or reading resumed after a pause
     last_input: float = 0.0
     #: the selector events it is registered for
@@ -116,8 +119,11 @@ class Connections:
         handle: Callable[[Peer, dict[str, Any], list[bytes]], None],
         who: Callable[[int], tuple[str, bool]],
         refuse: Callable[[int], DlschedError | None],
+        bites: Bites | None = None,
     ) -> None:
         self.selector = selector
+        #: each limit that bites here is counted and logged (once a minute per user)
+        self.bites = bites if bites is not None else Bites()
         self.shared = shared
         self._handle = handle
         self._who = who
@@ -132,7 +138,6 @@ class Connections:
         self.listener: socket.socket | None = None
         self._listening = False
         self._resume_accept_at = 0.0
-        self._logged: dict[str, float] = {}
         self.fd_limit = raise_fd_limit()
         self.max_connections = max(16, self.fd_limit - FD_RESERVE)
         self.per_user = max(8, min(MAX_PEERS, self.max_connections // 4))
@@ -170,11 +175,14 @@ class Connections:
                 and peer.interest & selectors.EVENT_READ
                 and now - peer.last_input > PARTIAL_TIMEOUT
             ):
-                self._say_once(
-                    f"stalled:{peer.uid}",
-                    "dlsched agent: ending a connection of uid %s: half a message and no byte "
-                    "for %.0f s",
+                self.bites.hit(
+                    "stalled_message",
+                    peer.user,
+                    "ended a connection of %s (uid %s): half a message (%d bytes) and no "
+                    "byte for %.0f s",
+                    peer.user,
                     peer.uid,
+                    peer.decoder.buffered,
                     PARTIAL_TIMEOUT,
                 )
                 self.drop(peer)
@@ -237,18 +245,29 @@ class Connections:
 
     def _over_cap(self, uid: int) -> DlschedError | None:
         if len(self.peers) + len(self._lingering) >= self.max_connections:
-            self._say_once(
-                "full",
-                "dlsched agent: at its limit of %d connections (file descriptors: %d); "
-                "refusing new ones",
+            self.bites.hit(
+                "connections",
+                self._who(uid)[0],
+                "at its limit of %d connections (file descriptors: %d); refused one of %s",
                 self.max_connections,
                 self.fd_limit,
+                self._who(uid)[0],
             )
             return DlschedError(
                 f"the pool's service is at its limit of {self.max_connections} connections; "
                 "try again shortly (its file-descriptor limit sets it)"
             )
         if self.shared and len(self._by_user.get(uid, ())) >= self.per_user:
+            name = self._who(uid)[0]
+            self.bites.hit(
+                "connections_per_user",
+                name,
+                "%s (uid %s) has %d connections open, the limit per user is %d; refused one",
+                name,
+                uid,
+                len(self._by_user[uid]),
+                self.per_user,
+            )
             return PermissionDenied(
                 f"uid {uid} has {self.per_user} connections to this pool already; close "
                 "some (each kernel, CLI and Jupyter server holds one or two)"
@@ -257,10 +276,11 @@ class Connections:
 
     def _stop_accepting(self, error: OSError) -> None:
         """Out of descriptors: serve the connections there are, try accepting in a second."""
-        self._say_once(
-            "fds",
-            "dlsched agent: out of file descriptors (%s; %d connections open, limit %d): "
-            "not accepting new connections for now",
+        self.bites.hit(
+            "descriptors",
+            "",
+            "out of file descriptors (%s; %d connections open, limit %d): not accepting "
+            "new connections for a second",
             error.strerror,
             len(self.peers),
             self.fd_limit,
@@ -320,7 +340,7 @@ class Connections:
             return
         peer.last_input = time.monotonic()
         self._feed(peer, data)
-        if peer.waiting is not None and peer.decoder.buffered > MAX_HELD:
+        if (peer.waiting is not None or peer.held) and peer.decoder.buffered > MAX_HELD:
             self.drop(peer)  # sending on while its request is held: not a client of ours
             return
         self.resume(peer)
@@ -328,7 +348,7 @@ class Connections:
     def resume(self, peer: Peer) -> None:
         """Handle the requests of ``peer`` that have arrived whole: none while one is held,
         none while its replies are unread (it is resumed once they are)."""
-        while peer.waiting is None and self._open(peer) and self._may_read(peer):
+        while peer.waiting is None and not peer.held and self._open(peer) and self._may_read(peer):
             try:
                 message = self._pop(peer)
             except ProtocolError as error:
@@ -425,6 +445,10 @@ class Connections:
 
     # -- interest: what each connection is waited on for -----------------------------------
 
+    def is_open(self, peer: Peer) -> bool:
+        """Whether ``peer`` is still one of the open connections."""
+        return self._open(peer)
+
     def _open(self, peer: Peer) -> bool:
         fd = peer.sock.fileno()
         return fd >= 0 and self.peers.get(fd) is peer
@@ -465,10 +489,3 @@ class Connections:
                 self._update(peer)
             else:
                 self._paused[uid].discard(peer)
-
-    def _say_once(self, what: str, message: str, *args: Any) -> None:
-        """Log ``message`` at most once a minute for ``what`` (a flood must not fill the log)."""
-        now = time.monotonic()
-        if now - self._logged.get(what, -3600.0) >= 60.0:
-            self._logged[what] = now
-            log.warning(message, *args)

@@ -323,23 +323,38 @@ class RemoteLedger:
         newest_first: bool = False,
         holding: bool = False,
     ) -> list[JobInfo]:
-        reply = self._client.call(
-            "jobs",
-            states=list(states) if states is not None else None,
-            owner=owner,
-            limit=limit,
-            offset=offset,
-            ids=list(ids) if ids is not None else None,
-            newest_first=newest_first,
-            holding=holding,
-        )
-        return [info_from_json(r) for r in reply["jobs"]]
+        out: list[JobInfo] = []
+        while True:  # the service answers a page at a time (reads.MAX_JOB_ROWS at most)
+            reply = self._client.call(
+                "jobs",
+                states=list(states) if states is not None else None,
+                owner=owner,
+                limit=None if limit is None else limit - len(out),
+                offset=offset,
+                ids=list(ids) if ids is not None else None,
+                newest_first=newest_first,
+                holding=holding,
+            )
+            out += [info_from_json(r) for r in reply["jobs"]]
+            if not reply.get("more") or (limit is not None and len(out) >= limit):
+                return out
+            offset = reply.get("next_offset", offset + len(reply["jobs"]))
 
     def finished_jobs(
         self, since: float = 0.0, owner: str | None = None, limit: int | None = None
     ) -> list[JobInfo]:
-        reply = self._client.call("finished", since=since, owner=owner, limit=limit)
-        return [info_from_json(r) for r in reply["jobs"]]
+        out: list[JobInfo] = []
+        while True:
+            reply = self._client.call(
+                "finished",
+                since=since,
+                owner=owner,
+                limit=None if limit is None else limit - len(out),
+                offset=len(out),
+            )
+            out += [info_from_json(r) for r in reply["jobs"]]
+            if not reply.get("more") or (limit is not None and len(out) >= limit):
+                return out
 
     def count_jobs(self) -> dict[str, int]:
         return dict(self._client.call("count")["counts"])

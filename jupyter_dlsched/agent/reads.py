@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,14 +45,30 @@ from .shapes import (
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..machine.sampling import Sampler
+    from .bites import Bites
     from .ray_keeper import RayKeeper
 
 #: Longest a ``changes`` request waits for a state change before answering empty.
 MAX_WAIT = 30.0
 
 
-#: Rows a list request returns at most.
+#: Rows a list request returns at most (of events and state changes: small rows).
 MAX_ROWS = 100_000
+
+#: Jobs one ``jobs`` or ``finished`` request returns at most: a larger ``limit`` is clamped,
+#: and the reply says there is more (``more``, ``next_offset``). A page of job rows costs
+#: the agent's one thread tens of milliseconds; the whole ledger would cost seconds.
+MAX_JOB_ROWS = 1000
+
+
+#: Requests that read many rows: each user's wait in a line of their own, and the agent
+#: answers one from each user's line per turn of its loop, so a user reading in a loop (from
+#: any number of connections) delays another user's request by one page at most.
+QUEUED_READS = frozenset({"jobs", "finished", "events", "samples"})
+
+
+#: A user's line of list requests this long is logged as a limit biting (``bites.py``).
+LONG_LINE = 8
 
 
 #: Samples one ``samples`` request answers at most (each source thinned evenly to fit).
@@ -106,14 +123,23 @@ def _list_args(msg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _page(msg: Mapping[str, Any]) -> int:
-    """Rows one list request answers: its ``limit``, at most ``MAX_ROWS``."""
+def _page(msg: Mapping[str, Any], most: int = MAX_ROWS) -> int:
+    """Rows one list request answers: its ``limit``, at most ``most``."""
     limit = msg.get("limit")
     if limit is None:
-        return MAX_ROWS
+        return most
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise SpecError("limit", limit, "a whole number of rows, 1 or more")
-    return min(limit, MAX_ROWS)
+    return min(limit, most)
+
+
+def _job_page(rows: list[Any], page: int, offset: int) -> JobsReply:
+    """A page of job rows (``rows`` holds one more when more follow) and how to ask on."""
+    more = len(rows) > page
+    reply: JobsReply = {"jobs": [info_to_json(info) for info in rows[:page]], "more": more}
+    if more:
+        reply["next_offset"] = offset + page
+    return reply
 
 
 def _owner(path: str) -> int | None:
@@ -150,6 +176,10 @@ class Reads:
         _stopping: bool
         socket_path: Path | None
 
+        _read_queue: dict[int, deque[tuple[Peer, dict[str, Any], list[bytes]]]]
+        bites: Bites
+
+        def _answer(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None: ...
         def _cache_quota(self, uid: int) -> int | None: ...
         def take_back(self, peer: Peer, again: bool) -> None: ...
 
@@ -158,17 +188,58 @@ class Reads:
         @property
         def peers(self) -> dict[int, Peer]: ...
 
+    def queue_read(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None:
+        """Put a list request in its user's line; the connection reads no more until it is
+        answered (a client waits for each reply anyway)."""
+        peer.held = True
+        line = self._read_queue.setdefault(peer.uid, deque())
+        line.append((peer, message, blobs))
+        if len(line) >= LONG_LINE:
+            self.bites.hit(
+                "queued_reads",
+                peer.user,
+                "%s has %d list requests waiting in line (each answered in its turn)",
+                peer.user,
+                len(line),
+            )
+
+    def serve_queued_reads(self) -> None:
+        """Answer the first list request in each user's line (one turn of the loop)."""
+        for uid in list(self._read_queue):
+            line = self._read_queue[uid]
+            peer, message, blobs = line.popleft()
+            if not line:
+                del self._read_queue[uid]
+            peer.held = False
+            if self.conns.is_open(peer):
+                self._answer(peer, message, blobs)
+                self.conns.resume(peer)  # what it sent meanwhile
+
     def _get(self, peer: Peer, msg: JobIdRequest, blobs: list[bytes]) -> JobReply:
         job_id = msg.get("id")
         if not isinstance(job_id, str):
             raise JobNotFound(job_id)
         return {"job": info_to_json(self._store.get(job_id))}
 
+    def _clamped(self, peer: Peer, msg: Mapping[str, Any]) -> int:
+        """A job list's page, counted as a limit biting when it asked for more."""
+        page, asked = _page(msg, MAX_JOB_ROWS), msg.get("limit")
+        if isinstance(asked, int) and asked > page:
+            self.bites.hit(
+                "list_rows",
+                peer.user,
+                "%s asked for %s jobs in one %r request; a page is %d",
+                peer.user,
+                asked if asked < 10**12 else f"{asked:.3g}",
+                msg.get("op"),
+                page,
+            )
+        return page
+
     def _jobs(self, peer: Peer, msg: JobsRequest, blobs: list[bytes]) -> JobsReply:
-        rows = self._store.jobs(
-            limit=_page(msg), offset=_count_arg(msg, "offset"), **_list_args(msg)
-        )
-        return {"jobs": [info_to_json(info) for info in rows]}
+        page, offset = self._clamped(peer, msg), _count_arg(msg, "offset")
+        rows = self._store.jobs(limit=page + 1, offset=offset, **_list_args(msg))
+        return _job_page(rows, page, offset)
 
     def _finished(self, peer: Peer, msg: FinishedRequest, blobs: list[bytes]) -> JobsReply:
         since, owner = msg.get("since") or 0.0, msg.get("owner")
@@ -180,8 +251,11 @@ class Reads:
             raise SpecError("since", since, "a time in epoch seconds")
         if owner is not None and not isinstance(owner, str):
             raise SpecError("owner", owner, "a user name")
-        rows = self._store.finished_jobs(since=float(since), owner=owner, limit=_page(msg))
-        return {"jobs": [info_to_json(info) for info in rows]}
+        page, offset = self._clamped(peer, msg), _count_arg(msg, "offset")
+        rows = self._store.finished_jobs(
+            since=float(since), owner=owner, limit=page + 1, offset=offset
+        )
+        return _job_page(rows, page, offset)
 
     def _ping(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> Done:
         return {}
@@ -233,7 +307,7 @@ class Reads:
         pool = None
         if any(not g.get("simulated") for g in inventory.get("gpus") or []):
             pool = self.sched.pool()  # measured, with each GPU process's job (or user)
-        return exposition(self._store, pool, time.time())
+        return exposition(self._store, pool, time.time(), self.bites.counts)
 
     def _cache_info(self, peer: Peer) -> dict[str, Any]:
         """The stage-in cache; in a shared pool a user sees only their own entries and

@@ -5,6 +5,12 @@ forks supervisors all the time, and a thread holding a lock at a fork would
 leave the child stuck): ``GET /metrics`` is answered with the pool's metrics
 (``metrics.py``), anything else with 404. It never waits on a scraper: a
 request must arrive within ``REQUEST_TIMEOUT`` seconds and fit in 8 KiB.
+
+Anyone on the host can connect, so idle connections must not lock scrapers out:
+a request already waiting when its connection is accepted is answered at once,
+and with ``MAX_SCRAPERS`` connections open a new one pushes out the oldest that
+has not sent a whole request. The exposition is rendered at most once per
+``RENDER_EVERY`` seconds, however many ask.
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ from ..vocab.errors import SpecError
 
 log = logging.getLogger("jupyter_dlsched.agent")
 
-REQUEST_TIMEOUT = 5.0
+#: Seconds a connection may take to send its request.
+REQUEST_TIMEOUT = 2.0
 MAX_REQUEST = 8192
-MAX_SCRAPERS = 16
+#: Connections open at once; a new one pushes out the oldest idle one.
+MAX_SCRAPERS = 64
+#: Seconds a rendered exposition is served again (a flood of scrapes renders it once).
+RENDER_EVERY = 1.0
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -55,9 +65,14 @@ class ScrapeEndpoint:
         address: tuple[str, int],
         render: Callable[[], bytes],
         content_type: str,
+        *,
+        evicted: Callable[[], None] | None = None,
     ) -> None:
         self.selector = selector
         self.render = render
+        #: told each time an idle connection is pushed out for a new one (a limit biting)
+        self.evicted = evicted
+        self._rendered: tuple[float, bytes] | None = None
         self.content_type = content_type
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
@@ -69,12 +84,17 @@ class ScrapeEndpoint:
             raise SpecError(
                 "--metrics", f"{address[0]}:{address[1]}", f"an address free to bind ({error})"
             ) from None
-        listener.listen(16)
+        listener.listen(128)
         listener.setblocking(False)
         self.listener = listener
         self.address = listener.getsockname()[:2]
         self._scrapers: dict[int, _Scraper] = {}
         selector.register(listener, selectors.EVENT_READ, self)
+
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self._scrapers)
 
     def owns(self, data: object) -> bool:
         return data is self or isinstance(data, _Scraper)
@@ -105,12 +125,19 @@ class ScrapeEndpoint:
             except (BlockingIOError, OSError):
                 return
             if len(self._scrapers) >= MAX_SCRAPERS:
-                sock.close()
-                continue
+                self._push_out()
             sock.setblocking(False)
             scraper = _Scraper(sock, time.monotonic() + REQUEST_TIMEOUT)
             self._scrapers[sock.fileno()] = scraper
             self.selector.register(sock, selectors.EVENT_READ, scraper)
+            self._read(scraper)  # a scraper sends its request at once: answer it now
+
+    def _push_out(self) -> None:
+        """Close the oldest connection that has not sent a whole request (or the oldest)."""
+        idle = [s for s in self._scrapers.values() if not s.out] or list(self._scrapers.values())
+        self._close(min(idle, key=lambda s: s.until))
+        if self.evicted is not None:
+            self.evicted()
 
     def _read(self, scraper: _Scraper) -> None:
         try:
@@ -134,12 +161,18 @@ class ScrapeEndpoint:
             self._answer(scraper, 404, b"the metrics are at /metrics\n", "text/plain")
         else:
             try:
-                body = self.render()
+                body = self._exposition()
             except Exception:
                 log.exception("dlsched agent: metrics")
                 self._answer(scraper, 500, b"the metrics could not be read\n", "text/plain")
                 return
             self._answer(scraper, 200, body if line[0] == "GET" else b"", self.content_type)
+
+    def _exposition(self) -> bytes:
+        now = time.monotonic()
+        if self._rendered is None or now - self._rendered[0] >= RENDER_EVERY:
+            self._rendered = (now, self.render())
+        return self._rendered[1]
 
     def _answer(self, scraper: _Scraper, status: int, body: bytes, content_type: str) -> None:
         reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}.get(status, "Error")

@@ -35,15 +35,18 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..local.launcher import code_stamp
+from ..local.logcap import max_log_bytes
 from ..machine.metrics import CONTENT_TYPE
 from ..store import payload_keep
 from ..vocab.errors import DlschedError, LedgerUnavailable, PermissionDenied, SpecError
 from ..vocab.schema import WAITING
+from .bites import Bites
 from .client import IDLE_EXIT, trusted_server_uids, user_address
 from .config import ServiceConfig
 from .connections import Connections, Peer
@@ -51,6 +54,8 @@ from .deciding import agent_engine
 from .forking import SPARES, Forking, _set_name
 from .protocol import ProtocolError, error_reply
 from .ray_keeper import RayKeeper
+from .reads import QUEUED_READS
+from .refusals import CountedRefusals
 from .requests import Requests
 from .scrape import ScrapeEndpoint
 
@@ -94,7 +99,7 @@ def preload() -> None:
     forkserver.preload()
 
 
-class Agent(Requests, Forking):
+class Agent(CountedRefusals, Requests, Forking):
     """Serve one ledger: ``Agent(home).serve()`` runs until stopped (or idle, for one user)."""
 
     def __init__(
@@ -118,12 +123,15 @@ class Agent(Requests, Forking):
         self.idle_exit = idle_exit
         self.uid = os.getuid()
         self.selector = selectors.DefaultSelector()
+        #: the limits that bit: counted for the metrics, logged once a minute per user
+        self.bites = Bites()
         self.conns = Connections(
             self.selector,
             shared=self.shared,
             handle=self._handle,
             who=self._who,
             refuse=self._refuse_uid,
+            bites=self.bites,
         )
         self.sched: Engine | None = None
         self._dirty = True
@@ -138,6 +146,8 @@ class Agent(Requests, Forking):
         #: this ledger's Ray driver, started while a Ray job waits or runs
         self.ray = RayKeeper(self.home, lambda: self._store, self.shared)
         self._names: dict[int, tuple[str, bool, float]] = {}
+        #: each user's list requests not yet answered, oldest first (``Reads.queue_read``)
+        self._read_queue: dict[int, deque[tuple[Peer, dict[str, Any], list[bytes]]]] = {}
         self.code = code_stamp()
         # each handler takes its op's request shape and returns its reply shape (shapes.OPS);
         # a message off the wire is only a JSON object, so the table takes any
@@ -252,7 +262,11 @@ class Agent(Requests, Forking):
             self.sampler = Sampler(self._store, self.sched.pool, SAMPLE_INTERVAL, SAMPLE_RETENTION)
         if self.metrics_address is not None:
             self.scrape = ScrapeEndpoint(
-                self.selector, self.metrics_address, self.render_metrics, CONTENT_TYPE
+                self.selector,
+                self.metrics_address,
+                self.render_metrics,
+                CONTENT_TYPE,
+                evicted=self._scrape_evicted,
             )
         if self.shared:
             _check_reachable(self.home)  # and the folders just created
@@ -260,6 +274,7 @@ class Agent(Requests, Forking):
             os.chmod(self._store.home, 0o711)
             os.chmod(self._store.spool_root, 0o711)
         payload_keep()  # a bad DLSCHED_PAYLOAD_KEEP is this start's error, in one line
+        max_log_bytes()  # and so is a bad DLSCHED_MAX_LOG_BYTES
         try:
             blobs, size = self._store.collect_leftovers()
         except LedgerUnavailable as error:
@@ -318,7 +333,8 @@ class Agent(Requests, Forking):
         last_refill = last_warned = last_ray = last_sweep = last_sample = 0.0
         while not self._stopping:
             quiet = time.monotonic() - last_change
-            timeout = 0.0 if self._dirty else min(0.25, max(0.002, quiet / 20))
+            busy = self._dirty or self._read_queue
+            timeout = 0.0 if busy else min(0.25, max(0.002, quiet / 20))
             scrape = self.scrape
             for key, mask in self.selector.select(timeout):
                 if scrape is not None and scrape.owns(key.data):
@@ -364,6 +380,7 @@ class Agent(Requests, Forking):
                 time.sleep(0.5)
             self._answer_watchers()
             self.conns.serve_ready()
+            self.serve_queued_reads()
             if len(self._spares) < SPARES and not self._dirty:
                 self.fork_spare()  # off the path of the launch that used the last one
             if self.peers or not self.shared and self._has_waiting():
@@ -406,6 +423,12 @@ class Agent(Requests, Forking):
         return known[0], known[1]
 
     def _handle(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None:
+        if message.get("op") in QUEUED_READS:
+            self.queue_read(peer, message, blobs)  # answered in its user's turn
+        else:
+            self._answer(peer, message, blobs)
+
+    def _answer(self, peer: Peer, message: dict[str, Any], blobs: list[bytes]) -> None:
         op = message.get("op")
         handler = self._ops.get(op) if isinstance(op, str) else None
         try:
@@ -430,11 +453,16 @@ class Agent(Requests, Forking):
             return reply
         return redact(dict(reply), Viewer(peer.uid, peer.admin), self._store.owners)
 
-    # -- forking supervisors ------------------------------------------------------------------
+    # -- limits of a shared pool: each refusal counted and logged (bites.py) -----------------
 
-    # -- requests ---------------------------------------------------------------------------
-
-    # -- limits of a shared pool -------------------------------------------------------------
+    def _scrape_evicted(self) -> None:
+        assert self.scrape is not None
+        self.bites.hit(
+            "metrics_connections",
+            "",
+            "%d connections to the metrics port: closed the oldest idle one for a new one",
+            self.scrape.connections,
+        )
 
 
 def _user_name(uid: int) -> str:

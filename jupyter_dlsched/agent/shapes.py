@@ -102,6 +102,7 @@ class FinishedRequest(TypedDict, total=False):
     since: float
     owner: str | None
     limit: int | None
+    offset: int
 
 
 class ChangesRequest(TypedDict, total=False):
@@ -201,8 +202,16 @@ class JobReply(TypedDict):
     job: JobRow
 
 
-class JobsReply(TypedDict):
+class _JobsPage(TypedDict):
     jobs: list[JobRow]
+    #: more rows follow this page (a page holds at most ``reads.MAX_JOB_ROWS``)
+    more: bool
+
+
+class JobsReply(_JobsPage, total=False):
+    #: the ``offset`` that asks for the next page, when there is one (an optional key in a
+    #: class of its own: ``NotRequired`` is not seen at run time in a postponed annotation)
+    next_offset: int
 
 
 class CountReply(TypedDict):

@@ -35,6 +35,7 @@ from ..vocab.units import format_size
 from .containment import Containment, sweep_cgroups
 from .ending import Outcome, describe_status, read_report, record_end, record_refusal, wait_status
 from .jobproc import Launch, cores_for, job_environment, start_ranks, world_size
+from .logcap import LogKeeper
 from .usage import Tree, Usage, gpu_over_grant
 from .wake import LastWord, decide_after, tell_agent
 from .warm import WarmProcess
@@ -157,7 +158,10 @@ def _supervise(
     report_r, report_w = -1, -1
     if agent is not None and owner is None and job.kind != "command" and world_size(job) == 1:
         report_r, report_w = os.pipe()
-    launch = Launch(folder, job, env, context, payload, cores, log_fd, owner, box, report_w)
+    # the job's output reaches its log through a pipe this supervisor empties, within a cap
+    # and never into the disk's last reserve (logcap.py)
+    keeper = LogKeeper(log_fd, folder)
+    launch = Launch(folder, job, env, context, payload, cores, keeper.job_end, owner, box, report_w)
     started = None
     if warm is not None and warm.fits(job, payload):
         started = warm.start(launch)
@@ -167,7 +171,7 @@ def _supervise(
         if warm is not None:
             warm.discard()  # before the job's own processes: every descendant is the job's
         pids = start_ranks(launch)
-    os.close(log_fd)
+    keeper.started()
     if report_w >= 0:
         os.close(report_w)
 
@@ -198,6 +202,7 @@ def _supervise(
             owner,
             box,
             result=(report_r, record_result) if report_r >= 0 else None,
+            keeper=keeper,
         )
     except Exception as error:
         # whatever broke here must not leave the job running unwatched until its lease
@@ -209,6 +214,8 @@ def _supervise(
         outcome = Outcome(stop_reason="crash", detail=why[:300], recorded=held)
     finally:
         box.close()  # its cgroup, once the last of its processes is gone
+        keeper.close()  # what the job wrote last, then the log
+        os.close(log_fd)
         if report_r >= 0:
             os.close(report_r)
     record_end(lease, outcome, folder, owner)
@@ -226,6 +233,7 @@ def _monitor(
     owner: int | None = None,
     box: Containment | None = None,
     result: tuple[int, Callable[[Usage], bool]] | None = None,
+    keeper: LogKeeper | None = None,
 ) -> Outcome:
     """Watch the job's processes until all have exited, its main ones and whatever they
     started (``box``); stop them all when the job must end, or when ``lease`` was taken
@@ -246,6 +254,9 @@ def _monitor(
     report_fd, record_result = result if result is not None else (-1, None)
     if report_fd >= 0:
         poller.register(report_fd, select.POLLIN)
+    log_pipe = keeper.fd if keeper is not None else -1
+    if log_pipe >= 0:
+        poller.register(log_pipe, select.POLLIN)
     statuses: dict[int, int] = {}
     started = job.started or time.time()
     next_renew = time.time() + settings.lease_ttl / 4
@@ -294,6 +305,11 @@ def _monitor(
         # the report before an exit seen in the same wake-up: it was written before the exit
         # (and a job that left processes behind keeps its early result)
         for fd, _ in sorted(poller.poll(timeout * 1000), key=lambda ready: ready[0] != report_fd):
+            if fd == log_pipe:
+                assert keeper is not None
+                if not keeper.pump():
+                    poller.unregister(fd)  # every writer is gone: nothing more comes
+                continue
             if fd == report_fd:
                 poller.unregister(fd)
                 said = read_report(fd, pgid)

@@ -16,6 +16,8 @@ scrapes, so every participant that can read the ledger answers the same):
 ``dlsched_user_gpus_allocated{user}``      gauge      GPUs held by each user's running jobs
 ``dlsched_user_gpu_seconds_total{user}``   counter    GPU-seconds each user's jobs have held
 ``dlsched_user_jobs_running{user}``        gauge      running jobs of each user
+``dlsched_limit_refusals_total{limit}``    counter    times each limit of a shared pool's service
+                                                      refused or cut a request (its service only)
 =========================================  =========  =============================================
 
 >>> from jupyter_dlsched.store import Store
@@ -27,7 +29,7 @@ True
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -55,10 +57,18 @@ WAIT_BUCKETS: tuple[float, ...] = (1, 10, 60, 300, 900, 1800, 3600, 14400, 43200
 class PoolCollector(Collector):
     """The metrics of one ledger at one moment (``collect`` reads it)."""
 
-    def __init__(self, store: Store, pool: PoolInfo | None, now: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        pool: PoolInfo | None,
+        now: float,
+        limits: Mapping[str, int] | None = None,
+    ) -> None:
         self.store = store
         self.pool = pool
         self.now = now
+        #: how many times each of a service's limits bit (``agent/bites.py``)
+        self.limits = limits
 
     def collect(self) -> Iterator[Metric]:
         store = self.store
@@ -77,6 +87,16 @@ class PoolCollector(Collector):
         gpus.add_metric(["0"], len(cards) - simulated)
         gpus.add_metric(["1"], simulated)
         yield gpus
+
+        if self.limits is not None:
+            bit = CounterMetricFamily(
+                "dlsched_limit_refusals",
+                "Times each of the service's limits refused or cut a request.",
+                labels=["limit"],
+            )
+            for limit, times in sorted(self.limits.items()):
+                bit.add_metric([limit], times)
+            yield bit
 
         # a success whose process still exits holds its GPUs until it is gone
         granted = [j for j in store.jobs(holding=True) if j.backend == "local"]
@@ -216,10 +236,12 @@ def _bound(value: float) -> str:
     return str(int(value)) + ".0" if value == int(value) else repr(value)
 
 
-def exposition(store: Store, pool: PoolInfo | None, now: float) -> bytes:
+def exposition(
+    store: Store, pool: PoolInfo | None, now: float, limits: Mapping[str, int] | None = None
+) -> bytes:
     """The pool's metrics now, as the text a Prometheus scrape is answered with."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PoolCollector(store, pool, now))
+    registry.register(PoolCollector(store, pool, now, limits))
     return bytes(generate_latest(registry))
 
 

@@ -118,7 +118,11 @@ class JobReads(Payloads):
         return places
 
     def finished_jobs(
-        self, since: float = 0.0, owner: str | None = None, limit: int | None = None
+        self,
+        since: float = 0.0,
+        owner: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
     ) -> list[JobInfo]:
         """Jobs that ended at or after ``since``, the most recently ended first (``history``)."""
         sql = "SELECT * FROM jobs WHERE finished IS NOT NULL AND finished >= ?"
@@ -126,10 +130,10 @@ class JobReads(Payloads):
         if owner is not None:
             sql += " AND owner=?"
             args.append(owner)
-        sql += " ORDER BY finished DESC"
-        if limit is not None:
-            sql += " LIMIT ?"
-            args.append(int(limit))
+        sql += " ORDER BY finished DESC, seq DESC"
+        if limit is not None or offset:
+            sql += " LIMIT ? OFFSET ?"
+            args += [-1 if limit is None else int(limit), int(offset)]
         return [_row_to_info(r, None) for r in self.db.execute(sql, args)]
 
     @staticmethod

@@ -36,9 +36,15 @@ def small_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
             launcher.stop(home)
 
 
-def print_forever() -> None:
-    while True:
-        print("x" * 1000)
+def write_forever() -> None:
+    """Fill the disk holding the pool's state folder with a file (a job's output to its log
+    stops short of the disk's last tenth: ``local/logcap.py``)."""
+    import os
+
+    with open(os.path.join(os.environ["DLSCHED_HOME"], "spew"), "wb") as f:
+        while True:
+            f.write(b"x" * 65536)
+            f.flush()
 
 
 def answer() -> int:
@@ -75,11 +81,11 @@ def fill(path: Path) -> None:
 def test_the_job_that_fills_the_disk_fails_saying_so_and_the_queue_goes_on(small_home, caplog):
     with caplog.at_level(logging.WARNING), Scheduler(small_home, lease_ttl=3.0) as s:
         assert (small_home / RESERVE_NAME).stat().st_size == RESERVE_BYTES
-        spewer = s.submit(print_forever)
+        spewer = s.submit(write_forever)
         spewer.wait(timeout=120)
         info = s.info(spewer.id)
         assert info.state == "failed"
-        assert "no space left on device" in info.reason
+        assert "no space left on device" in info.reason.lower(), info.reason
         # the reserve let the ledger record that; a job that needs no disk still runs
         assert not (small_home / RESERVE_NAME).exists()
         assert s.submit(answer).result(timeout=60) == 42
