@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import control
+from .suspend import Checkpointer, reclaim_decision
 
 POLL = 0.2
 #: how often the idle time is written to the job's progress (the queue, REST, history)
@@ -190,6 +191,7 @@ class _Watch:
         self._accounted_at = time.time()
         self._reported_at = 0.0
         self.reclaimed = False
+        self.checkpointer = Checkpointer()
         self._wrote_at = 0.0
 
     def follow_kernel_file(self) -> None:
@@ -272,12 +274,14 @@ class _Watch:
             return None
         if now >= float(warning.get("reclaim_at") or 0):
             assert self.kernel is not None
+            decision = reclaim_decision(self.checkpointer, activity)
             self.kernel.stop()
             self.reclaimed = True
             return self.end(
                 "reclaimed",
                 f"idle {_words(now - last)} while {waiters} job(s) waited for GPUs: "
-                "the kernel was shut down and its GPUs went to the queue",
+                "the kernel was shut down and its GPUs went to the queue "
+                f"(not suspended: {decision.reason})",
             )
         return None
 
