@@ -164,8 +164,13 @@ class Kernels:
         ended = control.read(folder, "ended.json") or {}
         message = str(ended.get("message") or "")
         suspended = ended.get("ended") == "suspended"
-        after = ""
+        after, freed = "", ""
         if suspended:
+            from jupyter_dlsched.inside.gpu_room import held_by
+
+            # suspended: NVML counts nothing of the kernel on its GPU any more
+            held = held_by([kernel.pid])
+            freed = f"; the suspended kernel holds {sum(held.values()) / 2**20:.0f} MiB on GPU"
             # the kernel lives on; its next cell waits for a GPU, is restored, and runs
             self.sched.cancel(waiting.id)
             after = kernel.run(CELL, timeout=300)
@@ -183,6 +188,7 @@ class Kernels:
             "kernel-suspend",
             "an idle kernel while a job waits: reclaimed",
             f"{ended.get('ended')} {seconds:.1f} s after the job queued: {message}"
+            + freed
             + (f"; next cell printed {after!r}" if after else ""),
             expected,
             ok and before.endswith(EXPECTED),

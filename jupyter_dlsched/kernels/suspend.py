@@ -13,8 +13,8 @@ The known failure modes, guarded here:
   (NVIDIA/cuda-checkpoint#44): free memory is checked first (``restore_refusal``);
 * killing a process that was restored can hang in the driver (#53): a restored process is
   suspended again before it is killed (``Checkpointer.stop_safely``);
-* processes with NCCL peers cannot be checkpointed one by one (#30): a kernel that set up a
-  process group is shut down instead (``reclaim_decision``).
+* processes with NCCL peers cannot be checkpointed one by one (#30): a kernel in a
+  ``torch.distributed`` process group is shut down instead (``reclaim_decision``).
 
 >>> Checkpointer().supported()  # doctest: +SKIP
 'no cuda-checkpoint program on PATH (it comes with NVIDIA driver 550 and newer)'
@@ -126,8 +126,9 @@ def reclaim_decision(checkpointer: Checkpointer, activity: dict[str, object]) ->
     """Suspend an idle kernel where the driver can and the kernel has no NCCL peers;
     otherwise shut it down, with the reason.
 
-    ``activity`` is what the kernel itself reported (``activity.json``): ``nccl`` is true
-    once it set up a ``torch.distributed`` process group on NCCL.
+    ``activity`` is what the kernel itself reported (``activity.json``):
+    ``process_group`` is true once it joined a ``torch.distributed`` process group, whose
+    peers (NCCL's, cuda-checkpoint#30) would be left talking to a suspended rank.
 
     >>> reclaim_decision(Checkpointer(program="/nonexistent"), {}).action  # doctest: +SKIP
     'shutdown'
@@ -135,10 +136,10 @@ def reclaim_decision(checkpointer: Checkpointer, activity: dict[str, object]) ->
     why_not = checkpointer.supported()
     if why_not is not None:
         return Decision("shutdown", why_not)
-    if activity.get("nccl"):
+    if activity.get("process_group"):
         return Decision(
             "shutdown",
-            "the kernel has NCCL peers (a torch.distributed process group), which cannot "
+            "the kernel is in a torch.distributed process group: its peers (NCCL's) cannot "
             "be suspended one process at a time",
         )
     return Decision("suspend")
