@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,31 +16,28 @@ from types import SimpleNamespace
 import psutil
 import pytest
 from conftest import wait_for
+from team_pool import RESULT, shared_pool
 
 from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.machine.mps import MpsDaemons
 
 GiB = 2**30
 
-STAND_IN = """#!{python}
-import json, os, signal, subprocess, sys
-from pathlib import Path
-
-pipe = Path(os.environ["CUDA_MPS_PIPE_DIRECTORY"])
-entry = {{"args": sys.argv[1:], "uid": os.getuid(), "pipe": str(pipe),
-         "device": os.environ.get("CUDA_VISIBLE_DEVICES")}}
-if sys.argv[1:] == ["-d"]:
-    # the real one forks a daemon that leaves no descriptor of its caller open
-    daemon = subprocess.Popen(["sleep", "600"], start_new_session=True,
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    (pipe / "nvidia-cuda-mps-control.pid").write_text(str(daemon.pid))
-    entry["pid"] = daemon.pid
-else:
-    entry["stdin"] = sys.stdin.read().strip()
-    if entry["stdin"] == "quit":
-        os.kill(int((pipe / "nvidia-cuda-mps-control.pid").read_text()), signal.SIGTERM)
-with open({log!r}, "a") as calls:
-    calls.write(json.dumps(entry) + "\\n")
+STAND_IN = """#!/bin/sh
+# a stand-in nvidia-cuda-mps-control: -d starts a "daemon" (a sleep) and records who asked;
+# otherwise it reads a command from stdin, and "quit" stops the daemon
+pipe="$CUDA_MPS_PIPE_DIRECTORY"
+if [ "$1" = "-d" ]; then
+    sleep 600 </dev/null >/dev/null 2>&1 &
+    echo $! > "$pipe/nvidia-cuda-mps-control.pid"
+    printf '{{"args": ["-d"], "uid": %s, "pipe": "%s", "device": "%s", "pid": %s}}\\n' \\
+        "$(id -u)" "$pipe" "$CUDA_VISIBLE_DEVICES" "$!" >> {log}
+else
+    read -r command
+    if [ "$command" = quit ]; then kill "$(cat "$pipe/nvidia-cuda-mps-control.pid")"; fi
+    printf '{{"args": [], "stdin": "%s", "uid": %s, "pipe": "%s"}}\\n' \\
+        "$command" "$(id -u)" "$pipe" >> {log}
+fi
 """
 
 
@@ -49,7 +47,7 @@ def mps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir, log = tmp_path / "bin", tmp_path / "mps-calls.jsonl"
     bin_dir.mkdir()
     program = bin_dir / "nvidia-cuda-mps-control"
-    program.write_text(STAND_IN.format(python=sys.executable, log=str(log)))
+    program.write_text(STAND_IN.format(log=str(log)))
     program.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return log
@@ -145,3 +143,59 @@ def test_an_mps_gpu_serves_one_user_and_another_users_fraction_keeps_the_cap(
     assert daemons.sharing([0]) == {0: f"MPS ({psutil.Process().username()})"}
     assert not daemons.leave("b", 0) and daemons.leave("a", 0)
     assert [c.get("stdin") for c in calls(mps)] == [None, "quit"]
+
+
+#: a user's script: one job that holds a GPU share until a file exists, and returns what it
+#: saw of MPS; prints the job's id
+SUBMIT_SHARE = """
+import sys
+import jupyter_dlsched as dls
+
+def held_until(release):
+    import os, time
+    while not os.path.exists(release):
+        time.sleep(0.05)
+    return {k: v for k, v in os.environ.items() if k.startswith("CUDA_")}
+
+h = dls.Scheduler(loop=False).submit(held_until, sys.argv[1], gpus=0.5, gpu_mem="4GiB")
+print(h.id, flush=True)
+"""
+
+
+def test_in_a_shared_pool_a_gpus_mps_daemon_is_its_first_users_and_another_user_keeps_the_cap(
+    team_users,
+) -> None:
+    a, b = team_users
+    # the stand-in and its record where every user reaches them
+    shared = Path(tempfile.mkdtemp(prefix="dlsched-mps-"))
+    os.chmod(shared, 0o777)
+    log, release = shared / "calls.jsonl", shared / "go"
+    program = shared / "nvidia-cuda-mps-control"
+    program.write_text(STAND_IN.format(log=str(log)))
+    program.chmod(0o755)
+    path = f"{shared}{os.pathsep}{os.environ['PATH']}"
+    try:
+        with shared_pool(env={"PATH": path, "DLSCHED_SIMULATE_GPUS": "1x16GiB"}) as service:
+            first = service.as_user(a, SUBMIT_SHARE, str(release))
+            assert first.returncode == 0, first.stderr
+            wait_for(lambda: service.job(first.stdout.strip())["state"] == "running", timeout=60)
+            [start] = wait_for(lambda: calls(log), timeout=30)
+            assert start["args"] == ["-d"] and start["uid"] == a.uid  # run as the job's user
+            second = service.as_user(b, SUBMIT_SHARE, str(release))
+            assert second.returncode == 0, second.stderr
+            wait_for(lambda: service.job(second.stdout.strip())["state"] == "running", timeout=60)
+            # (one GPU in this pool: both shares are on it)
+
+            release.touch()
+            seen = {}
+            for user, done in ((a, first), (b, second)):
+                got = service.as_user(user, RESULT, done.stdout.strip(), "60")
+                assert got.returncode == 0, got.stderr
+                seen[user.name] = json.loads(got.stdout)
+            assert seen[a.name]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+            # the other user's share on the same GPU is no client of the first user's daemon
+            assert not any(k.startswith("CUDA_MPS_") for k in seen[b.name])
+            stop = wait_for(lambda: calls(log)[1:], timeout=30)[0]
+            assert stop["stdin"] == "quit"
+    finally:
+        subprocess.run(["rm", "-rf", str(shared)], check=False)
