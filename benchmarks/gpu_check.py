@@ -1,11 +1,12 @@
-"""PyTorch on a machine with NVIDIA GPUs: does the scheduler keep its promises? (~4 minutes)
+"""PyTorch on a machine with NVIDIA GPUs: does the scheduler keep its promises? (<= 8 minutes)
 
-    python benchmarks/gpu_check.py               # on a machine with an NVIDIA GPU
-    python benchmarks/gpu_check.py --json out.json
-    python benchmarks/gpu_check.py --cpu         # logic check without a GPU (simulated GPUs,
-                                                 # tiny sizes; the numbers mean nothing)
+    python benchmarks/gpu_check.py --json out.json  # on a machine with an NVIDIA GPU
+    python benchmarks/gpu_check.py --cpu            # the logic without a GPU (simulated GPUs,
+                                                    # CPU torch, tiny sizes; numbers mean nothing)
 
-Prints one table:
+Each promise has a check by name (``CHECKS``; what each promises: ``docs/gpu.md``), whose
+rows are printed as one table and written into ``docs/gpu.md``, one row per check
+(``--doc PATH`` another page, ``--no-doc`` none). Among them:
 
 * NVML inventory against what PyTorch sees;
 * training throughput of a ResNet-18 (synthetic ImageNet-sized batches) run
@@ -16,7 +17,9 @@ Prints one table:
   when it uses ``dlt.device()`` (PyTorch's own out-of-memory error) and when it
   bypasses it (the supervisor's NVML watch);
 * the GPU memory the scheduler attributes to a job against NVML's own count, and the
-  peak its supervisor records for ``dlsched history``.
+  peak its supervisor records for ``dlsched history``;
+* GPU kernels (``gpu_check_kernels.py``) and jobs forked ahead, DDP and a process outside
+  the pool (``gpu_check_jobs.py``).
 
 Every job runs in a scratch state folder; the machine's queue is not touched.
 """
@@ -33,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from gpu_check_report import CHECKS, Report, guarded, machine, render
 
 GiB = 2**30
 
@@ -212,73 +217,6 @@ def _in_subprocess(fn: Any, *args: Any, env: dict[str, str] | None = None, **kwa
 # -- the checks --------------------------------------------------------------------------------
 
 
-#: every promise the check covers, by name, in the order it runs them
-CHECKS = (
-    "inventory",
-    "throughput",
-    "sharing",
-    "memory",
-    "kernel-lease",
-    "kernel-restart",
-    "kernel-suspend",
-    "warm-start-cuda",
-    "ddp-nccl",
-    "outside-process",
-)
-
-
-class Report:
-    """Each check's rows (what was measured, the result, the target, ok/FAIL), by name."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, str, str, str, str]] = []
-        self.skipped: dict[str, str] = {}
-        self.data: dict[str, Any] = {}
-
-    def add(
-        self, check: str, what: str, result: str, target: str = "", ok: bool | None = None
-    ) -> None:
-        assert check in CHECKS, check
-        verdict = "" if ok is None else ("ok" if ok else "FAIL")
-        self.rows.append((check, what, result, target, verdict))
-        print(f"  {what}: {result} {('[' + verdict + ']') if verdict else ''}", flush=True)
-
-    def skip(self, check: str, why: str) -> None:
-        self.skipped[check] = why
-        print(f"  {check}: skipped: {why}", flush=True)
-
-    def table(self) -> str:
-        header = ("check", "what", "result", "target", "")
-        lines = ["| " + " | ".join(header) + " |", "|---|---|---|---|---|"]
-        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
-        lines += [f"| {name} | skipped | {why} | | |" for name, why in self.skipped.items()]
-        return "\n".join(lines)
-
-    def verdict(self, check: str) -> tuple[str, str]:
-        """One check's result (``ok``, ``FAIL``, ``skipped: why``, ``not run``) and figure."""
-        rows = [row for row in self.rows if row[0] == check]
-        figure = "; ".join(f"{what}: {result}" for _, what, result, _, _ in rows)
-        if any(row[4] == "FAIL" for row in rows):
-            return "FAIL", figure
-        if check in self.skipped:
-            return f"skipped: {self.skipped[check]}", figure
-        if rows and all(row[4] == "ok" for row in rows if row[4]):
-            return ("ok" if any(row[4] for row in rows) else "measured"), figure
-        return "not run", figure
-
-    def failed(self) -> list[str]:
-        return [name for name in CHECKS if self.verdict(name)[0] in ("FAIL", "not run")]
-
-
-def guarded(report: Report, check: str, run: Any, *args: Any) -> Any:
-    """Run one check; an exception is that check's failure, and the others still run."""
-    try:
-        return run(report, *args)
-    except Exception as error:  # a check that crashes failed; say how, then go on
-        report.add(check, "the check itself", f"{type(error).__name__}: {error}"[:300], ok=False)
-        return None
-
-
 def check_inventory(report: Report, cpu: bool) -> list[Any]:
     from jupyter_dlsched.machine.inventory import probe
 
@@ -429,46 +367,6 @@ def check_memory(report: Report, sched: Any, gpus: list[Any]) -> None:
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def machine(cpu: bool) -> tuple[str, str]:
-    """The device and driver a run's rows name."""
-    import torch
-
-    if cpu:
-        return "simulated 1x16GiB (CPU)", f"none (torch {torch.__version__}, CPU)"
-    from jupyter_dlsched.machine import nvml
-
-    nv = nvml.module()
-    count = nv.nvmlDeviceGetCount()
-    name = nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(0))
-    name = name.decode() if isinstance(name, bytes) else name
-    version = nv.nvmlSystemGetDriverVersion()
-    version = version.decode() if isinstance(version, bytes) else version
-    return f"{count}x {name}", f"{version} (torch {torch.__version__}, CUDA {torch.version.cuda})"
-
-
-DEVICE_ROWS = ("<!-- device rows -->", "<!-- end device rows -->")
-SIMULATED_ROWS = ("<!-- simulated rows -->", "<!-- end simulated rows -->")
-
-
-def render(doc: Path, report: Report, cpu: bool, device: str, driver: str, date: str) -> None:
-    """Write this run's rows, one per check, into ``doc`` between its markers (device rows
-    for a run on a GPU, simulated rows for ``--cpu``); the other table is left as it is."""
-    begin, end = SIMULATED_ROWS if cpu else DEVICE_ROWS
-    lines = ["| check | device | driver | date | result | figure |", "|---|---|---|---|---|---|"]
-    for name in CHECKS:
-        result, figure = report.verdict(name)
-        if cpu:
-            result = f"simulated: {result}"
-        figure = figure.replace("|", "/").replace("\n", " ")
-        lines.append(f"| `{name}` | {device} | {driver} | {date} | {result} | {figure} |")
-    text = doc.read_text()
-    head, found, rest = text.partition(begin)
-    _, found_end, tail = rest.partition(end)
-    if not (found and found_end):
-        raise SystemExit(f"{doc} lacks the markers {begin} ... {end}")
-    doc.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
 
 
 def main(argv: list[str] | None = None) -> int:
