@@ -7,7 +7,10 @@ check's scratch ``JUPYTER_DATA_DIR``; each cell computes on the kernel's device
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -150,7 +153,33 @@ class Kernels:
         )
 
     def check_suspend(self, report: Any) -> None:
+        self._reclaim(report, "an idle kernel while a job waits: reclaimed")
+        if not self.cpu:
+            return
+        # the logic of a suspend and a restore, with the stand-in cuda-checkpoint the tests
+        # use (a program that records what it is asked and answers as the real one)
+        tests = Path(__file__).resolve().parent.parent / "tests"
+        sys.path.insert(0, str(tests))
+        import standins
+
+        scratch = Path(tempfile.mkdtemp(prefix="dlsched-check-standin-"))
+        calls = scratch / "toggles.jsonl"
+        standins.install(scratch / "bin", "cuda-checkpoint", calls)
+        path = os.environ["PATH"]
+        os.environ["PATH"] = f"{scratch / 'bin'}{os.pathsep}{path}"
+        try:
+            self._reclaim(report, "the same with a stand-in cuda-checkpoint", calls)
+        finally:
+            os.environ["PATH"] = path
+            sys.path.remove(str(tests))
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _reclaim(self, report: Any, what: str, calls: Path | None = None) -> None:
+        """An idle kernel reclaimed while a job waits: suspended where ``cuda-checkpoint``
+        can (its next cell restored), else shut down saying why."""
+        from jupyter_dlsched.inside.gpu_room import held_by
         from jupyter_dlsched.kernels import control
+        from jupyter_dlsched.kernels.suspend import Checkpointer
 
         wait_until(lambda: not self.sched.jobs(state="running"), 60, "the GPU coming free")
         kernel, _ = self._start("dlsched-check-idle")
@@ -166,8 +195,6 @@ class Kernels:
         suspended = ended.get("ended") == "suspended"
         after, freed = "", ""
         if suspended:
-            from jupyter_dlsched.inside.gpu_room import held_by
-
             # suspended: NVML counts nothing of the kernel on its GPU any more
             held = held_by([kernel.pid])
             freed = f"; the suspended kernel holds {sum(held.values()) / 2**20:.0f} MiB on GPU"
@@ -175,10 +202,13 @@ class Kernels:
             self.sched.cancel(waiting.id)
             after = kernel.run(CELL, timeout=300)
         self.sched.cancel(waiting.id)
-        from jupyter_dlsched.kernels.suspend import Checkpointer
+        if calls is not None:
+            import standins  # on the path while the stand-in is (check_suspend)
 
+            toggled = [c["to"] for c in standins.recorded(calls)]
+            freed += f"; cuda-checkpoint toggled to {toggled}"
         why_not = Checkpointer().supported()
-        expected = "suspended" if why_not is None else "shut down, saying why"
+        expected = "suspended, then restored" if why_not is None else "shut down, saying why"
         ok = (
             suspended and after.endswith(EXPECTED)
             if why_not is None
@@ -186,10 +216,10 @@ class Kernels:
         )
         report.add(
             "kernel-suspend",
-            "an idle kernel while a job waits: reclaimed",
+            what,
             f"{ended.get('ended')} {seconds:.1f} s after the job queued: {message}"
             + freed
-            + (f"; next cell printed {after!r}" if after else ""),
+            + (f"; next cell printed {after.splitlines()[-1]!r}" if after else ""),
             expected,
             ok and before.endswith(EXPECTED),
         )

@@ -87,6 +87,10 @@ class RestoreGate(ast.NodeTransformer):
             resume(self.folder)
         except KernelNotRestored as error:
             raise InputRejected(str(error)) from None
+        except Exception as error:  # any other escape would unregister this gate
+            raise InputRejected(
+                f"this kernel stays suspended: its lease could not be queued ({error})"
+            ) from None
         watch_lease(self.folder)  # the new lease's process, as at the start
         return node
 
@@ -111,7 +115,10 @@ def watch_lease(folder: Path) -> None:
     def wait() -> None:
         select.select([fd], [], [])
         time.sleep(0.5)  # an ending lease writes ended.json just before it exits
-        if control.read(folder, "ended.json") is None:
+        # a lease that ended said so, unless the next one (a suspended kernel's, restoring
+        # it) already took over and cleared it: the grant is then no longer this lease's
+        current = int((control.read(folder, "grant.json") or {}).get("pid") or 0)
+        if control.read(folder, "ended.json") is None and current == pid:
             print(
                 f"dlsched: this kernel's GPU lease (process {pid}) died; the kernel stops "
                 "so that its GPUs are not used twice",

@@ -58,6 +58,8 @@ def test_every_gpu_promise_has_a_check_that_passes_on_simulated_gpus(tmp_path: P
     assert {name: result for name, (result, _) in checks.items()} == dict.fromkeys(CHECKS, "ok")
     # the suspend check says why it shut the kernel down (no GPU to checkpoint here)
     assert "not suspended: " in checks["kernel-suspend"][1]
+    # and, with the stand-in cuda-checkpoint, suspends the kernel and restores it at its next cell
+    assert "toggled to ['checkpointed', 'running']" in checks["kernel-suspend"][1]
 
     simulated = page.read_text().split("<!-- simulated rows -->")[1]
     rows = [line for line in simulated.splitlines() if line.startswith("| `")]

@@ -4,7 +4,6 @@ simulated GPU are the fakes; the kernels, their leases, the pool and the jobs ar
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import standins
 from conftest import wait_for
 from jupyter_client import KernelManager
 
@@ -24,47 +24,18 @@ from jupyter_dlsched.kernels.suspend import Checkpointer, reclaim_decision, rest
 
 HOLD_GPU = [sys.executable, "-c", "import time; time.sleep(600)"]
 
-STAND_IN = """#!{python}
-import json, os, sys
-from pathlib import Path
-
-calls, states = Path({calls!r}), Path({calls!r} + ".states")
-args = sys.argv[1:]
-if "--help" in args:
-    print("usage: cuda-checkpoint --toggle --pid PID | --get-state --pid PID")
-    sys.exit(0)
-pid = args[args.index("--pid") + 1]
-if not os.path.exists(f"/proc/{{pid}}"):
-    print(f"Could not find process {{pid}}", file=sys.stderr)
-    sys.exit(1)
-known = json.loads(states.read_text()) if states.exists() else {{}}
-state = known.get(pid, "running")
-if "--get-state" in args:
-    print(state)
-elif "--toggle" in args:
-    known[pid] = "checkpointed" if state == "running" else "running"
-    states.write_text(json.dumps(known))
-    with calls.open("a") as log:
-        log.write(json.dumps({{"pid": int(pid), "to": known[pid]}}) + "\\n")
-"""
-
 
 @pytest.fixture
 def checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The stand-in on PATH; returns the file its toggles are recorded in."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "toggles.jsonl"
-    bin_dir.mkdir()
-    program = bin_dir / "cuda-checkpoint"
-    program.write_text(STAND_IN.format(python=sys.executable, calls=str(calls)))
-    program.chmod(0o755)
+    standins.install(bin_dir, "cuda-checkpoint", calls)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return calls
 
 
 def toggles(calls: Path) -> list[tuple[int, str]]:
-    if not calls.exists():
-        return []
-    return [(e["pid"], e["to"]) for e in map(json.loads, calls.read_text().splitlines())]
+    return [(e["pid"], e["to"]) for e in standins.recorded(calls)]
 
 
 @pytest.fixture

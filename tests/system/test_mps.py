@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+import standins
 from conftest import wait_for
 from team_pool import RESULT, shared_pool
 
@@ -23,38 +24,19 @@ from jupyter_dlsched.machine.mps import MpsDaemons
 
 GiB = 2**30
 
-STAND_IN = """#!/bin/sh
-# a stand-in nvidia-cuda-mps-control: -d starts a "daemon" (a sleep) and records who asked;
-# otherwise it reads a command from stdin, and "quit" stops the daemon
-pipe="$CUDA_MPS_PIPE_DIRECTORY"
-if [ "$1" = "-d" ]; then
-    sleep 600 </dev/null >/dev/null 2>&1 &
-    echo $! > "$pipe/nvidia-cuda-mps-control.pid"
-    printf '{{"args": ["-d"], "uid": %s, "pipe": "%s", "device": "%s", "pid": %s}}\\n' \\
-        "$(id -u)" "$pipe" "$CUDA_VISIBLE_DEVICES" "$!" >> {log}
-else
-    read -r command
-    if [ "$command" = quit ]; then kill "$(cat "$pipe/nvidia-cuda-mps-control.pid")"; fi
-    printf '{{"args": [], "stdin": "%s", "uid": %s, "pipe": "%s"}}\\n' \\
-        "$command" "$(id -u)" "$pipe" >> {log}
-fi
-"""
-
 
 @pytest.fixture
 def mps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The stand-in on PATH; returns the file it records its calls in."""
     bin_dir, log = tmp_path / "bin", tmp_path / "mps-calls.jsonl"
     bin_dir.mkdir()
-    program = bin_dir / "nvidia-cuda-mps-control"
-    program.write_text(STAND_IN.format(log=str(log)))
-    program.chmod(0o755)
+    standins.install(bin_dir, "nvidia-cuda-mps-control", log)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return log
 
 
 def calls(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return standins.recorded(log)
 
 
 def held_until(release: str) -> dict[str, str]:
@@ -170,9 +152,7 @@ def test_in_a_shared_pool_a_gpus_mps_daemon_is_its_first_users_and_another_user_
     shared = Path(tempfile.mkdtemp(prefix="dlsched-mps-"))
     os.chmod(shared, 0o777)
     log, release = shared / "calls.jsonl", shared / "go"
-    program = shared / "nvidia-cuda-mps-control"
-    program.write_text(STAND_IN.format(log=str(log)))
-    program.chmod(0o755)
+    standins.install(shared, "nvidia-cuda-mps-control", log)
     path = f"{shared}{os.pathsep}{os.environ['PATH']}"
     try:
         with shared_pool(env={"PATH": path, "DLSCHED_SIMULATE_GPUS": "1x16GiB"}) as service:
