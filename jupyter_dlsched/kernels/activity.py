@@ -7,6 +7,7 @@ from IPython's own cell events, so it works with any front end.
 
 from __future__ import annotations
 
+import ast
 import os
 import select
 import signal
@@ -31,7 +32,12 @@ class CellActivity:
             control.write(
                 self.folder,
                 "activity.json",
-                {"busy": busy, "last": time.time(), "cells": self.cells},
+                {
+                    "busy": busy,
+                    "last": time.time(),
+                    "cells": self.cells,
+                    "process_group": _in_process_group(),
+                },
             )
         except OSError:
             pass  # the lease is gone (its folder removed): nothing to tell
@@ -50,6 +56,43 @@ class CellActivity:
 
     def post_run_cell(self, *args: Any) -> None:
         self._write(False)
+
+
+def _in_process_group() -> bool:
+    """Whether this kernel joined a ``torch.distributed`` process group (its peers forbid a
+    suspend); read only where the kernel imported it."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
+
+
+class RestoreGate(ast.NodeTransformer):
+    """Before a cell of a suspended kernel runs: wait in line for a GPU, be restored, then
+    run; when the restore cannot be done the cell is not run (IPython's ``InputRejected``)
+    and says why, and the kernel stays suspended for the next cell to try again."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def visit(self, node: Any) -> Any:
+        if control.read(self.folder, "suspended.json") is None:
+            return node
+        from IPython.core.error import InputRejected
+
+        from .resume import KernelNotRestored, resume
+
+        try:
+            resume(self.folder)
+        except KernelNotRestored as error:
+            raise InputRejected(str(error)) from None
+        except Exception as error:  # any other escape would unregister this gate
+            raise InputRejected(
+                f"this kernel stays suspended: its lease could not be queued ({error})"
+            ) from None
+        watch_lease(self.folder)  # the new lease's process, as at the start
+        return node
 
 
 def watch_lease(folder: Path) -> None:
@@ -72,7 +115,10 @@ def watch_lease(folder: Path) -> None:
     def wait() -> None:
         select.select([fd], [], [])
         time.sleep(0.5)  # an ending lease writes ended.json just before it exits
-        if control.read(folder, "ended.json") is None:
+        # a lease that ended said so, unless the next one (a suspended kernel's, restoring
+        # it) already took over and cleared it: the grant is then no longer this lease's
+        current = int((control.read(folder, "grant.json") or {}).get("pid") or 0)
+        if control.read(folder, "ended.json") is None and current == pid:
             print(
                 f"dlsched: this kernel's GPU lease (process {pid}) died; the kernel stops "
                 "so that its GPUs are not used twice",
@@ -91,4 +137,5 @@ def load_ipython_extension(ipython: Any) -> None:
     activity = CellActivity(Path(folder))
     ipython.events.register("pre_run_cell", activity.pre_run_cell)
     ipython.events.register("post_run_cell", activity.post_run_cell)
+    ipython.ast_transformers.append(RestoreGate(Path(folder)))
     watch_lease(Path(folder))

@@ -13,7 +13,10 @@ file                written by       says
 ``released``        the provisioner  the kernel was shut down: end the lease now
 ``activity.json``   the kernel       whether a cell runs, and when the last one started or ended
 ``warning.json``    the lease        idle while others wait: reclaimed at ``reclaim_at``
-``ended.json``      the lease        why the lease ended (``reclaimed``, ``cancelled``, ...)
+``ended.json``      the lease        why the lease ended (``reclaimed``, ``suspended``, ...)
+``lease.json``      the provisioner  the lease's request, queued again by a suspended kernel
+``suspended.json``  the lease        the kernel was suspended: its pid, GPUs, memory held
+``restored.json``   the lease        the next lease restored the kernel (its job id)
 ==================  ===============  ==========================================================
 """
 

@@ -11,7 +11,9 @@ The grant goes back to the pool the moment ``hold`` returns, which it does when
 * the Jupyter server went away: the kernel it can no longer reach is stopped first, so a
   GPU is never held by a process nobody can use;
 * the kernel ran no cell for ``idle`` seconds while work waits for GPUs, was warned, and
-  ran none for ``grace`` more: it is stopped (reclaimed);
+  ran none for ``grace`` more: it is suspended where ``cuda-checkpoint`` can
+  (``suspend.py``: it lives on, and its next cell queues a lease that restores it,
+  ``restore_pid``), else stopped (reclaimed), saying why;
 * the lease is cancelled (``dlsched cancel``): SIGTERM from the supervisor stops the kernel.
 
 A restart (``restarting``) keeps the lease and its GPUs: the new kernel's pid replaces the
@@ -29,7 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..inside.gpu_room import free_memory, held_by
 from . import control
+from .suspend import Checkpointer, CheckpointError, Decision, reclaim_decision, restore_refusal
 
 POLL = 0.2
 #: how often the idle time is written to the job's progress (the queue, REST, history)
@@ -107,6 +111,7 @@ def hold(
     server_pid: int = 0,
     restart_window: float = 10.0,
     launch_wait: float = 120.0,
+    restore_pid: int = 0,
 ) -> dict[str, Any]:
     """Hold this job's grant for the kernel whose control folder is ``folder_text``.
 
@@ -114,6 +119,9 @@ def hold(
     idle: ``{"ended": "shut down", "idle_seconds": 812.0, ...}``. While it holds, the job's
     progress says how many cells ran (``done``), the GPU-hours held idle (``idle_gpu_h``:
     time without a running cell times the GPUs) and the current idle stretch (``idle_min``).
+
+    ``restore_pid``: the lease of a suspended kernel's next cell, which restores the kernel
+    onto this grant first (or ends, saying why it could not).
     """
     folder = Path(folder_text)
     stopping: list[int] = []
@@ -127,6 +135,10 @@ def hold(
         watch.server = _Watched(server_pid)
     granted = time.time()
     try:
+        if restore_pid > 0:
+            refused = watch.restore(restore_pid)
+            if refused is not None:
+                return watch.end("not restored", refused)
         while True:
             if stopping:
                 return watch.end("cancelled", "the lease was cancelled; the kernel was stopped")
@@ -190,6 +202,9 @@ class _Watch:
         self._accounted_at = time.time()
         self._reported_at = 0.0
         self.reclaimed = False
+        self.checkpointer = Checkpointer()
+        #: the kernel this lease restored: suspended again before it is ever killed (#53)
+        self.restored_pid = 0
         self._wrote_at = 0.0
 
     def follow_kernel_file(self) -> None:
@@ -272,14 +287,93 @@ class _Watch:
             return None
         if now >= float(warning.get("reclaim_at") or 0):
             assert self.kernel is not None
-            self.kernel.stop()
+            decision = reclaim_decision(self.checkpointer, activity)
+            idle = f"idle {_words(now - last)} while {waiters} job(s) waited for GPUs: "
             self.reclaimed = True
+            if decision.action == "suspend":
+                failed = self.suspend_kernel()
+                if failed is None:
+                    return self.end(
+                        "suspended",
+                        idle + "the kernel was suspended (its GPU memory moved to host "
+                        "memory) and its GPUs went to the queue; its next cell waits in line "
+                        "for a GPU",
+                    )
+                decision = Decision("shutdown", failed)
+            self.stop_kernel()
             return self.end(
                 "reclaimed",
-                f"idle {_words(now - last)} while {waiters} job(s) waited for GPUs: "
-                "the kernel was shut down and its GPUs went to the queue",
+                idle + "the kernel was shut down and its GPUs went to the queue "
+                f"(not suspended: {decision.reason})",
             )
         return None
+
+    # -- suspend and restore (suspend.py) ---------------------------------------------------
+
+    def granted(self) -> list[int]:
+        raw = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return [int(x) for x in raw.split(",") if x.strip().isdigit()]
+
+    def suspend_kernel(self) -> str | None:
+        """Move the kernel's CUDA state to host memory; None once done, else why not."""
+        assert self.kernel is not None
+        pid = self.kernel.pid
+        held = held_by([pid])
+        try:
+            self.checkpointer.suspend(pid)
+        except CheckpointError as error:
+            return f"the suspend failed: {error}"
+        control.write(
+            self.folder,
+            "suspended.json",
+            {
+                "pid": pid,
+                "devices": self.granted(),
+                "held": max(held.values(), default=0),
+                "at": time.time(),
+                "job_id": self.job_id,
+            },
+        )
+        control.unmark(self.folder, "restored.json")
+        say(f"kernel pid {pid} suspended ({held or 'no GPU memory read'})")
+        return None
+
+    def restore(self, pid: int) -> str | None:
+        """Bring a suspended kernel back onto this lease's grant; None once done, else why
+        not (the kernel stays suspended, and its next cell tries again)."""
+        suspended = control.read(self.folder, "suspended.json") or {}
+        if int(suspended.get("pid") or 0) != pid:
+            return f"kernel pid {pid} is not suspended"
+        granted, before = self.granted(), [int(x) for x in suspended.get("devices") or []]
+        if before and granted != before:
+            return (
+                f"the grant is GPU {granted}, but the kernel's state belongs on GPU {before} "
+                "(a restore onto another GPU is not supported)"
+            )
+        refused = restore_refusal(int(suspended.get("held") or 0), free_memory(granted))
+        if refused is not None:
+            return refused  # a restore without room leaves the process stuck (#44)
+        try:
+            self.checkpointer.restore(pid)
+        except CheckpointError as error:
+            return f"the restore failed: {error}"
+        self.restored_pid = pid
+        for name in ("suspended.json", "ended.json", "warning.json"):
+            control.unmark(self.folder, name)
+        control.write(self.folder, "restored.json", {"job_id": self.job_id, "pid": pid})
+        say(f"kernel pid {pid} restored onto GPU {granted}")
+        return None
+
+    def stop_kernel(self) -> None:
+        """Stop the kernel; one this lease restored is suspended first (cuda-checkpoint#53:
+        a restored process killed with its CUDA state live can hang in the driver)."""
+        assert self.kernel is not None
+        if self.restored_pid and self.kernel.pid == self.restored_pid and self.kernel.alive():
+            try:
+                self.checkpointer.suspend(self.kernel.pid)
+            except CheckpointError as error:
+                say(f"could not suspend the restored kernel before stopping it: {error}")
+        self.kernel.stop()
 
     def waiters(self) -> int:
         """Jobs waiting for GPUs (read at most every ``WAITERS_EVERY`` seconds)."""
@@ -339,7 +433,7 @@ class _Watch:
 
     def end(self, why: str, message: str) -> dict[str, Any]:
         if why in ("cancelled", "server gone") and self.kernel is not None:
-            self.kernel.stop()
+            self.stop_kernel()
         activity = control.read(self.folder, "activity.json") or {}
         try:
             control.write(self.folder, "ended.json", {"ended": why, "message": message})

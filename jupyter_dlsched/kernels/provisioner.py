@@ -48,6 +48,8 @@ _LEASE_FILES = (
     "activity.json",
     "warning.json",
     "ended.json",
+    "suspended.json",
+    "restored.json",
 )
 #: lease endings after which a restart must not queue for GPUs again
 _FINAL_ENDINGS = ("reclaimed", "cancelled")
@@ -191,27 +193,40 @@ class GpuKernelProvisioner(LocalProvisioner):
         from .lease import hold
 
         assert self.folder is not None
+        kwargs = {
+            "home": str(sched.home),
+            "idle": duration_or_none(self.idle, "idle"),
+            "grace": duration_or_none(self.idle_grace, "idle_grace") or 0.0,
+            "gpus": _gpu_count(self.gpus),
+            "server_pid": os.getpid(),
+        }
+        request = {
+            "gpus": self.gpus,
+            "gpu_mem": self.gpu_mem,
+            "cpus": self.cpus,
+            "mem": self.mem,
+            "priority": self.priority,
+        }
+        origin, name = notebook or f"kernel {self.kernel_id}", f"kernel · {label}"
+        # what a suspended kernel's next cell queues again (resume.py)
+        control.write(
+            self.folder,
+            "lease.json",
+            {
+                "home": os.environ.get("DLSCHED_HOME") if self.home is None else self.home,
+                "hold": kwargs,
+                "request": request,
+                "origin": origin,
+                "name": name,
+            },
+        )
         return sched.submit_payload(
             "kernel",
-            {
-                "fn": hold,
-                "args": (str(self.folder),),
-                "kwargs": {
-                    "home": str(sched.home),
-                    "idle": duration_or_none(self.idle, "idle"),
-                    "grace": duration_or_none(self.idle_grace, "idle_grace") or 0.0,
-                    "gpus": _gpu_count(self.gpus),
-                    "server_pid": os.getpid(),
-                },
-            },
+            {"fn": hold, "args": (str(self.folder),), "kwargs": kwargs},
             default_name="kernel",
-            origin_text=notebook or f"kernel {self.kernel_id}",
-            name=f"kernel · {label}",
-            gpus=self.gpus,
-            gpu_mem=self.gpu_mem,
-            cpus=self.cpus,
-            mem=self.mem,
-            priority=self.priority,
+            origin_text=origin,
+            name=name,
+            **request,
         )
 
     def _cancel_quietly(self) -> None:

@@ -25,9 +25,11 @@ import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ..inside.runtime import STOP_FILE
-from ..store import Lease, RunEnd, Store
+from ..machine.mps import MpsDaemons
+from ..store import JobInfo, Lease, RunEnd, Store
 from ..store.settings import Settings
 from ..vocab import private
 from ..vocab.errors import IllegalTransition, JobNotFound, LedgerUnavailable, UnsafeStateFolder
@@ -150,6 +152,7 @@ def _supervise(
     if payload is None:
         payload = b'{"argv": ["false"]}' if job.kind == "command" else b""
     env = job_environment(job, store, context, inherit=not as_owner)
+    mps_gpu = _join_mps(store, job, owner, env, log_fd)
     if isinstance(agent, str):
         env["DLSCHED_SOCKET"] = agent  # a shared pool: the job reports progress to the service
     cores = cores_for(job, store)
@@ -219,9 +222,48 @@ def _supervise(
         if report_r >= 0:
             os.close(report_r)
     record_end(lease, outcome, folder, owner)
+    if mps_gpu is not None:
+        _leave_mps(store, job.id, mps_gpu)
     store.close()
     decide_after(home, job_id, agent, word)
     return 0
+
+
+def _join_mps(
+    store: Store, job: JobInfo, owner: int | None, env: dict[str, str], log_fd: int
+) -> int | None:
+    """Make a fractional job an MPS client of its GPU's daemon where MPS holds fractions
+    (``mps.py``); the GPU it joined, or None where cap + watch stays."""
+    if not (job.placement and job.placement.shared and len(job.placement.gpus) == 1):
+        return None
+    gpu = int(job.placement.gpus[0])
+    gpus = (store.get_meta("inventory", {}) or {}).get("gpus") or []
+    known: dict[str, Any] = next((g for g in gpus if int(g.get("index", -1)) == gpu), {})
+    uuid = str(known.get("uuid") or "")
+    device = uuid if uuid.startswith("GPU-") else str(gpu)
+    try:
+        added = MpsDaemons(store.home).join(
+            job, owner if owner is not None else os.getuid(), device, known.get("mem_total")
+        )
+    except OSError as error:  # the daemon would not start: the fraction stays cap + watch
+        os.write(log_fd, f"[dlsched] MPS not used on GPU {gpu}: {error}\n".encode())
+        return None
+    if not added:
+        return None
+    env.update(added)
+    limits = ", ".join(
+        f"{k}={v}" for k, v in added.items() if k.startswith("CUDA_MPS_") and "DIR" not in k
+    )
+    os.write(log_fd, f"[dlsched] an MPS client on GPU {gpu}: {limits}\n".encode())
+    return gpu
+
+
+def _leave_mps(store: Store, job_id: str, gpu: int) -> None:
+    try:
+        holding = {j.id for j in store.jobs(holding=True)}
+        MpsDaemons(store.home).leave(job_id, gpu, holding=holding.__contains__)
+    except Exception:
+        traceback.print_exc()  # a daemon left running is stopped by the GPU's next job end
 
 
 def _monitor(

@@ -55,6 +55,9 @@ class GpuInfo:
     util: float | None = None
     simulated: bool = False
     processes: list[GpuProcess] = field(default_factory=list)
+    #: how fractions of it are held to their grants: ``MPS (user)``, ``MPS``, ``cap + watch``
+    #: (``machine/mps.py``); empty where nobody asked
+    fractions: str = ""
     group: int | None = None
     jobs: list[str] = field(default_factory=list)
 
@@ -122,6 +125,7 @@ class PoolInfo:
                 f"  GPU {g.index}  {g.name}{sim}  util {util}  "
                 f"mem {format_size(g.mem_used)} / {format_size(g.mem_total)}"
                 + (f"  jobs {', '.join(g.jobs)}" if g.jobs else "")
+                + (f"  fractions: {g.fractions}" if g.fractions else "")
             )
             for p in g.processes:
                 if p.job_id is None:

@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from .inventory import PoolInfo, probe, remembered_simulation
+from .mps import MpsDaemons
 
 
 def _job_of(pid: int, by_pid: dict[int, str]) -> str | None:
@@ -52,6 +53,11 @@ def pool_with_jobs(store: Any, inventory: dict[str, Any]) -> PoolInfo:
                 gpu.jobs.append(job.id)
                 if gpu.simulated:
                     gpu.mem_used += granted
+    home = getattr(store, "home", None)
+    if home is not None:
+        sharing = MpsDaemons(home).sharing([g.index for g in info.gpus])
+        for gpu in info.gpus:
+            gpu.fractions = sharing.get(gpu.index, "")
     for gpu in info.gpus:
         if gpu.simulated:
             # nothing measures a simulated GPU: its memory in use is what was allocated,
