@@ -35,6 +35,7 @@ from ..vocab.units import format_size
 from .containment import Containment, sweep_cgroups
 from .ending import Outcome, describe_status, read_report, record_end, record_refusal, wait_status
 from .jobproc import Launch, cores_for, job_environment, start_ranks, world_size
+from .preload import learn
 from .usage import Tree, Usage, gpu_over_grant
 from .wake import LastWord, decide_after, tell_agent
 from .warm import WarmProcess
@@ -212,6 +213,8 @@ def _supervise(
         if report_r >= 0:
             os.close(report_r)
     record_end(lease, outcome, folder, owner)
+    if owner is None:
+        learn(store, folder, os.getuid())  # what the job imported, for the next ones
     store.close()
     decide_after(home, job_id, agent, word)
     return 0
