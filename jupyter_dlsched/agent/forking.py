@@ -204,6 +204,7 @@ class Forking:
         warm = None
         try:
             self._leave_agent(b"dlsched-sup")
+            from ..local.preload import learnt
             from ..local.supervisor import rehearse, supervise
             from ..local.warm import WarmProcess
             from ..store import Store
@@ -221,8 +222,11 @@ class Forking:
                     # a spare forks its job's process ahead too, with the ledger closed
                     # (that process must not share its connection): the job is handed to
                     # it once known
+                    # what this user's jobs imported before, imported by that process as
+                    # it waits (not in a shared pool: it does not know whose job comes)
+                    imports = [] if self.shared else learnt(store, os.getuid(), self.home)
                     store.close()
-                    warm = WarmProcess.fork(close=(pipe,))
+                    warm = WarmProcess.fork(close=(pipe,), imports=imports, home=str(self.home))
                     store.data_version()  # opened again, before the job is known
                     if line:
                         rehearse(store, line)  # the pages its next start touches, copied now

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -35,8 +36,31 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(_pool_words(status))
     if "data" in status:
         print(data_words(status["data"]))
+    if status.get("pool", {}).get("mode") == "user":
+        print(_preload_words(status))
     print(pool)
     return EXIT_OK
+
+
+def _preload_words(status: dict[str, Any]) -> str:
+    """What a pool of one's own imports ahead of its jobs, and the memory that takes."""
+    import psutil
+
+    pinned = os.environ.get("DLSCHED_PRELOAD")
+    launcher = (
+        "none"
+        if (pinned or "").strip().lower() in ("none", "off", "0", "no")
+        else (pinned or "numpy")
+    )
+    learnt = ", ".join(status.get("preload") or []) or "nothing yet"
+    try:
+        ahead = psutil.Process(int(status["pool"]["agent_pid"])).children(recursive=True)
+        size = sum(p.memory_info().rss for p in ahead)
+        where = f"{len(ahead)} processes ahead of jobs, {format_size(size)}"
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        where = "no process ahead of jobs"
+    learning = "pinned by DLSCHED_PRELOAD" if pinned is not None else f"learnt: {learnt}"
+    return f"preload: {launcher} in the launcher; {learning} ({where}; DLSCHED_PRELOAD=none turns it off)"
 
 
 def _pool_words(status: dict[str, Any]) -> str:

@@ -495,6 +495,7 @@ class Scheduler(Watching):
         """Counts by state and the pool's shape, for the CLI, REST and status bar."""
         status = self.link.status()
         status["data"] = data_status(self.home, shared=self.shared, backend=self.backend.name)
+        status["preload"] = list(self.store.get_meta(f"preload:{self.uid}") or [])
         if isinstance(self.link, AgentLink) and self.backend.name != "local":
             # the agent's own pool is the local one
             status.update(pool_shape(self.store, self.inventory, self.backend.name))

@@ -24,22 +24,20 @@ from pathlib import Path
 from ..staging.stager import stage
 from . import jobproc
 from .launcher import IDLE_EXIT, socket_name
+from .preload import launcher_modules
 from .supervisor import supervise
-
-PRELOAD_ENV = "DLSCHED_PRELOAD"
-DEFAULT_PRELOAD = "numpy"
 
 
 def preload() -> None:
     """Import what supervisors, stagers and jobs need before forking them: the modules
-    named in ``DLSCHED_PRELOAD`` (default numpy), cloudpickle and the C library (the
-    supervisor, the stager and the job runner are imported with this module)."""
-    for name in os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(","):
-        if name.strip():
-            try:
-                importlib.import_module(name.strip())
-            except Exception:
-                pass
+    named in ``DLSCHED_PRELOAD`` (default numpy; what jobs import beyond them is learnt,
+    ``preload.py``), cloudpickle and the C library (the supervisor, the stager and the job
+    runner are imported with this module)."""
+    for name in launcher_modules():
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
     import cloudpickle  # noqa: F401  (every function job unpickles its payload)
 
     jobproc.libc()

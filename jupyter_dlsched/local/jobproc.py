@@ -24,6 +24,7 @@ from ..inside.runtime import DATA_ENV_PREFIX, run_payload
 from ..store import JobInfo, Store
 from ..vocab import private
 from .containment import Containment
+from .preload import note_imports, top_level_modules
 
 PR_SET_PDEATHSIG = 1
 
@@ -354,6 +355,17 @@ def _result_folder(folder: Path) -> Path | None:
 
 
 def run_python(folder: Path, data: bytes, rank: int = 0) -> int:
+    """Run a function job's payload; its exit status. Rank 0 notes what the job imported
+    (``preload.py``: the next jobs find it imported)."""
+    before = top_level_modules()
+    try:
+        return _run_python(folder, data, rank)
+    finally:
+        if rank == 0:
+            note_imports(folder, before)
+
+
+def _run_python(folder: Path, data: bytes, rank: int) -> int:
     from ..store.buffers import dumps
 
     try:

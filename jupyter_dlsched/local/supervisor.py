@@ -38,6 +38,7 @@ from .containment import Containment, sweep_cgroups
 from .ending import Outcome, describe_status, read_report, record_end, record_refusal, wait_status
 from .jobproc import Launch, cores_for, job_environment, start_ranks, world_size
 from .logcap import LogKeeper
+from .preload import learn
 from .usage import Tree, Usage, gpu_over_grant
 from .wake import LastWord, decide_after, tell_agent
 from .warm import WarmProcess
@@ -224,6 +225,8 @@ def _supervise(
     record_end(lease, outcome, folder, owner)
     if mps_gpu is not None:
         _leave_mps(store, job.id, mps_gpu)
+    if owner is None:
+        learn(store, folder, os.getuid())  # what the job imported, for the next ones
     store.close()
     decide_after(home, job_id, agent, word)
     return 0

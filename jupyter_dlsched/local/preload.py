@@ -1,0 +1,159 @@
+"""Preload that learns: the modules a user's jobs import, imported ahead of the next job.
+
+Every job process is a fresh fork, and a training function imports torch again: 1.3–2 s
+before its first line. The launcher (the pool agent, or the fork server without one)
+imports ``DLSCHED_PRELOAD`` (default numpy) once; beyond that, each job process notes the
+top-level modules it imported that the launcher had not (``note_imports``, into
+``imports.json`` beside its log), its supervisor adds the new ones to the ledger's
+``preload:<uid>`` (``learn``), and the process a spare supervisor forks ahead for the next
+job imports them while it waits (``warm_up``). The first job that imports torch pays; the
+next ones find it imported.
+
+Importing a module initialises no GPU (torch creates its CUDA context at the first CUDA
+call), so each job still gets a fresh CUDA context, with its own ``CUDA_VISIBLE_DEVICES``
+set before anything touches CUDA. A module that fails or takes longer than
+``IMPORT_BUDGET`` to import ahead is dropped (``preload.dropped`` in the pool's folder)
+and named in the agent's log. ``DLSCHED_PRELOAD=a,b`` pins the list (nothing is learnt);
+``DLSCHED_PRELOAD=none`` turns preloading off.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..store import Store
+from ..vocab import private
+
+PRELOAD_ENV = "DLSCHED_PRELOAD"
+DEFAULT_PRELOAD = ("numpy",)
+#: what a job process writes beside its log: the modules it imported that were not there
+IMPORTS_FILE = "imports.json"
+#: what a process forked ahead could not import, one name a line (never tried again)
+DROPPED_FILE = "preload.dropped"
+#: seconds one module may take to import ahead of a job
+IMPORT_BUDGET = 60.0
+#: modules imported ahead, at most (the first learnt first)
+MAX_LEARNT = 8
+_OFF = ("none", "off", "0", "no")
+#: never imported ahead: ours, and what a job is (its script)
+_NEVER = {"__main__", "jupyter_dlsched", "__mp_main__"}
+
+
+def pinned() -> list[str] | None:
+    """The modules ``DLSCHED_PRELOAD`` names (none for ``none``), or None: learn."""
+    value = os.environ.get(PRELOAD_ENV)
+    if value is None:
+        return None
+    if value.strip().lower() in _OFF:
+        return []
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def launcher_modules() -> list[str]:
+    """What the launcher itself imports before forking anything."""
+    named = pinned()
+    return list(DEFAULT_PRELOAD) if named is None else named
+
+
+def meta_key(uid: int) -> str:
+    return f"preload:{uid}"
+
+
+def learnt(store: Store, uid: int, home: str | os.PathLike[str]) -> list[str]:
+    """What a process forked ahead for ``uid``'s next job imports while it waits."""
+    if pinned() is not None:
+        return []
+    known = store.get_meta(meta_key(uid)) or []
+    dropped = _dropped(Path(home))
+    names = [n for n in known if isinstance(n, str) and n not in dropped]
+    return [n for n in names if n not in sys.modules][:MAX_LEARNT]
+
+
+def warm_up(names: Iterable[str], home: str | os.PathLike[str]) -> None:
+    """Import ``names`` in a process forked ahead of its job (its job may come meanwhile,
+    and is then handed over once they are in); one that fails or hangs is dropped."""
+    for name in names:
+        start = time.monotonic()
+        previous = signal.signal(signal.SIGALRM, _too_long)
+        signal.setitimer(signal.ITIMER_REAL, IMPORT_BUDGET)
+        try:
+            importlib.import_module(name)
+        except BaseException as error:  # an import that exits or times out is dropped too
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            took = time.monotonic() - start
+            why = f"{type(error).__name__}: {error}"
+            print(
+                f"[dlsched] preload: {name} dropped (importing it ahead of a job failed "
+                f"after {took:.1f} s: {why}); jobs import it themselves",
+                file=sys.stderr,
+                flush=True,
+            )
+            _drop(Path(home), name)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def _too_long(signum: int, frame: Any) -> None:
+    raise TimeoutError(f"it took more than {IMPORT_BUDGET:.0f} s")
+
+
+def top_level_modules() -> set[str]:
+    """The top-level modules this process has imported."""
+    return {name.partition(".")[0] for name in list(sys.modules)}
+
+
+def note_imports(folder: Path, before: set[str]) -> None:
+    """In a job process, after its job: the top-level modules it imported beyond
+    ``before`` (what it had when the job began), not the standard library's, for its
+    supervisor to learn from."""
+    new = sorted(
+        name
+        for name in top_level_modules() - before
+        if name not in sys.stdlib_module_names and name not in _NEVER and not name.startswith("_")
+    )
+    if new:
+        try:
+            private.write_file(folder / IMPORTS_FILE, json.dumps(new[:64]).encode())
+        except OSError:
+            pass  # nothing is learnt from this job
+
+
+def learn(store: Store, folder: Path, uid: int, owner: int | None = None) -> None:
+    """In the supervisor, after its job: add the modules the job imported that are not
+    learnt yet to ``uid``'s list (a write only when there is something new)."""
+    if pinned() is not None:
+        return
+    try:
+        data = private.read_file(folder / IMPORTS_FILE, owner, max_bytes=1 << 16)
+        names = json.loads(data) if data else []
+    except (OSError, ValueError, private.UnsafeStateFolder):
+        return
+    known = store.get_meta(meta_key(uid)) or []
+    new = [n for n in names if isinstance(n, str) and n.isidentifier() and n not in known]
+    if new:
+        store.set_meta(meta_key(uid), (known + new)[: 4 * MAX_LEARNT])
+
+
+def _dropped(home: Path) -> set[str]:
+    try:
+        return set((home / DROPPED_FILE).read_text().split())
+    except OSError:
+        return set()
+
+
+def _drop(home: Path, name: str) -> None:
+    try:
+        fd = private.open_append(home / DROPPED_FILE)
+        with os.fdopen(fd, "a") as f:
+            f.write(name + "\n")
+    except (OSError, private.UnsafeStateFolder):
+        pass
