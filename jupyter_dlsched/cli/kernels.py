@@ -85,7 +85,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     i = actions.add_parser("install", help="install a GPU kernelspec of this Python")
     i.add_argument("--gpus", type=_number, default=1.0, help="GPUs each kernel leases (default 1)")
     i.add_argument("--gpu-mem", metavar="SIZE", help="GPU memory of a share, e.g. 8GiB")
-    i.add_argument("--cpus", type=_number, default=1.0, help="CPU cores (default 1)")
+    i.add_argument(
+        "--cpus",
+        type=_number,
+        default=None,
+        help="CPU cores (default: the GPUs' share of the pool's cores, at most 1)",
+    )
     i.add_argument("--mem", metavar="SIZE", help="memory, e.g. 32GiB")
     i.add_argument("--priority", default="normal", help="the lease's priority (default normal)")
     i.add_argument(

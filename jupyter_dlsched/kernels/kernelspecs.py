@@ -34,7 +34,8 @@ class GpuKernelRequest:
 
     gpus: float = 1
     gpu_mem: str | None = None
-    cpus: float = 1
+    #: None: the pool's default (its GPUs' share of the cores, at most one: ``default_cpus``)
+    cpus: float | None = None
     mem: str | None = None
     priority: str = "normal"
     idle: str = "30m"
@@ -48,7 +49,7 @@ class GpuKernelRequest:
         )
         if not MIN_SHARE <= self.gpus <= MAX_GPUS or (self.gpus > 1 and self.gpus % 1):
             raise SpecError("gpus", self.gpus, gpus_help)
-        if not MIN_SHARE <= self.cpus <= MAX_CPUS:
+        if self.cpus is not None and not MIN_SHARE <= self.cpus <= MAX_CPUS:
             raise SpecError("cpus", self.cpus, f"a number of CPU cores from 1/64 to {MAX_CPUS}")
         for field in ("gpu_mem", "mem"):
             value = getattr(self, field)
@@ -64,7 +65,7 @@ class GpuKernelRequest:
         """The provisioner's ``config`` stanza (sizes and times as given)."""
         data = asdict(self)
         for field in ("gpus", "cpus"):
-            if float(data[field]).is_integer():
+            if data[field] is not None and float(data[field]).is_integer():
                 data[field] = int(data[field])
         return data
 

@@ -92,7 +92,9 @@ class GpuKernelProvisioner(LocalProvisioner):
     gpu_mem = AnyTrait(None, allow_none=True, help="GPU memory of a share, e.g. 8GiB").tag(
         config=True
     )
-    cpus = AnyTrait(1, help="CPU cores of the lease").tag(config=True)
+    cpus = AnyTrait(
+        None, allow_none=True, help="CPU cores of the lease (None: the pool's default)"
+    ).tag(config=True)
     mem = AnyTrait(None, allow_none=True, help="memory of the lease, e.g. 32GiB").tag(config=True)
     priority = AnyTrait("normal", help="the lease's priority in the queue").tag(config=True)
     idle = Unicode("30m", help="idle time before a warning while work waits, or never").tag(

@@ -56,6 +56,16 @@ def test_install_writes_this_pythons_kernel_with_the_provisioner(
     assert (tmp_path / "data/kernels/python3-2gpu/logo-64x64.png").exists()
 
 
+def test_a_kernel_that_names_no_cpus_takes_the_pools_default(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """No default of 1 core that keeps a GPU idle on a machine with fewer cores than GPUs:
+    the lease asks for none, and the pool gives its GPUs' share (``default_cpus``)."""
+    run(env, "install", "--gpus", "1", "--name", "plain")
+    spec = json.loads((tmp_path / "data/kernels/plain/kernel.json").read_text())
+    assert spec["metadata"]["kernel_provisioner"]["config"]["cpus"] is None
+
+
 def gpu_kernelspecs(env: dict[str, str]) -> set[str]:
     return {spec["name"] for spec in json.loads(run(env, "list", "--json").stdout)}
 
