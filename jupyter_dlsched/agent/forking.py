@@ -204,7 +204,7 @@ class Forking:
         warm = None
         try:
             self._leave_agent(b"dlsched-sup")
-            from ..local.preload import learnt
+            from ..local.preload import learnt, warm_up
             from ..local.supervisor import rehearse, supervise
             from ..local.warm import WarmProcess
             from ..store import Store
@@ -222,11 +222,13 @@ class Forking:
                     # a spare forks its job's process ahead too, with the ledger closed
                     # (that process must not share its connection): the job is handed to
                     # it once known
-                    # what this user's jobs imported before, imported by that process as
-                    # it waits (not in a shared pool: it does not know whose job comes)
-                    imports = [] if self.shared else learnt(store, os.getuid(), self.home)
+                    # what this user's jobs imported before, imported here once, so every
+                    # process forked for a job has it (not in a shared pool: whose job
+                    # comes next is not known)
+                    if not self.shared:
+                        warm_up(learnt(store, os.getuid(), self.home), self.home)
                     store.close()
-                    warm = WarmProcess.fork(close=(pipe,), imports=imports, home=str(self.home))
+                    warm = WarmProcess.fork(close=(pipe,))
                     store.data_version()  # opened again, before the job is known
                     if line:
                         rehearse(store, line)  # the pages its next start touches, copied now

@@ -495,7 +495,8 @@ class Scheduler(Watching):
         """Counts by state and the pool's shape, for the CLI, REST and status bar."""
         status = self.link.status()
         status["data"] = data_status(self.home, shared=self.shared, backend=self.backend.name)
-        status["preload"] = list(self.store.get_meta(f"preload:{self.uid}") or [])
+        if not self.shared:  # what this user's own pool imports ahead of their jobs
+            status["preload"] = list(self.store.get_meta(f"preload:{self.uid}") or [])
         if isinstance(self.link, AgentLink) and self.backend.name != "local":
             # the agent's own pool is the local one
             status.update(pool_shape(self.store, self.inventory, self.backend.name))

@@ -3,11 +3,12 @@
 Every job process is a fresh fork, and a training function imports torch again: 1.3–2 s
 before its first line. The launcher (the pool agent, or the fork server without one)
 imports ``DLSCHED_PRELOAD`` (default numpy) once; beyond that, each job process notes the
-top-level modules it imported that the launcher had not (``note_imports``, into
-``imports.json`` beside its log), its supervisor adds the new ones to the ledger's
-``preload:<uid>`` (``learn``), and the process a spare supervisor forks ahead for the next
-job imports them while it waits (``warm_up``). The first job that imports torch pays; the
-next ones find it imported.
+top-level modules it imported that the launcher had not, with the file each came from
+(``note_imports``, into ``imports.json`` beside its log), its supervisor adds the new
+ones to the ledger's ``preload:<uid>`` (``learn``), and each spare supervisor imports
+them once (``warm_up``), so every process it forks for a job has them. The first job that
+imports torch pays; the next ones find it imported. A module is imported ahead only from
+the file the job imported it from: never another module of that name in its place.
 
 Importing a module initialises no GPU (torch creates its CUDA context at the first CUDA
 call), so each job still gets a fresh CUDA context, with its own ``CUDA_VISIBLE_DEVICES``
@@ -20,6 +21,7 @@ and named in the agent's log. ``DLSCHED_PRELOAD=a,b`` pins the list (nothing is 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -67,20 +69,31 @@ def meta_key(uid: int) -> str:
     return f"preload:{uid}"
 
 
-def learnt(store: Store, uid: int, home: str | os.PathLike[str]) -> list[str]:
-    """What a process forked ahead for ``uid``'s next job imports while it waits."""
+def learnt(store: Store, uid: int, home: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """What ``uid``'s jobs imported that this process has not: ``(name, file)`` pairs, the
+    file each was imported from in the job."""
     if pinned() is not None:
         return []
-    known = store.get_meta(meta_key(uid)) or []
+    known = store.get_meta(meta_key(uid)) or {}
+    if not isinstance(known, dict):
+        return []
     dropped = _dropped(Path(home))
-    names = [n for n in known if isinstance(n, str) and n not in dropped]
-    return [n for n in names if n not in sys.modules][:MAX_LEARNT]
+    names = [(n, f) for n, f in known.items() if isinstance(f, str) and n not in dropped]
+    return [(n, f) for n, f in names if n not in sys.modules][:MAX_LEARNT]
 
 
-def warm_up(names: Iterable[str], home: str | os.PathLike[str]) -> None:
-    """Import ``names`` in a process forked ahead of its job (its job may come meanwhile,
-    and is then handed over once they are in); one that fails or hangs is dropped."""
-    for name in names:
+def warm_up(modules: Iterable[tuple[str, str]], home: str | os.PathLike[str]) -> None:
+    """Import ``modules`` in a spare supervisor, before it forks the process for its next job
+    (which has them then, for nothing). A name this process would find elsewhere than the
+    job did is left alone (never another module of that name in a job's place); one that
+    fails or hangs is dropped."""
+    for name, origin in modules:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or spec.origin != origin:
+            continue  # not on this launcher's path, or another module of that name
         start = time.monotonic()
         previous = signal.signal(signal.SIGALRM, _too_long)
         signal.setitimer(signal.ITIMER_REAL, IMPORT_BUDGET)
@@ -113,34 +126,44 @@ def top_level_modules() -> set[str]:
 
 def note_imports(folder: Path, before: set[str]) -> None:
     """In a job process, after its job: the top-level modules it imported beyond
-    ``before`` (what it had when the job began), not the standard library's, for its
-    supervisor to learn from."""
-    new = sorted(
-        name
-        for name in top_level_modules() - before
-        if name not in sys.stdlib_module_names and name not in _NEVER and not name.startswith("_")
-    )
+    ``before`` (what it had when the job began), not the standard library's, each with the
+    file it came from, for its supervisor to learn from."""
+    new = {}
+    for name in sorted(top_level_modules() - before):
+        if name in sys.stdlib_module_names or name in _NEVER or name.startswith("_"):
+            continue
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        origin = getattr(spec, "origin", None)
+        if isinstance(origin, str) and os.path.isabs(origin):
+            new[name] = origin
     if new:
         try:
-            private.write_file(folder / IMPORTS_FILE, json.dumps(new[:64]).encode())
+            data = json.dumps(dict(list(new.items())[:64])).encode()
+            private.write_file(folder / IMPORTS_FILE, data)
         except OSError:
             pass  # nothing is learnt from this job
 
 
 def learn(store: Store, folder: Path, uid: int, owner: int | None = None) -> None:
     """In the supervisor, after its job: add the modules the job imported that are not
-    learnt yet to ``uid``'s list (a write only when there is something new)."""
+    learnt yet to ``uid``'s (a write only when there is something new)."""
     if pinned() is not None:
         return
     try:
         data = private.read_file(folder / IMPORTS_FILE, owner, max_bytes=1 << 16)
-        names = json.loads(data) if data else []
+        found = json.loads(data) if data else {}
     except (OSError, ValueError, private.UnsafeStateFolder):
         return
-    known = store.get_meta(meta_key(uid)) or []
-    new = [n for n in names if isinstance(n, str) and n.isidentifier() and n not in known]
-    if new:
-        store.set_meta(meta_key(uid), (known + new)[: 4 * MAX_LEARNT])
+    known = store.get_meta(meta_key(uid)) or {}
+    if not isinstance(found, dict) or not isinstance(known, dict):
+        return
+    new = {
+        n: f
+        for n, f in found.items()
+        if isinstance(n, str) and n.isidentifier() and isinstance(f, str) and n not in known
+    }
+    if new and len(known) < 4 * MAX_LEARNT:
+        store.set_meta(meta_key(uid), {**known, **new})
 
 
 def _dropped(home: Path) -> set[str]:

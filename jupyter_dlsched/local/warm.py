@@ -23,12 +23,10 @@ import pickle
 import signal
 import socket
 import struct
-from collections.abc import Sequence
 from dataclasses import replace
 
 from ..store import JobInfo
 from .jobproc import PR_SET_PDEATHSIG, Launch, _run_job, libc, world_size
-from .preload import warm_up
 
 #: The largest payload sent to a waiting process; a larger one is forked with (the fork
 #: shares its pages, where the socket would copy them).
@@ -45,14 +43,10 @@ class WarmProcess:
         self._sock: socket.socket | None = sock
 
     @classmethod
-    def fork(
-        cls, close: tuple[int, ...] = (), imports: Sequence[str] = (), home: str | None = None
-    ) -> WarmProcess | None:
+    def fork(cls, close: tuple[int, ...] = ()) -> WarmProcess | None:
         """Fork a waiting job process (None if it cannot be forked: the job is forked then).
 
-        ``close``: descriptors of this process the job's must not keep; ``imports``: the
-        modules it imports while it waits (learnt from earlier jobs: ``preload.py``; one
-        that fails is noted in ``home``).
+        ``close``: descriptors of this process the job's must not keep.
         """
         try:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -69,7 +63,7 @@ class WarmProcess:
             ours.close()
             for fd in close:
                 os.close(fd)
-            _wait_for_job(theirs, supervisor, imports, home)  # never returns
+            _wait_for_job(theirs, supervisor)  # never returns
         theirs.close()
         try:
             os.setpgid(pid, pid)  # the job's group from the start (also done by the child)
@@ -118,11 +112,8 @@ class WarmProcess:
             pass
 
 
-def _wait_for_job(
-    sock: socket.socket, supervisor: int, imports: Sequence[str], home: str | None
-) -> None:
-    """The waiting process: import what jobs import, read its job, then run it as a freshly
-    forked job process does."""
+def _wait_for_job(sock: socket.socket, supervisor: int) -> None:
+    """The waiting process: read its job, then run it as a freshly forked job process does."""
     try:
         os.setpgid(0, 0)
         try:
@@ -131,8 +122,6 @@ def _wait_for_job(
             pass
         if os.getppid() != supervisor:
             os._exit(0)  # the supervisor died before the death signal was asked for
-        if imports and home is not None:
-            warm_up(imports, home)  # a job that comes meanwhile is read once they are in
         head, fds, _, _ = socket.recv_fds(sock, _LENGTH.size, 2)
         head += _read(sock, _LENGTH.size - len(head))
         if len(head) < _LENGTH.size or not fds:

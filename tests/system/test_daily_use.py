@@ -128,7 +128,7 @@ def test_a_queued_shared_gpu_job_says_it_waits_for_cpus(home):
         whole = s.submit(time.sleep, 0, gpus=1, cpus=1, name="whole")
         wait_for(lambda: hog.state == "running", timeout=60)
         s.tick()
-        assert whole.info().waiting == "waiting for 1 CPU"
+        wait_for(lambda: whole.info().waiting == "waiting for 1 CPU", timeout=30)
         assert half.info().waiting == "waiting for 1 CPU"
         hog.cancel()
 
