@@ -106,8 +106,9 @@ def main() -> None:
                 ))  # fmt: skip
             folder = buffers.buffer_folder(s.home)
             before = {p.name for p in folder.iterdir()} if folder.exists() else set()
+            shared = x + 1  # bytes no earlier row wrote
             sweep = s.map(
-                lambda item: total(item[0]) * item[1], [(x, k) for k in range(8)], cpus=0.25
+                lambda item: total(item[0]) * item[1], [(shared, k) for k in range(8)], cpus=0.25
             )
             for h in sweep:
                 h.result(timeout=600)

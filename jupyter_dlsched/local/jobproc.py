@@ -382,7 +382,7 @@ def _run_python(folder: Path, data: bytes, rank: int) -> int:
     if rank != 0:
         return 0  # a distributed job's result is rank 0's
     try:
-        data = dumps(result, _result_folder(folder))
+        data = dumps(result, _result_folder(folder), named="result")
     except Exception as error:
         wrapped = TypeError(f"the job's result could not be pickled: {error}")
         _write_error(folder, wrapped, rank)

@@ -195,6 +195,7 @@ def dumps(
     *,
     written: dict[int, tuple[Any, str]] | None = None,
     nested: bytes | None = None,
+    named: str | None = None,
 ) -> bytes:
     """``obj`` pickled, its big buffers written into ``folder`` (none: all in band).
 
@@ -202,7 +203,9 @@ def dumps(
     written (by the object that holds them), so one array shared by every member is
     written and hashed once. Nothing is written unless all of it fits. ``nested``: a
     pickle made by ``dumps`` that ``obj`` carries (a ``map``'s function, pickled once):
-    its buffers are named in this header too, so the ledger keeps them as long.
+    its buffers are named in this header too, so the ledger keeps them as long. ``named``:
+    the files are ``<named>.<n>``, not named by their content (a job's result, in its own
+    folder: nothing to share, so nothing to hash).
     """
     if folder is None:
         out = io.BytesIO()
@@ -223,7 +226,10 @@ def dumps(
             f"({format_size(free)} free); set {BUFFERS_ENV} to a folder with room"
         )
     names = []
-    for raw in buffers:
+    for n, raw in enumerate(buffers):
+        if named is not None:
+            names.append([write_buffer(folder, raw, f"{named}.{n}"), raw.nbytes])
+            continue
         key = id(raw.obj)
         if key not in memo:
             # the holder is kept with its digest: its id names no other object meanwhile
@@ -236,9 +242,10 @@ def dumps(
     return MAGIC + len(header).to_bytes(4, "big") + header + body
 
 
-def write_buffer(folder: Path, raw: memoryview) -> str:
-    """Write ``raw`` into ``folder`` under its SHA-256 (hashed while it is written);
-    the digest. An existing file of that name is the same bytes: it is replaced whole."""
+def write_buffer(folder: Path, raw: memoryview, name: str | None = None) -> str:
+    """Write ``raw`` into ``folder`` under ``name``, else its SHA-256 (hashed while it is
+    written); the name. An existing file of that name is the same bytes: it is replaced
+    whole."""
     digest = hashlib.sha256()
     view = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
     chunks = [view[i : i + _CHUNK] for i in range(0, view.nbytes, _CHUNK)]
@@ -247,7 +254,7 @@ def write_buffer(folder: Path, raw: memoryview) -> str:
         for chunk in chunks:
             digest.update(chunk)  # releases the GIL: hashed while the file is written
 
-    hasher = threading.Thread(target=hash_all, daemon=True)
+    hasher = threading.Thread(target=hash_all if name is None else lambda: None, daemon=True)
     hasher.start()
     tmp = folder / f".{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.part"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -256,7 +263,7 @@ def write_buffer(folder: Path, raw: memoryview) -> str:
             for chunk in chunks:
                 f.write(chunk)
         hasher.join()
-        name = digest.hexdigest()
+        name = digest.hexdigest() if name is None else name
         os.replace(tmp, folder / name)
     except BaseException:
         hasher.join()
