@@ -240,6 +240,7 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
         os.chdir(_working_folder(context.get("cwd")))
         if cores:
             os.sched_setaffinity(0, cores)
+            fit_threads(len(cores))
         # a program run next is given ``env`` by the exec; this process takes it only to
         # run the function itself
         if as_user is not None:
@@ -268,6 +269,19 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
                 _report_result(report)
         finally:
             os._exit(code)
+
+
+def fit_threads(cores: int) -> None:
+    """Fit the thread pools of what was imported before the job's cores were set (torch,
+    imported ahead: ``preload.py``) to those cores: they were sized by the machine's, and
+    more threads than cores spin against each other (a small model trained 15 times slower
+    on one core with two threads)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.set_num_threads(max(1, cores))
+        except Exception:
+            pass  # the job runs with torch's own choice
 
 
 def _working_folder(cwd: object) -> str:

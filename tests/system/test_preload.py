@@ -93,14 +93,22 @@ def test_torch_learnt_ahead_leaves_cuda_uninitialised_and_the_grant_the_jobs(hom
     pytest.importorskip("torch")
     monkeypatch.delenv("DLSCHED_PRELOAD", raising=False)
 
-    def look() -> tuple[bool, bool, str | None]:
+    def look() -> tuple[bool, bool, str | None, int, int]:
         import os
         import sys
 
         had = "torch" in sys.modules
         import torch
 
-        return had, torch.cuda.is_initialized(), os.environ.get("CUDA_VISIBLE_DEVICES")
+        # its thread pool fits the job's cores, not the machine's it was imported with
+        threads, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))
+        return (
+            had,
+            torch.cuda.is_initialized(),
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+            threads,
+            cores,
+        )
 
     with Scheduler(home) as s:
         first = s.submit(look, gpus=1, cpus=0.25).result(timeout=180)
@@ -108,9 +116,12 @@ def test_torch_learnt_ahead_leaves_cuda_uninitialised_and_the_grant_the_jobs(hom
         wait_for(
             lambda: s.submit(look, gpus=1, cpus=0.25).result(timeout=180)[0], timeout=180, step=0
         )
-        had, initialised, visible = s.submit(look, gpus=1, cpus=0.25).result(timeout=180)
+        had, initialised, visible, threads, cores = s.submit(look, gpus=1, cpus=0.25).result(
+            timeout=180
+        )
         assert had and not initialised
         assert visible is not None and visible != ""
+        assert threads == cores
 
 
 def test_status_shows_what_is_imported_ahead(home, modules, monkeypatch):
