@@ -38,8 +38,6 @@ SPARE_DELAY = 0.05
 SPARES = 2
 #: Jobs one spare supervisor runs, one after the other, before it exits.
 REUSE = 100
-#: Seconds between two looks at what this user's jobs import (``_import_learnt``).
-LEARNT_EVERY = 2.0
 
 
 def _set_name(name: bytes) -> None:
@@ -201,31 +199,12 @@ class Forking:
         os.close(read)
         self._spares.append((pid, write))
 
-    def _import_learnt(self) -> None:
-        """Import, here, what this user's jobs imported that the agent has not
-        (``local/preload.py``): every supervisor and job process forked after has it by the
-        fork, for nothing. Once per module, from the loop when it has nothing to decide (a
-        look at the ledger every ``LEARNT_EVERY``); the spares forked before are let go, so
-        the next job finds one that has it. Not in a shared pool: whose job comes next is
-        not known."""
-        if self.shared or time.monotonic() < getattr(self, "_learnt_after", 0.0):
-            return
-        self._learnt_after = time.monotonic() + LEARNT_EVERY
-        from ..local.preload import learnt, warm_up
-
-        modules = learnt(self._store, os.getuid(), self.home)
-        if not modules:
-            return
-        warm_up(modules, self.home)
-        for _, pipe in self._spares:
-            os.close(pipe)  # it reads the end of its pipe and exits
-        self._spares.clear()
-
     def _become_supervisor(self, job_id: str | None, pipe: int | None) -> None:
         code = 1
         warm = None
         try:
             self._leave_agent(b"dlsched-sup")
+            from ..local.preload import learnt, warm_up
             from ..local.supervisor import rehearse, supervise
             from ..local.warm import WarmProcess
             from ..store import Store
@@ -243,6 +222,11 @@ class Forking:
                     # a spare forks its job's process ahead too, with the ledger closed
                     # (that process must not share its connection): the job is handed to
                     # it once known
+                    # what this user's jobs imported before, imported here once, so every
+                    # process forked for a job has it (not in a shared pool: whose job
+                    # comes next is not known)
+                    if not self.shared:
+                        warm_up(learnt(store, os.getuid(), self.home), self.home)
                     store.close()
                     warm = WarmProcess.fork(close=(pipe,))
                     store.data_version()  # opened again, before the job is known

@@ -383,8 +383,6 @@ class Agent(CountedRefusals, Requests, Forking):
             self.serve_queued_reads()
             if len(self._spares) < SPARES and not self._dirty:
                 self.fork_spare()  # off the path of the launch that used the last one
-            if not self._dirty:
-                self._import_learnt()  # what this user's jobs import (local/preload.py)
             if self.peers or not self.shared and self._has_waiting():
                 last_busy = now
             if not self.shared and (now - last_busy > self.idle_exit or not self.home.is_dir()):

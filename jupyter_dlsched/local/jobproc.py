@@ -240,7 +240,10 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
         os.chdir(_working_folder(context.get("cwd")))
         if cores:
             os.sched_setaffinity(0, cores)
-            fit_threads(len(cores))
+            if world_size(job) == 1:
+                # (not a distributed job's ranks: fitted there, an elastic DDP job's resize
+                # was not taken up in the elastic DDP test; why is not known yet)
+                fit_threads(len(cores))
         # a program run next is given ``env`` by the exec; this process takes it only to
         # run the function itself
         if as_user is not None:

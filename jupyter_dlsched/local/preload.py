@@ -5,9 +5,9 @@ before its first line. The launcher (the pool agent, or the fork server without 
 imports ``DLSCHED_PRELOAD`` (default numpy) once; beyond that, each job process notes the
 top-level modules it imported that the launcher had not, with the file each came from
 (``note_imports``, into ``imports.json`` beside its log), its supervisor adds the new
-ones to the ledger's ``preload:<uid>`` (``learn``), and the pool agent imports them once,
-while it is idle (``warm_up``), so every supervisor and job process it forks after has
-them by the fork. The first job that imports torch pays; the next ones find it imported. A module is imported ahead only from
+ones to the ledger's ``preload:<uid>`` (``learn``), and each spare supervisor imports
+them once (``warm_up``), so every process it forks for a job has them. The first job that
+imports torch pays; the next ones find it imported. A module is imported ahead only from
 the file the job imported it from: never another module of that name in its place.
 
 Importing a module initialises no GPU (torch creates its CUDA context at the first CUDA
@@ -83,10 +83,10 @@ def learnt(store: Store, uid: int, home: str | os.PathLike[str]) -> list[tuple[s
 
 
 def warm_up(modules: Iterable[tuple[str, str]], home: str | os.PathLike[str]) -> None:
-    """Import ``modules`` in the pool agent (``agent/forking.py``): what it forks after has
-    them, for nothing. A name this process would find elsewhere than the job did is left
-    alone (never another module of that name in a job's place); one that fails or hangs
-    is dropped."""
+    """Import ``modules`` in a spare supervisor, before it forks the process for its next job
+    (which has them then, for nothing). A name this process would find elsewhere than the
+    job did is left alone (never another module of that name in a job's place); one that
+    fails or hangs is dropped."""
     for name, origin in modules:
         try:
             spec = importlib.util.find_spec(name)
