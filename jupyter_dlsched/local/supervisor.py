@@ -185,6 +185,7 @@ def _supervise(
         """The job's result is written and its process exits: its success, recorded now
         with its grant held (``Lease.finish(..., hold=True)``), and the agent told."""
         nonlocal held
+        keeper.pump()  # what it printed before its result is in the log when result() returns
         try:
             lease.finish(RunEnd("succeeded"), hold=True, **usage.columns(job))
         except (IllegalTransition, JobNotFound, LedgerUnavailable):

@@ -166,7 +166,7 @@ def test_a_job_behind_a_running_step_expects_it_to_take_as_long_as_the_last_step
                 [DLSCHED, "queue"], capture_output=True, text=True, timeout=60, check=True
             )
             lines = [ln for ln in table.stdout.splitlines() if behind.id in ln]
-            if lines:
+            if lines and "running" not in lines[0]:
                 assert "starts in" in lines[0]
             else:  # the queue moved on between the two commands (a loaded machine)
                 assert s.get(behind.id).info().started is not None, table.stdout
