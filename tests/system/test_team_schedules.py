@@ -88,9 +88,18 @@ def test_a_users_schedules_are_capped_and_their_runs_counted_per_hour(users):
             rows = root.call("schedules")["schedules"]
             return [r for r in rows if r["owner"] == user.name]
 
-        # b's three schedules tick every second, each run ends at once: past 4 runs in
-        # the hour each tick is skipped
-        wait_for(lambda: sum(s["skipped"] for s in of(b)) >= 6, timeout=90, what=lambda: of(b))
+        # b's three schedules tick every second: a tick whose last run still goes is
+        # skipped, and past 4 runs in the hour every tick is skipped
+        wait_for(lambda: sum(s["runs"] for s in of(b)) >= 4, timeout=90, what=lambda: of(b))
+        going = ("queued", "running", "preempted")
+        wait_for(
+            lambda: all(s["last_state"] not in going for s in of(b)), timeout=90, what=lambda: of(b)
+        )
+        skipped = sum(s["skipped"] for s in of(b))
+        # every run has ended: these skips are the cap's alone
+        wait_for(
+            lambda: sum(s["skipped"] for s in of(b)) >= skipped + 6, timeout=90, what=lambda: of(b)
+        )
         assert sum(s["runs"] for s in of(b)) == 4, of(b)
         # a's schedule is counted on its own: its runs go on
         wait_for(lambda: of(a)[0]["runs"] >= 2, timeout=60, what=lambda: of(a))
