@@ -18,13 +18,14 @@ import { Panel, Widget } from '@lumino/widgets';
 
 import { h } from './dom';
 import { JOB_RANK } from './jobline';
-import { IRendermime, openWidgetComms, WIDGET_MIME } from './kernelwidgets';
+import { IRendermime, WIDGET_MIME, WidgetComms, widgetLives } from './kernelwidgets';
 
 export const DASHBOARD_MIME = 'application/vnd.dlsched.dashboard+json';
 
 /** The words over a snapshot, by what happened to the widget's kernel. */
 export const SNAPSHOT_NOTES = {
   looking: 'a snapshot: looking for the live view in the kernel…',
+  busy: 'a snapshot: the kernel is busy; the live view comes back when it answers',
   restarted: 'kernel restarted: run the cell again for a live view',
   missing:
     'no live view: its kernel is gone (restarted, or the page was reloaded); ' +
@@ -58,15 +59,39 @@ export class DashboardOutput extends Panel implements IRenderMime.IRenderer {
       return;
     }
     this._dropWidget(false);
-    const canLook = model.trusted && !!this._modelId && !!this._options.sessionContext;
-    await this._drawSnapshot(
-      !model.trusted ? 'untrusted' : this._reason || (canLook ? 'looking' : 'missing')
-    );
-    await this._lookForWidget();
-    const stillLooking = this._note.textContent === SNAPSHOT_NOTES.looking;
-    if (!this._widgetView && !this.isDisposed && stillLooking) {
-      this._note.textContent = SNAPSHOT_NOTES.missing;
+    if (model.trusted && this._modelId && this._options.comms?.isOpen(this._modelId)) {
+      // this page saw the kernel open the panel's model: live at once, busy kernel or not
+      this._showWidget();
+      return;
     }
+    const canLook = model.trusted && !!this._modelId && !!this._options.sessionContext;
+    const waiting = canLook && this._lookWhenIdle; // asked already: the kernel answers later
+    await this._drawSnapshot(
+      !model.trusted
+        ? 'untrusted'
+        : this._reason || (waiting ? 'busy' : canLook ? 'looking' : 'missing')
+    );
+    if (!waiting) {
+      await this._look();
+    }
+  }
+
+  /** Look for the live panel once at a time; say what was found over the snapshot. */
+  private async _look(): Promise<void> {
+    if (!this._looking) {
+      this._looking = this._lookForWidget().finally(() => {
+        this._looking = null;
+      });
+    }
+    const found = await this._looking;
+    const note = this._note.textContent;
+    if (this._widgetView || this.isDisposed) {
+      return;
+    }
+    if (note === SNAPSHOT_NOTES.looking || note === SNAPSHOT_NOTES.busy) {
+      this._note.textContent = SNAPSHOT_NOTES[found === 'busy' ? 'busy' : 'missing'];
+    }
+    this._lookWhenIdle = found === 'busy';
   }
 
   dispose(): void {
@@ -88,8 +113,13 @@ export class DashboardOutput extends Panel implements IRenderMime.IRenderer {
     }
     const html = model.data['text/html'];
     const text = model.data['text/plain'];
-    this._snapshot?.dispose();
+    // the old snapshot's node was put in by hand: disposing its renderer leaves it in place
+    const old = this._snapshot;
     this._snapshot = null;
+    if (old) {
+      old.node.remove();
+      old.dispose();
+    }
     const { rendermime } = this._options;
     if (typeof html === 'string' && rendermime?.mimeTypes.includes('text/html')) {
       // JupyterLab's own HTML renderer: it sanitizes the snapshot of an untrusted notebook
@@ -104,8 +134,9 @@ export class DashboardOutput extends Panel implements IRenderMime.IRenderer {
     }
   }
 
-  /** Show the widget instead of the snapshot when its model lives in the notebook's kernel. */
-  private async _lookForWidget(): Promise<void> {
+  /** Show the widget instead of the snapshot when its model lives in the notebook's kernel;
+   * 'busy' when the kernel is running a cell and could not say. */
+  private async _lookForWidget(): Promise<boolean | 'busy'> {
     const { sessionContext, rendermime } = this._options;
     const model = this._mimeModel;
     const modelId = this._modelId;
@@ -115,32 +146,30 @@ export class DashboardOutput extends Panel implements IRenderMime.IRenderer {
       !model ||
       !model.trusted ||
       !modelId ||
-      !rendermime.mimeTypes.includes(WIDGET_MIME) ||
-      this._looking
+      !rendermime.mimeTypes.includes(WIDGET_MIME)
     ) {
+      return false;
+    }
+    const lives = await widgetLives(sessionContext, this._options.comms, modelId);
+    if (lives === true && !this.isDisposed && !this._widgetView && this._modelId === modelId) {
+      this._showWidget();
+    }
+    return lives;
+  }
+
+  private _showWidget(): void {
+    const { rendermime } = this._options;
+    const model = this._mimeModel;
+    if (!rendermime || !model || this._widgetView) {
       return;
     }
-    this._looking = true;
-    try {
-      await sessionContext.ready;
-      const kernel = sessionContext.session?.kernel;
-      if (!kernel || this.isDisposed) {
-        return;
-      }
-      const open = await openWidgetComms(kernel);
-      if (open.has(modelId) && !this.isDisposed && !this._widgetView && this._modelId === modelId) {
-        const view = rendermime.createRenderer(WIDGET_MIME);
-        this._widgetView = view;
-        this._fallback.hide();
-        this.node.dataset.view = 'live';
-        this.addWidget(view);
-        void view.renderModel(this._mimeModel ?? model);
-      }
-    } catch {
-      // No answer from the kernel (busy for long, gone): the snapshot stays.
-    } finally {
-      this._looking = false;
-    }
+    const view = rendermime.createRenderer(WIDGET_MIME);
+    this._widgetView = view;
+    this._lookWhenIdle = false;
+    this._fallback.hide();
+    this.node.dataset.view = 'live';
+    this.addWidget(view);
+    void view.renderModel(model);
   }
 
   private _dropWidget(redraw: boolean): void {
@@ -156,7 +185,13 @@ export class DashboardOutput extends Panel implements IRenderMime.IRenderer {
   }
 
   private _onKernelStatus(_: ISessionContext, status: Kernel.Status): void {
+    if (status === 'idle' && this._lookWhenIdle && !this._widgetView) {
+      this._lookWhenIdle = false;
+      void this._look(); // the cell that kept the kernel busy has ended: it can answer now
+      return;
+    }
     if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+      this._lookWhenIdle = false;
       this._reason = 'restarted';
       this._dropWidget(true);
       if (this.node.dataset.view === 'snapshot') {
@@ -177,7 +212,8 @@ export class DashboardOutput extends Panel implements IRenderMime.IRenderer {
   private _mimeModel: IRenderMime.IMimeModel | null = null;
   private _modelId = '';
   private _reason: '' | 'restarted' = '';
-  private _looking = false;
+  private _looking: Promise<boolean | 'busy'> | null = null;
+  private _lookWhenIdle = false;
   private _widgetView: IRenderMime.IRenderer | null = null;
 }
 
@@ -185,6 +221,8 @@ export namespace DashboardOutput {
   export interface IOptions {
     sessionContext?: ISessionContext;
     rendermime?: IRendermime;
+    /** what the page saw of the kernel's widget models (see `WidgetComms`) */
+    comms?: WidgetComms;
   }
 }
 

@@ -21,6 +21,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { IJob } from './api';
 import { dashboardFactory } from './dashboardview';
 import { jobLineFactory } from './jobline';
+import { WidgetComms } from './kernelwidgets';
 import { IRendermime } from './kernelwidgets';
 import { createLogWidget, JobLogView } from './logview';
 import { SchedulerModel } from './model';
@@ -98,17 +99,21 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.docRegistry.addWidgetExtension('Notebook', {
       createNew: (panel, context) => {
         const rendermime = rendermimeOf(panel);
+        // the widget models the kernel opens while the notebook is open (known while busy too)
+        const comms = new WidgetComms(context.sessionContext);
+        panel.disposed.connect(() => comms.dispose());
         rendermime?.addFactory(
           jobLineFactory({
             model,
             openLog: id => void openLog(id),
             sessionContext: context.sessionContext,
-            rendermime
+            rendermime,
+            comms
           })
         );
         // dls.dashboard(): the live widget while its kernel has it, else a snapshot with a note
         rendermime?.addFactory(
-          dashboardFactory({ sessionContext: context.sessionContext, rendermime })
+          dashboardFactory({ sessionContext: context.sessionContext, rendermime, comms })
         );
       }
     });

@@ -29,7 +29,7 @@ import {
   progressWords,
   stateTone
 } from './format';
-import { IRendermime, openWidgetComms, WIDGET_MIME } from './kernelwidgets';
+import { IRendermime, WIDGET_MIME, WidgetComms, widgetLives } from './kernelwidgets';
 import { SchedulerModel } from './model';
 import { confirmCancel, RUN_AGAIN_LABEL, RUN_AGAIN_TITLE } from './steer';
 
@@ -53,6 +53,7 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     this.addWidget(this._line);
     options.sessionContext?.statusChanged.connect(this._onKernelStatus, this);
     options.sessionContext?.kernelChanged.connect(this._onKernelChanged, this);
+    options.comms?.closed.connect(this._onWidgetClosed, this);
   }
 
   /** The job shown, once the server has told. */
@@ -120,6 +121,7 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     this._unwatch();
     this._options.sessionContext?.statusChanged.disconnect(this._onKernelStatus, this);
     this._options.sessionContext?.kernelChanged.disconnect(this._onKernelChanged, this);
+    this._options.comms?.closed.disconnect(this._onWidgetClosed, this);
     super.dispose();
   }
 
@@ -426,16 +428,14 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
     }
     this._looking = true;
     try {
-      await sessionContext.ready;
-      const kernel = sessionContext.session?.kernel;
-      if (!kernel || this.isDisposed) {
-        return;
-      }
-      if ((await openWidgetComms(kernel)).has(modelId) && !this.isDisposed && !this._widgetView) {
+      const lives = await widgetLives(sessionContext, this._options.comms, modelId);
+      // a kernel busy with a cell answers once it ends: look again then
+      this._lookWhenIdle = lives === 'busy';
+      if (lives === true && !this.isDisposed && !this._widgetView && !this._ended()) {
         this._showWidget(rendermime, this._mimeModel ?? model);
       }
     } catch {
-      // No answer from the kernel (busy for long, gone): the line from the server stays.
+      // No answer from the kernel (gone): the line from the server stays.
     } finally {
       this._looking = false;
     }
@@ -467,7 +467,20 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
   }
 
   private _onKernelStatus(_: ISessionContext, status: Kernel.Status): void {
-    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+    if (status === 'idle' && this._lookWhenIdle && !this._widgetView) {
+      this._lookWhenIdle = false;
+      void this._lookForWidget();
+    } else if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+      this._lookWhenIdle = false;
+      this._dropWidget();
+    }
+  }
+
+  /** The kernel closed a widget: if it is the one shown, back to the line from the server
+   * (a widget view of a closed model would stay "Loading widget..." for good). */
+  private _onWidgetClosed(_: WidgetComms, modelId: string): void {
+    const source = this._mimeModel?.data[WIDGET_MIME] as { model_id?: unknown } | undefined;
+    if (this._widgetView && source?.model_id === modelId) {
       this._dropWidget();
     }
   }
@@ -486,6 +499,7 @@ export class JobLine extends Panel implements IRenderMime.IRenderer {
   private _watching = false;
   private _fetching = false;
   private _looking = false;
+  private _lookWhenIdle = false;
   private _cancelling = false;
   private _cancelError = '';
   private _requeueing = false;
@@ -504,6 +518,8 @@ export namespace JobLine {
     /** The notebook's session and registry; without them the line never becomes the widget. */
     sessionContext?: ISessionContext;
     rendermime?: IRendermime;
+    /** what the page saw of the kernel's widget models (see `WidgetComms`) */
+    comms?: WidgetComms;
   }
 }
 

@@ -38,7 +38,13 @@ def call(lab: Lab, path: str, method: str = "GET", body: Any = None) -> Any:
 
 
 def saved_outputs(path: Path) -> list[dict[str, Any]]:
-    return [o for cell in nbformat.read(path, as_version=4).cells for o in cell.get("outputs", [])]
+    """The outputs the notebook's file holds; none while Jupyter is half-way through writing it
+    (a save truncates the file, then writes it: the caller reads again)."""
+    try:
+        notebook = nbformat.read(path, as_version=4)
+    except ValueError:  # nbformat.reader.NotJSONError among them
+        return []
+    return [o for cell in notebook.cells for o in cell.get("outputs", [])]
 
 
 def answer_kernel_question(page: Any) -> None:
