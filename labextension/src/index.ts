@@ -211,7 +211,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
     model.jobsFinished.connect((_, jobs: IJob[]) =>
       notifier.add(jobs.filter(job => job.kind !== 'kernel'))
     );
-    const kernels = new KernelNotifier();
+    const kernels = new KernelNotifier({
+      showRow: id => {
+        app.shell.activateById(sidebar.id);
+        sidebar.showJob(id);
+      }
+    });
     model.changed.connect(() => kernels.look(model.status?.user, model.active, model.recent));
     if (settingRegistry) {
       const apply = (settings: ISettingRegistry.ISettings) => {

@@ -1,5 +1,12 @@
 /**
- * Notifications about GPU kernels (docs/kernels.md): a reclaim to come, and one done.
+ * Notifications about GPU kernels (docs/kernels.md): a wait in line for a GPU, a reclaim to
+ * come, and one done.
+ *
+ * A GPU kernel waits for its lease before it starts; all the notebook shows meanwhile is
+ * "Initializing". So while one of the user's kernel leases is queued, a notification says
+ * where it is in line, why it waits and when it should start (updated as that changes), and
+ * the lease's row in the sidebar is brought into view once; when the GPU is granted the
+ * notification says so and goes.
  *
  * A GPU kernel's lease reports, as its job's progress, `reclaim_at` (epoch seconds) while it
  * warned that the kernel is idle and work waits for its GPUs, and `reclaimed` once the kernel
@@ -9,13 +16,20 @@
 import { Notification } from '@jupyterlab/apputils';
 
 import { IJob } from './api';
+import { stateWords } from './format';
 
 export class KernelNotifier {
+  /** `showRow(jobId)`: open the sidebar with the job's row in view. */
+  constructor(options: { showRow?: (jobId: string) => void } = {}) {
+    this._showRow = options.showRow;
+  }
+
   /** Look at the jobs of one poll of the model (`user`: whose notifications these are). */
   look(user: string | undefined, active: IJob[], recent: IJob[]): void {
     if (!user) {
       return;
     }
+    this._lookAtWaits(user, active);
     const warned = new Set<string>();
     for (const job of active) {
       if (job.kind !== 'kernel' || job.owner !== user || job.state !== 'running') {
@@ -70,6 +84,53 @@ export class KernelNotifier {
     }
   }
 
+  /** A notification for each of the user's GPU kernels waiting for a GPU. */
+  private _lookAtWaits(user: string, active: IJob[]): void {
+    const now = Date.now() / 1000;
+    const waiting = new Set<string>();
+    for (const job of active) {
+      if (job.kind !== 'kernel' || job.owner !== user || job.state !== 'queued') {
+        continue;
+      }
+      waiting.add(job.id);
+      const message = waitMessage(job, now);
+      const shown = this._waits.get(job.id);
+      if (shown?.message === message) {
+        continue;
+      }
+      const actions = this._showRow
+        ? [{ label: 'Show in the queue', callback: () => this._showRow?.(job.id) }]
+        : [];
+      if (shown && Notification.update({ id: shown.id, message, actions, autoClose: false })) {
+        shown.message = message;
+        continue;
+      }
+      const id = Notification.emit(message, 'in-progress', { autoClose: false, actions });
+      this._waits.set(job.id, { id, message });
+      if (!shown) {
+        this._showRow?.(job.id); // once, when the wait is first seen
+      }
+    }
+    for (const [jobId, shown] of [...this._waits]) {
+      if (waiting.has(jobId)) {
+        continue;
+      }
+      this._waits.delete(jobId);
+      const job = active.find(j => j.id === jobId);
+      if (job?.state === 'running') {
+        Notification.update({
+          id: shown.id,
+          message: `${kernelLabel(job)} got its GPU: the kernel starts`,
+          type: 'success',
+          actions: [],
+          autoClose: 5000
+        });
+      } else {
+        Notification.dismiss(shown.id); // cancelled: the kernel's start fails with the reason
+      }
+    }
+  }
+
   private _dismiss(jobId: string): void {
     const warning = this._warnings.get(jobId);
     if (warning) {
@@ -78,6 +139,8 @@ export class KernelNotifier {
     }
   }
 
+  private _showRow: ((jobId: string) => void) | undefined;
+  private _waits = new Map<string, { id: string; message: string }>();
   private _warnings = new Map<string, { id: string; at: number }>();
   private _reclaimed = new Set<string>();
   private _seen = new Set<string>();
@@ -87,4 +150,12 @@ export class KernelNotifier {
 function kernelLabel(job: IJob): string {
   const label = job.name.replace(/^kernel · /, '');
   return `The GPU kernel of ${label}`;
+}
+
+/** "The GPU kernel of train.ipynb has not started: #3 in line · waiting for 1 GPU · …". */
+export function waitMessage(job: IJob, now: number): string {
+  const detail = stateWords(job, now).replace(/^queued( · )?/, '');
+  return detail
+    ? `${kernelLabel(job)} has not started: ${detail}`
+    : `${kernelLabel(job)} has not started: it waits in line for its GPUs`;
 }

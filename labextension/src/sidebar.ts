@@ -72,6 +72,14 @@ export class SchedulerSidebar extends Widget {
     super.dispose();
   }
 
+  /** Bring a job's row into view (a waiting GPU kernel's lease, say). */
+  showJob(jobId: string): void {
+    const row = this.node.querySelector<HTMLElement>(
+      `.jp-dlsched-job[data-job-id="${CSS.escape(jobId)}"]`
+    );
+    row?.scrollIntoView({ block: 'nearest' });
+  }
+
   /** Unfold "recent", where jobs that just finished are listed. */
   showRecent(): void {
     this._recentBox.open = true;

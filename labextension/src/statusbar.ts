@@ -1,5 +1,6 @@
 /**
- * The status-bar item: "GPU 2/4 · 3 queued".
+ * The status-bar item: "GPU 2/4 · 3 queued", and "· your kernel #2 in line" while a GPU kernel
+ * of the user waits for its GPU (the notebook itself says only "Initializing" meanwhile).
  */
 import { Widget } from '@lumino/widgets';
 
@@ -39,6 +40,20 @@ export class SchedulerStatus extends Widget {
     const gpus = status.gpus ?? { busy: 0, total: 0 };
     const head = gpus.total ? `GPU ${gpus.busy}/${gpus.total}` : `${running} running`;
     const stale = model.connection === 'unreachable' ? ' · offline' : '';
-    this.node.textContent = `${head} · ${queued} queued${stale}`;
+    this.node.textContent = `${head} · ${queued} queued${kernelWait(model)}${stale}`;
   }
+}
+
+/** " · your kernel #2 in line" while one of the user's GPU kernels waits; "" otherwise. */
+function kernelWait(model: SchedulerModel): string {
+  const user = model.status?.user;
+  const waits = model.active.filter(
+    job => job.kind === 'kernel' && job.state === 'queued' && job.owner === user
+  );
+  if (!waits.length) {
+    return '';
+  }
+  const first = waits[0];
+  const where = first.position ? ` #${first.position} in line` : ' waits';
+  return waits.length === 1 ? ` · your kernel${where}` : ` · ${waits.length} of your kernels wait`;
 }

@@ -71,20 +71,38 @@ def test_a_gpu_kernel_waits_in_line_visibly_and_its_reclaim_is_announced(
     page.goto(f"{lab.url}lab/tree/train.ipynb?token={lab.token}")
     page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
 
-    # the kernel's lease waits in the queue, in the sidebar, with the notebook and the reason
+    # the kernel's lease waits in the queue: the notebook says so where the user looks (a
+    # notification and the status bar), and the sidebar opens with the lease's row in view,
+    # the notebook and the reason in it
     lease = kernel_lease(submitter, "queued")
-    page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
+    toast = page.wait_for_selector(
+        ".jp-toast-message:has-text('The GPU kernel of train.ipynb has not started')",
+        timeout=30_000,
+    )
+    assert "#1 in line" in toast.inner_text() and "waiting for 1 GPU" in toast.inner_text()
+    page.wait_for_selector(".jp-dlsched-status:has-text('your kernel #1 in line')")
     waiting = (
         f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{lease.id}"][data-state="queued"]'
     )
-    page.wait_for_selector(waiting, timeout=30_000)
+    page.wait_for_selector(waiting, state="visible", timeout=30_000)
+    in_view = page.eval_on_selector(
+        waiting,
+        """n => { const r = n.getBoundingClientRect();
+                  return r.top >= 0 && r.bottom <= window.innerHeight; }""",
+    )
+    assert in_view
     text = page.inner_text(waiting)
     assert "kernel · train.ipynb" in text and "waiting for 1 GPU" in text, text
+    page.wait_for_timeout(1000)  # the notification has slid in
     page.screenshot(path=str(ARTIFACTS / "kernel-waiting.png"))
 
-    # the GPUs come free: the kernel starts on one, and the notebook runs a cell
+    # the GPUs come free: the kernel starts on one, the notification says so and the status
+    # bar no more; the notebook runs a cell
     submitter.cancel(holder)
     kernel_lease(submitter, "running")
+    page.wait_for_selector(".jp-toast-message:has-text('got its GPU')", timeout=30_000)
+    page.wait_for_selector(".jp-toast-message:has-text('has not started')", state="detached")
+    page.wait_for_selector(".jp-dlsched-status:not(:has-text('your kernel'))")
     running = (
         f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{lease.id}"][data-state="running"]'
     )
