@@ -4,6 +4,7 @@ and announced."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -108,6 +109,9 @@ def test_a_gpu_kernel_waits_in_line_visibly_and_its_reclaim_is_announced(
     )
     page.wait_for_selector(f"{running}:has-text('idle <1 min')", timeout=30_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    # the lease's row in words (cells run, idle for), never the raw metric names
+    row = page.inner_text(running)
+    assert re.search(r"\b\d+ cells?\b", row) and "step" not in row and "idle_min" not in row, row
 
     # work waits for both GPUs while the kernel sits idle: warned, then reclaimed
     sleeper(submitter, "wants-both-gpus", gpus=2)
