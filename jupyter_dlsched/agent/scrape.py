@@ -9,7 +9,8 @@ request must arrive within ``REQUEST_TIMEOUT`` seconds and fit in 8 KiB.
 Anyone on the host can connect, so idle connections must not lock scrapers out:
 a request already waiting when its connection is accepted is answered at once,
 and with ``MAX_SCRAPERS`` connections open a new one pushes out the oldest that
-has not sent a whole request. The exposition is rendered at most once per
+has not sent a whole request. A connection is never dropped with its whole request
+waiting unread (the loop may have been busy): it is read and answered first. The exposition is rendered at most once per
 ``RENDER_EVERY`` seconds, however many ask.
 """
 
@@ -110,7 +111,16 @@ class ScrapeEndpoint:
 
     def sweep(self, now: float) -> None:
         for scraper in [s for s in self._scrapers.values() if now >= s.until]:
-            self._close(scraper)
+            if not self._read_waiting(scraper):
+                self._close(scraper)
+
+    def _read_waiting(self, scraper: _Scraper) -> bool:
+        """Read a request that arrived while the agent's loop was busy (a loaded machine):
+        True when it was whole and is being answered, so the connection must stay."""
+        fd = scraper.sock.fileno()
+        if not scraper.out:
+            self._read(scraper)
+        return self._scrapers.get(fd) is scraper and bool(scraper.out)
 
     def close(self) -> None:
         for scraper in list(self._scrapers.values()):
@@ -133,9 +143,17 @@ class ScrapeEndpoint:
             self._read(scraper)  # a scraper sends its request at once: answer it now
 
     def _push_out(self) -> None:
-        """Close the oldest connection that has not sent a whole request (or the oldest)."""
-        idle = [s for s in self._scrapers.values() if not s.out] or list(self._scrapers.values())
-        self._close(min(idle, key=lambda s: s.until))
+        """Close the oldest connection that has not sent a whole request (or the oldest); one
+        whose request has arrived unread is answered instead, and the next oldest goes."""
+        idle = sorted((s for s in self._scrapers.values() if not s.out), key=lambda s: s.until)
+        for scraper in idle:
+            if not self._read_waiting(scraper):
+                self._close(scraper)
+                break
+        else:
+            if len(self._scrapers) < MAX_SCRAPERS:
+                return  # answering made room
+            self._close(min(self._scrapers.values(), key=lambda s: s.until))
         if self.evicted is not None:
             self.evicted()
 
