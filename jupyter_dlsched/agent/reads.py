@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..local import preload
 from ..vocab.errors import JobNotFound, SpecError
 from ..vocab.schema import info_to_json
 from .config import ServiceConfig
@@ -285,6 +286,11 @@ class Reads:
             "you": peer.user,
             "admin": peer.admin,
         }
+        if not self.shared:  # what this agent's DLSCHED_PRELOAD says (not the asker's)
+            status["pool"]["preload"] = {
+                "launcher": preload.launcher_modules(),
+                "pinned": preload.pinned() is not None,
+            }
         return status
 
     def _samples(self, peer: Peer, msg: SamplesRequest, blobs: list[bytes]) -> SamplesReply:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -46,12 +45,9 @@ def _preload_words(status: dict[str, Any]) -> str:
     """What a pool of one's own imports ahead of its jobs, and the memory that takes."""
     import psutil
 
-    pinned = os.environ.get("DLSCHED_PRELOAD")
-    launcher = (
-        "none"
-        if (pinned or "").strip().lower() in ("none", "off", "0", "no")
-        else (pinned or "numpy")
-    )
+    # the agent's own setting: the shell asking may have another DLSCHED_PRELOAD, or none
+    setting = status["pool"].get("preload") or {"launcher": [], "pinned": False}
+    launcher = ", ".join(setting["launcher"]) or "none"
     learnt = ", ".join(status.get("preload") or []) or "nothing yet"
     try:
         ahead = psutil.Process(int(status["pool"]["agent_pid"])).children(recursive=True)
@@ -59,7 +55,12 @@ def _preload_words(status: dict[str, Any]) -> str:
         where = f"{len(ahead)} processes ahead of jobs, {format_size(size)}"
     except (psutil.Error, KeyError, TypeError, ValueError):
         where = "no process ahead of jobs"
-    learning = "pinned by DLSCHED_PRELOAD" if pinned is not None else f"learnt: {learnt}"
+    if not setting["pinned"]:
+        learning = f"learnt: {learnt}"
+    else:
+        learning = (
+            "pinned by DLSCHED_PRELOAD" if setting["launcher"] else "turned off by DLSCHED_PRELOAD"
+        )
     return f"preload: {launcher} in the launcher; {learning} ({where}; DLSCHED_PRELOAD=none turns it off)"
 
 

@@ -138,3 +138,22 @@ def test_status_shows_what_is_imported_ahead(home, modules, monkeypatch):
     assert out.returncode == 0, out.stderr
     [line] = [x for x in out.stdout.splitlines() if x.startswith("preload: ")]
     assert "numpy" in line and "slowmod" in line and "MiB" in line
+
+
+def test_status_tells_the_agents_preload_setting_not_the_shells(home, modules, monkeypatch):
+    """The pool agent was started with DLSCHED_PRELOAD=none; `dlsched status` from a shell
+    without it says what the agent does (it used to read its own environment)."""
+    import subprocess
+
+    monkeypatch.setenv("DLSCHED_PRELOAD", "none")
+    with Scheduler(home) as s:
+        run_one(s, "slowmod")
+        shell = {k: v for k, v in os.environ.items() if k != "DLSCHED_PRELOAD"}
+        out = subprocess.run(
+            [str(Path(sys.executable).with_name("dlsched")), "status"],
+            capture_output=True, text=True, timeout=120, env=shell,
+        )  # fmt: skip
+        assert s.store.get_meta(f"preload:{s.uid}") is None
+    assert out.returncode == 0, out.stderr
+    [line] = [x for x in out.stdout.splitlines() if x.startswith("preload: ")]
+    assert line.startswith("preload: none in the launcher; turned off by DLSCHED_PRELOAD"), line
