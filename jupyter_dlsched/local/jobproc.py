@@ -25,6 +25,7 @@ from ..store import JobInfo, Store
 from ..vocab import private
 from .containment import Containment
 from .preload import note_imports, top_level_modules
+from .warmscript import Script, run_warm, warm_script
 
 PR_SET_PDEATHSIG = 1
 
@@ -250,11 +251,16 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
             _exec_as_owner(folder, job, env, context, payload, rank)  # never returns
         if job.kind == "command":
             argv = json.loads(payload)["argv"]
-            try:
-                os.execvpe(argv[0], argv, env)
-            except OSError as error:
-                print(f"[dlsched] cannot run {argv[0]!r}: {error}", file=sys.stderr)
-                os._exit(127)
+            script = warm_script(argv, env)
+            if script is None:
+                try:
+                    os.execvpe(argv[0], argv, env)
+                except OSError as error:
+                    print(f"[dlsched] cannot run {argv[0]!r}: {error}", file=sys.stderr)
+                    os._exit(127)
+            take_environment(env)
+            code = run_command_warm(folder, script, rank)
+            return  # (the finally exits with ``code``)
         take_environment(env)
         for entry in reversed(context.get("sys_path") or []):
             if entry not in sys.path:
@@ -369,6 +375,17 @@ def _result_folder(folder: Path) -> Path | None:
         return folder if os.stat(folder).st_uid == os.getuid() else None
     except OSError:
         return None
+
+
+def run_command_warm(folder: Path, script: Script, rank: int = 0) -> int:
+    """Run a ``python script.py`` command job in this warm process (``warmscript.py``); its
+    exit status. Rank 0 notes what the script imported, as a function job's does."""
+    before = top_level_modules()
+    try:
+        return run_warm(script)
+    finally:
+        if rank == 0:
+            note_imports(folder, before)
 
 
 def run_python(folder: Path, data: bytes, rank: int = 0) -> int:
