@@ -119,6 +119,31 @@ def test_a_sweep_sharing_one_array_writes_it_once(pool):
     assert len(data_files(pool)) == 1
 
 
+def test_an_array_submitted_again_is_not_written_again(pool):
+    """Its file (kept for a ``requeue``) is named by the same digest: the next submission
+    hashes the array and uses that file as it is."""
+    x = np.random.default_rng(1).random(3 * MIB // 8)
+    assert pool.submit(lambda a: float(a.sum()), x, cpus=0.25).result(timeout=120) == x.sum()
+    [file] = data_files(pool)
+    first = file.stat()
+    assert pool.submit(lambda a: float(a[-1]), x, cpus=0.25).result(timeout=120) == x[-1]
+    assert data_files(pool) == [file]
+    assert file.stat().st_ino == first.st_ino  # the same file, not a copy renamed over it
+    x[0] += 1  # other bytes: another file
+    assert pool.submit(lambda a: float(a[0]), x, cpus=0.25).result(timeout=120) == x[0]
+    assert len(data_files(pool)) == 2
+
+
+def test_a_file_under_a_digest_that_is_not_whole_is_written_again(tmp_path):
+    folder = tmp_path / "dlsched-0-pool"
+    folder.mkdir(mode=0o700)
+    data = memoryview(np.arange(MIB, dtype=np.uint8)).cast("B")
+    name = buffers.write_buffer(folder, data)
+    (folder / name).write_bytes(b"cut short")
+    assert buffers.write_buffer(folder, data) == name
+    assert (folder / name).read_bytes() == data.tobytes()
+
+
 def test_a_files_lifetime_ends_with_its_jobs_and_a_new_agent_removes_leftovers(
     home, tmp_path, monkeypatch
 ):
