@@ -377,6 +377,25 @@ def map_buffer(path: Path, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+def result_bytes(folder: Path) -> int | None:
+    """The bytes of the result a job left in its spool ``folder``: ``result.pkl`` and the
+    ``result.<n>`` files of its buffers (``dumps(..., named="result")``); None without
+    one. Only their sizes are read (``lstat``): a shared pool's service opens no file of a
+    user's."""
+    sizes = {}
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name, _, index = entry.name.partition(".")
+                if name == "result" and (index == "pkl" or index.isdigit()):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        sizes[entry.name] = st.st_size
+    except OSError:
+        return None
+    return sum(sizes.values()) if "result.pkl" in sizes else None
+
+
 def folder_owner(folder: Path) -> int | None:
     """The uid a buffer folder's name says it belongs to (``dlsched-<uid>-<pool>``)."""
     parts = folder.name.split("-")
