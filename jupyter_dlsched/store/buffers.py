@@ -33,7 +33,7 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -345,15 +345,25 @@ def buffer_files(data: bytes) -> dict[str, int]:
     return files
 
 
-def loads(data: bytes) -> Any:
-    """What ``dumps`` pickled, each out-of-band buffer mapped from its file (no copy)."""
+def loads(data: bytes, buffers: Mapping[str, Any] | None = None) -> Any:
+    """What ``dumps`` pickled, each out-of-band buffer mapped from its file (no copy).
+
+    ``buffers``: each buffer by its file's path, brought another way (a Ray job's, through
+    Ray's object store: its node need not see this machine's files).
+    """
     found = manifest(data)
     if found is None:
         return cloudpickle.loads(data)
     folder, names = found
     size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "big")
     body = memoryview(data)[len(MAGIC) + 4 + size :]
-    maps = [map_buffer(folder / digest, n) for digest, n in names]
+    if buffers is None:
+        maps = [map_buffer(folder / digest, n) for digest, n in names]
+    else:
+        missing = [d for d, _ in names if str(folder / d) not in buffers]
+        if missing:
+            raise DlschedError(f"the job's data {folder / missing[0]} did not reach it")
+        maps = [buffers[str(folder / digest)] for digest, _ in names]
     return pickle.loads(body, buffers=maps)
 
 
