@@ -94,6 +94,10 @@ def folder_space(folder: Path) -> tuple[int, int]:
 def _rebuild_storage(buffer: Any) -> Any:
     import torch
 
+    if memoryview(buffer).readonly:
+        # memory nobody may write into (Ray's object store): torch cannot mark a tensor
+        # read-only, and a model trained in place writes into its weights, so a copy
+        buffer = bytearray(memoryview(buffer))
     return torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
 
 

@@ -205,6 +205,11 @@ def rank_sum(a: Any) -> tuple[float, list[str]]:
     return float(a.sum()), sorted(Path(m).name for m in mapped)
 
 
+def train_in_place(t: Any) -> float:
+    t.add_(1.0)  # as an optimizer steps a model's weights
+    return float(t.sum())
+
+
 def crash_once(marker: str) -> str:
     if not os.path.exists(marker):
         Path(marker).touch()
@@ -574,6 +579,23 @@ def test_big_arguments_travel_through_rays_object_store_not_the_ledger(
     # a sweep's function carries the array too (pickled once for all its members)
     swept = sched.map(lambda k: float(x.sum()) * k, [1, 2], cpus=1)
     assert [m.result(timeout=120) for m in swept] == [float(x.sum()), 2 * float(x.sum())]
+
+
+def test_a_tensor_from_rays_object_store_may_be_trained_in_place(
+    sched: Scheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch cannot mark a tensor read-only: one over Ray's shared memory is a copy, so a
+    job that writes into it changes neither the stored object nor another job's view."""
+    torch = pytest.importorskip("torch")
+    from jupyter_dlsched.store import buffers
+
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+    weights = torch.ones(2**20)
+    first = sched.submit(train_in_place, weights, cpus=1)
+    assert first.result(timeout=120) == 2.0 * 2**20
+    assert "not writable" not in first.logs()
+    again = sched.submit(train_in_place, weights, cpus=1)  # the same stored bytes
+    assert again.result(timeout=120) == 2.0 * 2**20
 
 
 def test_a_driver_that_cannot_join_says_why_and_clients_of_the_old_cluster_are_refused(
