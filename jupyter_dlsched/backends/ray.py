@@ -43,8 +43,10 @@ from ..inside.runtime import STOP_FILE
 from ..local.jobproc import world_size
 from ..machine.inventory import GpuInfo, PoolInfo
 from ..store import JobInfo
+from ..store.buffers import buffer_files, map_buffer
 from ..store.settings import Settings
 from ..vocab import private
+from ..vocab.errors import DlschedError
 from ..vocab.resources import Placement
 from ..vocab.units import format_size, parse_size
 from .base import Backend
@@ -223,7 +225,9 @@ class RayBackend(Backend):
             run.log.write(f"[dlsched] attempt {job.attempts}\n".encode())
         try:
             options = self._task_options(job, run)
-            run.gen = self._task.options(**options).remote(self._task_input(job, folder))
+            task = self._task_input(job, folder)
+            run.buffers = task["buffers"]  # the objects live while the job may read them
+            run.gen = self._task.options(**options).remote(task)
         except _Unrunnable as why:
             run.outcome = ("rejected", str(why))
         except Exception as error:  # Ray refused the task (bad option, lost connection)
@@ -289,6 +293,7 @@ class RayBackend(Backend):
         context = json.loads(store.read_file(job.id, "context.json") or b"{}")
         argv = None
         payload = None
+        buffers: dict[str, Any] = {}
         if job.kind == "command":
             argv = json.loads(store.read_file(job.id, "command.json") or b"{}").get("argv")
             if not argv:
@@ -297,6 +302,7 @@ class RayBackend(Backend):
             payload = store.read_file(job.id, "payload.pkl")
             if payload is None:
                 raise _Unrunnable("its payload is missing from the ledger")
+            buffers = _put_buffers(payload)
         threads = str(max(1, int(job.cpus)))
         env = {
             **job.env,
@@ -310,6 +316,7 @@ class RayBackend(Backend):
             "world": world_size(job) if job.distributed else 0,
             "argv": argv,
             "payload": payload,
+            "buffers": buffers,
             "env": env,
             "home": str(self.port.home),
             "cwd": context.get("cwd"),
@@ -388,3 +395,21 @@ def _ray_fraction(share: float, fallback: float) -> float:
     value = share if share > 0 else fallback
     scale = 10**RAY_FRACTION_DIGITS
     return max(1 / scale, min(1.0, math.floor(value * scale) / scale))
+
+
+def _put_buffers(payload: bytes) -> dict[str, Any]:
+    """Each big buffer the payload names (``store/buffers.py``), put from its file into
+    Ray's object store: one copy, and the job's worker maps it from there without another
+    (nodes need not see this machine's files, and the GiB never crosses Ray's control
+    channel); the object refs by file path."""
+    import numpy as np
+
+    ray = ray_module()
+    refs = {}
+    for path, size in buffer_files(payload).items():
+        try:
+            mapped = map_buffer(Path(path), size)
+        except DlschedError as gone:
+            raise _Unrunnable(str(gone)) from None
+        refs[path] = ray.put(np.frombuffer(mapped, dtype=np.uint8))
+    return refs

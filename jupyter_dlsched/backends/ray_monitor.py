@@ -58,6 +58,7 @@ class Run:
     log: IO[bytes]
     gen: Any = None  # ray.ObjectRefGenerator of the task
     group: Any = None  # placement group of a gang
+    buffers: Any = None  # object refs of the payload's big buffers (``ray._put_buffers``)
     began: float | None = None  # the task started executing
     stop_reason: str | None = None  # cancel, preempt, timeout, lease
     detail: str = ""

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..inside.runtime import run_payload
+from ..store.buffers import map_buffer, write_buffer
 from ..vocab import private
 from .remote_task import adopt_submit_context, error_outcome
 
@@ -115,6 +116,10 @@ class _PythonJob:
     def __init__(self, task: dict[str, Any], start: bool = True) -> None:
         self.outcome: tuple[Any, ...] = ("failed", "the job did not finish")
         self._payload = task["payload"]
+        # its big buffers: Ray object refs by file path (the driver put them), or a rank's
+        # own copies already mapped (``_RanksJob``)
+        self._refs: dict[str, Any] = task.get("buffers") or {}
+        self._mapped: dict[str, Any] | None = task.get("mapped")
         self._thread = threading.Thread(target=self._run, name="dlsched-job", daemon=True)
         if start:
             self._thread.start()
@@ -127,7 +132,10 @@ class _PythonJob:
         import cloudpickle
 
         try:
-            result = run_payload(self._payload)
+            buffers = self._mapped
+            if buffers is None and self._refs:
+                buffers = _get_buffers(self._refs)
+            result = run_payload(self._payload, buffers)
         except SystemExit as stop:
             if stop.code not in (0, None):
                 code = stop.code if isinstance(stop.code, int) else 1
@@ -187,6 +195,7 @@ class _RanksJob:
         self.outcome: tuple[Any, ...] = ("exit", 1)
         self._folder = tempfile.mkdtemp(prefix="dlsched-ranks-")
         write_atomic(Path(self._folder) / "payload.pkl", task["payload"])
+        _keep_for_ranks(Path(self._folder), task.get("buffers") or {})
         world = int(task["world"])
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.bind(("127.0.0.1", 0))
@@ -253,10 +262,40 @@ class _RanksJob:
         return ("failed", "rank 0 ended without a result")
 
 
+def _get_buffers(refs: dict[str, Any]) -> dict[str, Any]:
+    """The big buffers from Ray's object store: arrays over its shared memory, no copy
+    (read-only, as Ray hands out every array)."""
+    import ray
+
+    return dict(zip(refs, ray.get(list(refs.values())), strict=True))
+
+
+def _keep_for_ranks(folder: Path, refs: dict[str, Any]) -> None:
+    """A gang's ranks are fresh interpreters, not Ray workers: its big buffers are written
+    once into their folder on this node (``buffers.json`` names them), and each rank
+    maps them."""
+    if not refs:
+        return
+    listed = {}
+    for n, (path, array) in enumerate(_get_buffers(refs).items()):
+        name = write_buffer(folder, memoryview(array).cast("B"), f"buffer.{n}")
+        listed[path] = [name, array.nbytes]
+    (folder / "buffers.json").write_text(json.dumps(listed))
+
+
 def _rank_main(argv: list[str]) -> int:
     """One rank: ``python -m jupyter_dlsched.backends.ray_task FOLDER RANK``."""
     folder, rank = Path(argv[0]), int(argv[1])
-    job = _PythonJob({"payload": (folder / "payload.pkl").read_bytes()}, start=False)
+    mapped = None
+    listed = folder / "buffers.json"
+    if listed.exists():
+        mapped = {
+            path: map_buffer(folder / name, size)
+            for path, (name, size) in json.loads(listed.read_text()).items()
+        }
+    job = _PythonJob(
+        {"payload": (folder / "payload.pkl").read_bytes(), "mapped": mapped}, start=False
+    )
     job._run()
     kind = job.outcome[0]
     if kind == "result":

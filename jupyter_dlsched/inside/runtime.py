@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,20 +71,21 @@ def _store(home: str) -> Any:
         return store
 
 
-def run_payload(data: bytes) -> Any:
+def run_payload(data: bytes, buffers: Mapping[str, Any] | None = None) -> Any:
     """Unpickle what a job runs and run it: ``runner(payload)`` or ``fn(*args, **kwargs)``.
 
-    Used by every backend's job process; exceptions propagate to the caller.
+    Used by every backend's job process; exceptions propagate to the caller. ``buffers``:
+    the big buffers by their files' paths where they came another way (``buffers.loads``).
     """
     from ..store.buffers import loads
 
-    payload = loads(data)  # big buffers mapped from their files, not copied
+    payload = loads(data, buffers)  # big buffers mapped from their files, not copied
     runner = payload.get("runner")
     if runner is not None:
         return runner(payload)
     # ``map`` pickles the function once for all its jobs
     packed = payload.get("fn_pickle")
-    fn = loads(packed)["fn"] if packed is not None else payload["fn"]
+    fn = loads(packed, buffers)["fn"] if packed is not None else payload["fn"]
     return fn(*payload.get("args", ()), **payload.get("kwargs", {}))
 
 

@@ -6,8 +6,9 @@ Instead, ``dumps`` pickles with protocol 5 and takes every buffer of 1 MiB or mo
 band: numpy arrays (and so pandas blocks), the storages of CPU torch tensors and models'
 parameters, and ``pickle.PickleBuffer``s (``bytes`` and ``bytearray`` stay in band: pickle
 never asks about them). Each is written once into a file named by its
-content's SHA-256 in a folder of the owner's (``buffer_folder``: in ``/dev/shm`` unless
-``DLSCHED_BUFFERS`` names another, 0700); the pickle keeps only their names and sizes, in
+content's SHA-256 (over its 16 MiB pieces' digests, hashed in parallel) in a folder of
+the owner's (``buffer_folder``: in ``/dev/shm`` unless ``DLSCHED_BUFFERS`` names
+another, 0700); the pickle keeps only their names and sizes, in
 a header before it. ``loads`` maps each file copy-on-write: an array arrives without a
 copy, and a job that writes into its argument changes its own pages only.
 
@@ -32,7 +33,8 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,9 @@ MIN_OUT_OF_BAND = 1 << 20
 MAGIC = b"DLSB\x01"
 #: the ledger names a buffer file so (``blob_refs.hash``, a job's ``files``)
 FILE_PREFIX = "file:"
-_CHUNK = 64 << 20
+#: a buffer is hashed and written in pieces this size, by up to ``_THREADS`` threads
+_CHUNK = 16 << 20
+_THREADS = min(8, len(os.sched_getaffinity(0)))
 
 
 class DataTooLarge(DlschedError):
@@ -90,6 +94,10 @@ def folder_space(folder: Path) -> tuple[int, int]:
 def _rebuild_storage(buffer: Any) -> Any:
     import torch
 
+    if memoryview(buffer).readonly:
+        # memory nobody may write into (Ray's object store): torch cannot mark a tensor
+        # read-only, and a model trained in place writes into its weights, so a copy
+        buffer = bytearray(memoryview(buffer))
     return torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
 
 
@@ -243,33 +251,65 @@ def dumps(
 
 
 def write_buffer(folder: Path, raw: memoryview, name: str | None = None) -> str:
-    """Write ``raw`` into ``folder`` under ``name``, else its SHA-256 (hashed while it is
-    written); the name. An existing file of that name is the same bytes: it is replaced
-    whole."""
-    digest = hashlib.sha256()
+    """Write ``raw`` into ``folder`` under ``name``, else its digest (``_tree_digest``); the name.
+
+    A file already there under that digest holds the same bytes (each is written under a
+    temporary name and renamed whole, in a folder only its user can write): it is kept,
+    not written again, so data submitted again costs its hash only. The pieces are hashed
+    and written by several threads where the machine has the cores (hashlib and ``pwrite``
+    release the GIL)."""
     view = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
-    chunks = [view[i : i + _CHUNK] for i in range(0, view.nbytes, _CHUNK)]
-
-    def hash_all() -> None:
-        for chunk in chunks:
-            digest.update(chunk)  # releases the GIL: hashed while the file is written
-
-    hasher = threading.Thread(target=hash_all if name is None else lambda: None, daemon=True)
-    hasher.start()
-    tmp = folder / f".{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.part"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb", buffering=0) as f:
-            for chunk in chunks:
-                f.write(chunk)
-        hasher.join()
-        name = digest.hexdigest() if name is None else name
-        os.replace(tmp, folder / name)
-    except BaseException:
-        hasher.join()
-        tmp.unlink(missing_ok=True)
-        raise
+    pieces = [(i, view[i : i + _CHUNK]) for i in range(0, view.nbytes, _CHUNK)]
+    with ThreadPoolExecutor(min(_THREADS, len(pieces)) or 1) as pool:
+        if name is None:
+            name = _tree_digest(pool, [piece for _, piece in pieces], view.nbytes)
+            if _have(folder / name, view.nbytes):
+                return name
+        tmp = folder / f".{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.part"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            try:
+                for _ in pool.map(lambda p: _write_at(fd, p[1], p[0]), pieces):
+                    pass
+            finally:
+                os.close(fd)
+            os.replace(tmp, folder / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     return name
+
+
+def _tree_digest(pool: ThreadPoolExecutor, pieces: list[memoryview], size: int) -> str:
+    """SHA-256 over the size and the SHA-256 of each ``_CHUNK`` piece: as strong as one
+    SHA-256 of the whole, and its pieces hash on as many cores as there are."""
+    top = hashlib.sha256(b"dlsched-tree-1 %d " % size)
+    for piece_digest in pool.map(lambda p: hashlib.sha256(p).digest(), pieces):
+        top.update(piece_digest)
+    return top.hexdigest()
+
+
+def _write_at(fd: int, piece: memoryview, offset: int) -> None:
+    while piece.nbytes:
+        done = os.pwrite(fd, piece, offset)
+        piece, offset = piece[done:], offset + done
+
+
+def _have(path: Path, size: int) -> bool:
+    """Whether ``path`` is a whole buffer file of ours, then marked as in use now (a starting
+    agent's sweep keeps files written, or used again, since it started)."""
+    try:
+        st = os.lstat(path)
+        check_file(path, st)
+    except (OSError, UnsafeStateFolder):
+        return False
+    if st.st_size != size or stat.S_IMODE(st.st_mode) & 0o077:
+        return False
+    try:
+        os.utime(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
 
 
 # -- reading ----------------------------------------------------------------------------
@@ -309,15 +349,25 @@ def buffer_files(data: bytes) -> dict[str, int]:
     return files
 
 
-def loads(data: bytes) -> Any:
-    """What ``dumps`` pickled, each out-of-band buffer mapped from its file (no copy)."""
+def loads(data: bytes, buffers: Mapping[str, Any] | None = None) -> Any:
+    """What ``dumps`` pickled, each out-of-band buffer mapped from its file (no copy).
+
+    ``buffers``: each buffer by its file's path, brought another way (a Ray job's, through
+    Ray's object store: its node need not see this machine's files).
+    """
     found = manifest(data)
     if found is None:
         return cloudpickle.loads(data)
     folder, names = found
     size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "big")
     body = memoryview(data)[len(MAGIC) + 4 + size :]
-    maps = [map_buffer(folder / digest, n) for digest, n in names]
+    if buffers is None:
+        maps = [map_buffer(folder / digest, n) for digest, n in names]
+    else:
+        missing = [d for d, _ in names if str(folder / d) not in buffers]
+        if missing:
+            raise DlschedError(f"the job's data {folder / missing[0]} did not reach it")
+        maps = [buffers[str(folder / digest)] for digest, _ in names]
     return pickle.loads(body, buffers=maps)
 
 
@@ -339,6 +389,25 @@ def map_buffer(path: Path, size: int) -> mmap.mmap:
         return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
+
+
+def result_bytes(folder: Path) -> int | None:
+    """The bytes of the result a job left in its spool ``folder``: ``result.pkl`` and the
+    ``result.<n>`` files of its buffers (``dumps(..., named="result")``); None without
+    one. Only their sizes are read (``lstat``): a shared pool's service opens no file of a
+    user's."""
+    sizes = {}
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name, _, index = entry.name.partition(".")
+                if name == "result" and (index == "pkl" or index.isdigit()):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        sizes[entry.name] = st.st_size
+    except OSError:
+        return None
+    return sum(sizes.values()) if "result.pkl" in sizes else None
 
 
 def folder_owner(folder: Path) -> int | None:

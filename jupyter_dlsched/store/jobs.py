@@ -126,6 +126,7 @@ class Jobs(JobReads):
         blobs: dict[str, bytes] = {}
         counts: dict[str, int] = {}
         names: list[str] = []
+        carried: list[int] = []  # each job's input bytes
         # addressed by content within one user's blobs: what a user stores is theirs alone
         # (their quota), and nobody else's job can keep it alive
         salt = f"{uid}:".encode()
@@ -134,6 +135,7 @@ class Jobs(JobReads):
         outside: dict[str, int] = {}
         for _, _, files in jobs:
             refs = {}
+            carried.append(sum(len(data) for data in files.values()))
             for name, data in files.items():
                 digest = hashlib.sha256(salt + data).hexdigest()
                 blobs[digest] = data
@@ -144,6 +146,7 @@ class Jobs(JobReads):
                 outside[key] = size
                 counts[key] = counts.get(key, 0) + 1
                 refs[key] = key
+                carried[-1] += size
             names.append(json.dumps(refs))
         with self.transaction() as db:
             if clock:
@@ -182,8 +185,8 @@ class Jobs(JobReads):
                 """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
                    gpus, gpu_mem, cpus, mem, deadline, time_limit, retries, preemptible,
                    distributed, after, backend, submitted, env, inline, files, stage_in,
-                   max_gpus, begin)
-                   VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                   max_gpus, begin, input_bytes)
+                   VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 [
                     (
                         job_id,
@@ -211,8 +214,9 @@ class Jobs(JobReads):
                         json.dumps(spec.stage_in),
                         spec.max_gpus,
                         spec.begin,
+                        size,
                     )
-                    for (job_id, spec, _), refs in zip(jobs, names, strict=True)
+                    for (job_id, spec, _), refs, size in zip(jobs, names, carried, strict=True)
                 ],
             )
             for job_id, spec, _ in jobs:

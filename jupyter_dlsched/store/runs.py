@@ -17,6 +17,7 @@ from typing import Any, cast
 from ..vocab.errors import IllegalTransition
 from ..vocab.resources import Placement
 from ..vocab.schema import HELD_GRANT, WAITING, JobInfo, RunEnd, end_of_run
+from .buffers import result_bytes
 from .jobs import Jobs
 
 #: A run's renewal: the job still runs, held by this process (on this attempt, if the
@@ -394,6 +395,8 @@ class Runs(Jobs):
             asked = db.execute("SELECT resize_to FROM jobs WHERE id=?", (job.id,)).fetchone()
             job = dataclasses.replace(job, resize_to=asked[0] if asked else None)
         to, why, ruled = end_of_run(job, end, now)
+        if to == "succeeded" and job.kind != "command":
+            columns.setdefault("result_bytes", result_bytes(self.spool(job.id)))
         self.transition_in(db, job.id, to, why, expect=["running"], now=now, **{**ruled, **columns})
         return to
 

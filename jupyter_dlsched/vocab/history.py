@@ -30,6 +30,8 @@ HEADER = (
     "CPU",
     "PEAK RAM",
     "PEAK GPU",
+    "INPUT",
+    "RESULT",
 )
 
 
@@ -50,7 +52,8 @@ def period_words(seconds: float) -> str:
 
 
 def usage_words(job: JobInfo) -> str:
-    """What a finished job used, in one line: ``0.68 GPU-hours · CPU 39m 10s · peak RAM 3.1 GiB``.
+    """What a finished job used, in one line: ``0.68 GPU-hours · CPU 39m 10s · peak RAM 3.1 GiB
+    · input 1.0 GiB · result 409 MiB``.
 
     Figures that were not measured (peak GPU memory on simulated GPUs) are left out.
     """
@@ -63,6 +66,10 @@ def usage_words(job: JobInfo) -> str:
         words.append(f"peak RAM {format_size(job.peak_rss)}")
     if job.peak_gpu_mem:
         words.append(f"peak GPU memory {format_size(job.peak_gpu_mem)}")
+    if job.input_bytes is not None:
+        words.append(f"input {format_size(job.input_bytes)}")
+    if job.result_bytes is not None:
+        words.append(f"result {format_size(job.result_bytes)}")
     return " · ".join(words)
 
 
@@ -92,6 +99,8 @@ def history_table(jobs: Iterable[JobInfo], now: float | None = None) -> list[tup
                 cpu_words(job.cpu_time),
                 format_size(job.peak_rss),
                 format_size(job.peak_gpu_mem),
+                format_size(job.input_bytes),
+                format_size(job.result_bytes),
             )
         )
     return rows

@@ -217,6 +217,12 @@ MIGRATIONS: list[str] = [
         ELSE MAX(0, finished - started) END
         WHERE finished IS NOT NULL AND started IS NOT NULL;
     """,
+    # version 14: the bytes a job carried in (its pickle, context and big buffers' files)
+    # and the bytes of the result it left, shown by `dlsched history` (NULL: not known)
+    """
+    ALTER TABLE jobs ADD COLUMN input_bytes INTEGER;
+    ALTER TABLE jobs ADD COLUMN result_bytes INTEGER;
+    """,
 ]
 
 #: The version a ledger has once every migration ran.

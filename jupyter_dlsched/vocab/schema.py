@@ -191,6 +191,10 @@ class JobInfo:
     # that 80 % of jobs start by (jupyter_dlsched.forecast.replay); None when not estimated
     expected_start: float | None = None
     start_p80: float | None = None
+    # bytes it carried in (pickle, context and big buffers' files) and bytes of the result
+    # it left (``result.pkl`` and its buffers' files); None where not known
+    input_bytes: int | None = None
+    result_bytes: int | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -275,6 +279,8 @@ class JobInfo:
                 "cpu_time": self.cpu_time,
                 "peak_rss": self.peak_rss,
                 "peak_gpu_mem": self.peak_gpu_mem,
+                "input_bytes": self.input_bytes,
+                "result_bytes": self.result_bytes,
             },
         }
 

@@ -3,6 +3,7 @@ never through the agent's socket or the ledger (``store/buffers.py``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from conftest import small_disk, stop_agent, wait_for
 from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.store import buffers
 from jupyter_dlsched.vocab.errors import DlschedError, SpecError
+from jupyter_dlsched.vocab.history import usage_words
 
 MIB = 2**20
 
@@ -119,6 +121,31 @@ def test_a_sweep_sharing_one_array_writes_it_once(pool):
     assert len(data_files(pool)) == 1
 
 
+def test_an_array_submitted_again_is_not_written_again(pool):
+    """Its file (kept for a ``requeue``) is named by the same digest: the next submission
+    hashes the array and uses that file as it is."""
+    x = np.random.default_rng(1).random(3 * MIB // 8)
+    assert pool.submit(lambda a: float(a.sum()), x, cpus=0.25).result(timeout=120) == x.sum()
+    [file] = data_files(pool)
+    first = file.stat()
+    assert pool.submit(lambda a: float(a[-1]), x, cpus=0.25).result(timeout=120) == x[-1]
+    assert data_files(pool) == [file]
+    assert file.stat().st_ino == first.st_ino  # the same file, not a copy renamed over it
+    x[0] += 1  # other bytes: another file
+    assert pool.submit(lambda a: float(a[0]), x, cpus=0.25).result(timeout=120) == x[0]
+    assert len(data_files(pool)) == 2
+
+
+def test_a_file_under_a_digest_that_is_not_whole_is_written_again(tmp_path):
+    folder = tmp_path / "dlsched-0-pool"
+    folder.mkdir(mode=0o700)
+    data = memoryview(np.arange(MIB, dtype=np.uint8)).cast("B")
+    name = buffers.write_buffer(folder, data)
+    (folder / name).write_bytes(b"cut short")
+    assert buffers.write_buffer(folder, data) == name
+    assert (folder / name).read_bytes() == data.tobytes()
+
+
 def test_a_files_lifetime_ends_with_its_jobs_and_a_new_agent_removes_leftovers(
     home, tmp_path, monkeypatch
 ):
@@ -219,6 +246,31 @@ def test_kill_9_of_a_submitting_kernel_and_of_the_agent_leaves_no_file_once_an_a
     with Scheduler(home) as s:  # a new agent starts
         assert s.status()["pool"]["agent_pid"] != agent_pid
         wait_for(lambda: not any(folder.iterdir()), timeout=30, what=lambda: list(folder.iterdir()))
+
+
+def test_history_and_the_job_view_show_a_jobs_input_and_result_bytes(pool):
+    x = np.ones(3 * MIB // 8)
+    h = pool.submit(lambda a: a * 2, x, cpus=0.25, name="doubler")
+    assert h.result(timeout=120).nbytes == x.nbytes
+    info = pool.info(h.id)
+    assert 3 * MIB <= info.input_bytes < 3 * MIB + 64 * 1024  # the array and a small pickle
+    assert 3 * MIB <= info.result_bytes < 3 * MIB + 64 * 1024
+    usage = info.to_json()["usage"]
+    assert (usage["input_bytes"], usage["result_bytes"]) == (info.input_bytes, info.result_bytes)
+    assert "input 3.0 MiB · result 3.0 MiB" in usage_words(info)  # the widgets' job view
+
+    dlsched = str(Path(sys.executable).with_name("dlsched"))
+    shown = subprocess.run([dlsched, "history"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    header, row = shown.stdout.splitlines()[:2]
+    assert header.split()[-2:] == ["INPUT", "RESULT"]
+    assert row.split()[1] == "doubler" and row.split()[-4:] == ["3.0", "MiB", "3.0", "MiB"]
+    data = json.loads(
+        subprocess.run(
+            [dlsched, "history", "--json"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+    )
+    assert data["jobs"][0]["usage"]["result_bytes"] == info.result_bytes
 
 
 def test_status_says_where_data_travels_and_how_full_that_place_is(home, tmp_path):

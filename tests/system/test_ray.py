@@ -190,6 +190,26 @@ def fail_on_rank_one() -> None:
     time.sleep(30)
 
 
+def argument_facts(a: Any, b: Any) -> tuple[float, bool, bool]:
+    """What a job sees of two big arguments: their sum, whether the first can be written
+    and whether the second is the same memory (one buffer, shared)."""
+    import numpy as np
+
+    return float(a.sum() + b[0]), a.flags.writeable, np.shares_memory(a, b)
+
+
+def rank_sum(a: Any) -> tuple[float, list[str]]:
+    """The sum, and the files of a gang's own copies this rank maps the array from."""
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split()[-1] for line in maps if "dlsched-ranks-" in line}
+    return float(a.sum()), sorted(Path(m).name for m in mapped)
+
+
+def train_in_place(t: Any) -> float:
+    t.add_(1.0)  # as an optimizer steps a model's weights
+    return float(t.sum())
+
+
 def crash_once(marker: str) -> str:
     if not os.path.exists(marker):
         Path(marker).touch()
@@ -533,6 +553,49 @@ def test_failing_rank_fails_the_distributed_job_with_its_traceback(sched: Schedu
         h.result(timeout=120)
     assert isinstance(caught.value.__cause__, RemoteTraceback)
     assert h.info().state == "failed"
+
+
+def test_big_arguments_travel_through_rays_object_store_not_the_ledger(
+    sched: Scheduler, ray_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    from jupyter_dlsched.store import buffers
+
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+    x = np.arange(4 * 2**20 // 8, dtype=np.float64)
+    h = sched.submit(argument_facts, x, x, cpus=1)
+    total, writeable, shared = h.result(timeout=120)
+    assert total == float(x.sum())
+    # mapped from Ray's object store without a copy, read-only as Ray hands out arrays
+    assert not writeable and shared
+    assert len(sched.store.read_file(h.id, "payload.pkl") or b"") < 64 * 1024
+    folder = buffers.buffer_folder(ray_env)
+    assert [p.stat().st_size for p in folder.iterdir()] == [x.nbytes]  # written once
+
+    # a gang's ranks are not Ray workers: they map the copy written on their node
+    gang = sched.submit(rank_sum, x, gpus=2, distributed=True)
+    assert gang.result(timeout=120) == (float(x.sum()), ["buffer.0"])
+    # a sweep's function carries the array too (pickled once for all its members)
+    swept = sched.map(lambda k: float(x.sum()) * k, [1, 2], cpus=1)
+    assert [m.result(timeout=120) for m in swept] == [float(x.sum()), 2 * float(x.sum())]
+
+
+def test_a_tensor_from_rays_object_store_may_be_trained_in_place(
+    sched: Scheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch cannot mark a tensor read-only: one over Ray's shared memory is a copy, so a
+    job that writes into it changes neither the stored object nor another job's view."""
+    torch = pytest.importorskip("torch")
+    from jupyter_dlsched.store import buffers
+
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+    weights = torch.ones(2**20)
+    first = sched.submit(train_in_place, weights, cpus=1)
+    assert first.result(timeout=120) == 2.0 * 2**20
+    assert "not writable" not in first.logs()
+    again = sched.submit(train_in_place, weights, cpus=1)  # the same stored bytes
+    assert again.result(timeout=120) == 2.0 * 2**20
 
 
 def test_a_driver_that_cannot_join_says_why_and_clients_of_the_old_cluster_are_refused(
