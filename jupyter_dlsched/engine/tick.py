@@ -178,8 +178,8 @@ def _learn(store: Store, db: sqlite3.Connection, backend: str, policy: Policy) -
         window = int(getattr(policy, "window", 2000))
         learn(
             [
-                FinishedJob(owner, name, size, finished)
-                for owner, name, size, finished in store.finished_sizes(db, backend, window)
+                FinishedJob(owner, name, size, finished, gpus)
+                for owner, name, size, finished, gpus in store.finished_sizes(db, backend, window)
             ],
             replace=True,
         )

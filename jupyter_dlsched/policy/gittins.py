@@ -192,7 +192,11 @@ class GittinsPolicy(RankedPolicy):
     * ``prior_weight=100``: how many finished jobs the prior counts as;
     * ``quantum=300``: the index is re-evaluated as a job's service crosses a
       grid that starts at ``quantum`` GPU-seconds and grows by ``growth``;
-    * ``growth=1.2``;
+    * ``growth=1.41``: a cell's rank is the index at its start over quanta of at
+      least its width, so coarser cells re-rank (and preempt) a long job less
+      often but rank more jobs alike: with cells that double, jobs about to end
+      and jobs that outlived every job like them shared a rank and waited in
+      submit order;
     * ``promote_after=None``: seconds after submission when a job jumps ahead
       of every younger one and can no longer be preempted; ``None``: never;
     * ``promote_share=1.0``: the most of the GPUs promoted jobs may hold; below 1
@@ -203,7 +207,7 @@ class GittinsPolicy(RankedPolicy):
     * ``restart_cost=30``: seconds a job loses when it starts again; a waiting job
       stops a running one only when it ranks better by more than that on each of
       the victim's GPUs (the rank, ``1 / index``, is in GPU-seconds);
-    * ``min_run=300``: seconds a job runs before it can be preempted (a young
+    * ``min_run=1800``: seconds a job runs before it can be preempted (a young
       job's index falls fast, so without it minute-long jobs take turns);
     * ``skip=True``: a job that fits starts even if one ahead does not.
 
@@ -220,7 +224,7 @@ class GittinsPolicy(RankedPolicy):
     group_min: int = 50
     prior_weight: int = 100
     quantum: float = 300.0
-    growth: float = 2.0
+    growth: float = 1.41
     promote_after: float | None = None
     promote_factor: float | None = None
     promote_share: float = 1.0

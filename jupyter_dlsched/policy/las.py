@@ -35,6 +35,12 @@ class LasPolicy(RankedPolicy):
     * ``preempt_grace=30``: seconds a preempted job gets to checkpoint;
     * ``min_run=60``: seconds a job runs before it can be preempted (a restart
       costs time; levels say nothing of how much a preemption would gain);
+    * ``yield_after=86400``: among running jobs of one level, the one stopped
+      first for a waiting job of a better level is the newest, unless some have
+      run this many seconds since they last started: then the one that has run
+      longest. Without it the last level is first come, first served: a job of
+      weeks that started first is never the one stopped, and jobs of a day that
+      reach its level after it are stopped again and again; ``None``: newest first;
     * ``skip=True``: a job that fits starts even if one ahead does not.
 
     >>> LasPolicy().level(5000.0)
@@ -47,6 +53,7 @@ class LasPolicy(RankedPolicy):
     preempt: bool = True
     preempt_grace: float = 30.0
     min_run: float = 60.0
+    yield_after: float | None = 86400.0
     skip: bool = True
     name: str = "las"
 
@@ -78,15 +85,17 @@ class LasPolicy(RankedPolicy):
     ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
         # running_rank and next_change in one pass: this loop is the hot path
         thresholds, level_of, top = self.thresholds, bisect.bisect_right, len(self.thresholds)
+        quantum = self.yield_after
         victims: list[tuple[float, int, RunningJob]] = []
         wake = float("inf")
         for r in running:
             if not r.preemptible or r.stopping:
                 continue
             gpus = r.request.gpus
-            attained = r.attained + gpus * max(0.0, now - r.started)
+            held = max(0.0, now - r.started)
+            attained = r.attained + gpus * held
             level = level_of(thresholds, attained)
-            victims.append((-level, -r.seq, r))
+            victims.append((-level, -_turn(r.seq, held, quantum), r))
             if level < top and gpus > 0:
                 change = now + (thresholds[level] - attained) / gpus + 1e-6
                 if change < wake:
@@ -99,3 +108,13 @@ class LasPolicy(RankedPolicy):
             return None
         levels = tuple(range(len(self.thresholds) + 1))
         return StepRanks(self, lambda job: (self.thresholds, levels))
+
+
+def _turn(seq: int, held: float, quantum: float | None) -> int:
+    """The order in which running jobs of one level are stopped, last first: by submit
+    order, except that jobs that have run ``quantum`` seconds since they last started
+    come after every other, the one that has run longest last (whole seconds, then
+    submit order: exact integers, so equal turns never reach the job objects)."""
+    if quantum is None or held < quantum:
+        return seq
+    return ((int(held) + 1) << 32) + seq

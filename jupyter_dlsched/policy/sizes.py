@@ -3,9 +3,11 @@
 A live user rarely declares a time limit, and never an exact one; what the
 scheduler does know is how long the jobs that already finished ran. A
 ``SizeModel`` keeps the most recent run times (seconds: a finished job's
-GPU-seconds over its GPUs) by owner and job name, by owner, and for
-everyone, and answers a quantile of the most specific group that has seen
-enough jobs. It never sees a job that has not
+GPU-seconds over its GPUs) by owner, job name and GPU count, by owner and
+name, by owner and GPU count, by owner, and for everyone, and answers a
+quantile of the most specific group that has seen enough jobs (the groups
+of the start estimates' ``RunTimes``). A trace that names neither owners nor
+jobs, as a Philly virtual cluster does, still tells jobs apart by GPU count. It never sees a job that has not
 finished: the live scheduler passes the ledger's finished jobs, the
 simulator each job as it ends.
 """
@@ -33,6 +35,10 @@ class SizeModel:
     True
     >>> model.estimate("ana", "step"), model.estimate("bob", "train")
     (3.0, 3.0)
+    >>> model.learn([FinishedJob("ana", "", 80.0, gpus=4), FinishedJob("ana", "", 120.0, gpus=4)])
+    True
+    >>> model.estimate("ana", "", gpus=4), model.estimate("ana", "", gpus=1)
+    (20.0, 5.0)
     >>> SizeModel().estimate("ana", "step") is None
     True
     """
@@ -66,10 +72,7 @@ class SizeModel:
             length = job.duration
             if not (length > 0 and math.isfinite(length)):
                 continue
-            keys: tuple[tuple[str, ...], ...] = ((), (job.owner,), (job.owner, job.name))
-            for key in keys:
-                if len(key) == 2 and not job.name:
-                    continue
+            for key in _groups(job.owner, job.name, job.gpus):
                 sizes = self._sizes.get(key)
                 if sizes is None:
                     sizes = self._sizes[key] = deque(maxlen=self.window)
@@ -94,13 +97,27 @@ class SizeModel:
             self.version += 1
         return changed
 
-    def estimate(self, owner: str, name: str = "") -> float | None:
-        """Estimated seconds a job of ``owner`` named ``name`` runs; ``None`` if nothing
-        comparable has finished yet."""
+    def estimate(self, owner: str, name: str = "", gpus: float = 0.0) -> float | None:
+        """Estimated seconds a job of ``owner`` named ``name`` on ``gpus`` GPUs runs (``0``:
+        the GPU count does not count); ``None`` if nothing comparable has finished yet."""
         estimates = self._estimates
-        if name:
-            found = estimates.get((owner, name))
+        for key in _groups(owner, name, gpus):
+            found = estimates.get(key)
             if found is not None:
                 return found
-        found = estimates.get((owner,))
-        return found if found is not None else estimates.get(())
+        return None
+
+
+def _groups(owner: str, name: str, gpus: float) -> list[tuple[str, ...]]:
+    """The groups a job counts in, the most specific first: owner, name and GPUs; owner
+    and name; owner and GPUs; owner; everyone."""
+    width = f"{gpus:g}" if gpus > 0 else ""
+    keys: list[tuple[str, ...]] = []
+    if name and width:
+        keys.append((owner, name, width))
+    if name:
+        keys.append((owner, name))
+    if width:
+        keys.append((owner, "", width))
+    keys += [(owner,), ()]
+    return keys

@@ -26,8 +26,9 @@ class SjfPolicy(RankedPolicy):
     * ``skip=True``: a job that fits starts even if a shorter one ahead does not;
     * ``by_gpu_time=False``: order by ``time_limit`` × GPUs instead of by ``time_limit``;
     * ``learn_sizes=True``: a job without a ``time_limit`` is as long as the
-      median of the jobs of its owner and name (else its owner, else everyone)
-      that finished before the decision (``SizeModel``); ``False``: it goes last;
+      median of the jobs of its owner, name and GPU count (else owner and name,
+      owner and GPU count, owner, everyone) that finished before the decision
+      (``SizeModel``); ``False``: it goes last;
     * ``window=2000``, ``group_min=3``: see ``SizeModel``.
 
     Never preempts: a running job always finishes.
@@ -70,7 +71,7 @@ class SjfPolicy(RankedPolicy):
     def queue_key(self, job: QueuedJob) -> tuple[float, int]:
         length: float | None = job.time_limit
         if length is None:
-            length = self._sizes.estimate(job.owner, job.name)
+            length = self._sizes.estimate(job.owner, job.name, job.request.gpus)
         if length is None:
             length = math.inf
         if self.by_gpu_time:

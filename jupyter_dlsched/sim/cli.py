@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..policy import POLICIES, GittinsPolicy, get_policy
+from ..policy import POLICIES, GittinsPolicy, SjfPolicy, get_policy
 from ..policy.base import Policy
 from ..policy.speedup import parse_speedup
 from ..vocab.errors import DlschedError
@@ -196,6 +196,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     seconds = time.perf_counter() - began
     philly = jobs.format == "philly"
+    notes = _blind_learners(replayed, policies, time_limits)
     if args.json:
         out: dict[str, Any] = {
             "trace": args.trace,
@@ -206,6 +207,7 @@ def _run(args: argparse.Namespace) -> int:
             if elastic is None
             else {"share": elastic[0], "max_factor": elastic[1], "speedup": speedup.name},
             "rows": table.rows,
+            "notes": notes,
         }
         if philly:
             out["attribution"] = PHILLY_ATTRIBUTION
@@ -222,11 +224,29 @@ def _run(args: argparse.Namespace) -> int:
         for line in dropped:
             print(line)
         print(table)
+        for line in notes:
+            print(line)
         if philly:
             print(f"Trace: {PHILLY_ATTRIBUTION}")
     if args.plot:
         _save_plot(table, args.plot)
     return 0
+
+
+def _blind_learners(
+    jobs: list[TraceJob], policies: list[Policy], time_limits: str | float | None
+) -> list[str]:
+    """A line for each ``sjf`` that learns sizes from a trace whose jobs it cannot tell
+    apart: run times are learnt by owner, name and GPU count, so where every job shares
+    all three each gets the same estimate and the order is submit order (``fifo-ff``)."""
+    if time_limits is not None or len({(j.owner, j.name, j.gpus) for j in jobs}) > 1:
+        return []
+    return [
+        f"{policy.name}: every job has the same owner, name and GPU count, so the run times "
+        "it learns cannot tell jobs apart; it orders them as fifo-ff does"
+        for policy in policies
+        if isinstance(policy, SjfPolicy) and policy.learn_sizes
+    ]
 
 
 def _nothing_left(args: argparse.Namespace, jobs: Trace) -> str:

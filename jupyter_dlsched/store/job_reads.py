@@ -139,16 +139,20 @@ class JobReads(Payloads):
     @staticmethod
     def finished_sizes(
         db: sqlite3.Connection, backend: str, limit: int
-    ) -> list[tuple[str, str, float, float]]:
-        """``(owner, name, attained GPU-seconds, finished)`` of the last ``limit`` jobs that
-        ran to their end on ``backend``, oldest first: what a learning policy learns from."""
+    ) -> list[tuple[str, str, float, float, float]]:
+        """``(owner, name, attained GPU-seconds, finished, GPUs)`` of the last ``limit`` jobs
+        that ran to their end on ``backend``, oldest first: what a learning policy learns
+        from (run times by GPU count among it)."""
         rows = db.execute(
-            "SELECT owner, name, attained, finished FROM jobs WHERE backend=? "
+            "SELECT owner, name, attained, finished, gpus FROM jobs WHERE backend=? "
             "AND state IN ('succeeded','failed','timeout') AND finished IS NOT NULL "
             "ORDER BY seq DESC LIMIT ?",
             (backend, int(limit)),
         ).fetchall()
-        return [(r[0], r[1], float(r[2] or 0.0), float(r[3])) for r in reversed(rows)]
+        return [
+            (r[0], r[1], float(r[2] or 0.0), float(r[3]), float(r[4] or 0.0))
+            for r in reversed(rows)
+        ]
 
     @staticmethod
     def finished_run_times(

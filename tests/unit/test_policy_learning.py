@@ -199,5 +199,6 @@ def test_the_live_tick_passes_the_ledgers_finished_jobs_to_a_learning_policy(tmp
             lease_ttl=30.0,
             now=100.0,
         )
-    assert spy.learnt == [FinishedJob("anna", "probe", 60.0, 61.0)]
+    # with its GPUs: run times are learnt by GPU count too (sjf, priority's estimates)
+    assert spy.learnt == [FinishedJob("anna", "probe", 60.0, 61.0, gpus=1.0)]
     assert [s.job_id for s in decisions.starts] == [waiting.id]
