@@ -1,6 +1,7 @@
-"""A function job that imports torch: submit -> torch imported inside the job, with the
-pool's default settings (the launcher learns what jobs import) against preloading turned
-off (``DLSCHED_PRELOAD=none``), in the same run, one job at a time.
+"""A function job, and a ``python train.py`` command job, that import torch: submit -> torch
+imported inside the job, with the pool's default settings (the launcher learns what jobs
+import) against preloading turned off (``DLSCHED_PRELOAD=none``), in the same run, one job
+at a time.
 
     python benchmarks/warm.py              # 10 jobs each way; p50 of jobs 3-9
     python benchmarks/warm.py --jobs 6
@@ -21,6 +22,7 @@ from pathlib import Path
 #: one pool, one setting: its jobs' submit -> torch-imported times, printed one a line
 RUN = r"""
 import sys, time
+from pathlib import Path
 from jupyter_dlsched.client.scheduler import Scheduler
 
 def with_torch():
@@ -28,17 +30,27 @@ def with_torch():
     import torch  # noqa: F401
     return time.time()
 
+SCRIPT = "import time\nimport torch\nprint('IMPORTED', time.time(), flush=True)\n"
+
 with Scheduler(sys.argv[1]) as s:
+    train = Path(sys.argv[1]).parent / "train.py"
+    train.write_text(SCRIPT)
     for _ in range(int(sys.argv[2])):
         asked = time.time()
-        imported = s.submit(with_torch, cpus=0.25).result(timeout=300)
+        if sys.argv[3] == "function":
+            imported = s.submit(with_torch, cpus=0.25).result(timeout=300)
+        else:
+            job = s.submit_command([sys.executable, str(train)], cpus=0.25)
+            job.wait(timeout=300)
+            [line] = [x for x in job.logs().splitlines() if x.startswith("IMPORTED")]
+            imported = float(line.split()[1])
         print(imported - asked, flush=True)
     status = s.status()
 print("preload", status.get("preload"), flush=True)
 """
 
 
-def one_setting(preload: str | None, jobs: int) -> tuple[list[float], str]:
+def one_setting(preload: str | None, jobs: int, kind: str) -> tuple[list[float], str]:
     root = Path(tempfile.mkdtemp(prefix="dlsched-warm-bench-"))
     env = {**os.environ, "DLSCHED_SIMULATE_GPUS": "1x16GiB"}
     env.pop("DLSCHED_PRELOAD", None)
@@ -46,7 +58,7 @@ def one_setting(preload: str | None, jobs: int) -> tuple[list[float], str]:
         env["DLSCHED_PRELOAD"] = preload
     try:
         out = subprocess.run(
-            [sys.executable, "-c", RUN, str(root / "home"), str(jobs)],
+            [sys.executable, "-c", RUN, str(root / "home"), str(jobs), kind],
             env=env, capture_output=True, text=True, timeout=1800, check=True,
         )  # fmt: skip
     finally:
@@ -66,14 +78,16 @@ def main() -> None:
     args = parser.parse_args()
     print(f"# {platform.node()} · {os.cpu_count()} cores · Python {sys.version.split()[0]}")
     print(f"# {args.jobs} jobs one at a time; p50 of jobs 3-{args.jobs - 1} (the first learns)\n")
-    print("| setting | first job | p50 of jobs 3-9 | learnt |\n|---|---|---|---|")
-    for label, preload in (("default (learns)", None), ("DLSCHED_PRELOAD=none", "none")):
-        times, learnt = one_setting(preload, args.jobs)
-        later = times[2 : args.jobs - 1] or times
-        print(
-            f"| {label} | {times[0] * 1000:.0f} ms | {statistics.median(later) * 1000:.0f} ms "
-            f"| {learnt.removeprefix('preload ')} |"
-        )
+    print("| job | setting | first job | p50 of jobs 3-9 | learnt |\n|---|---|---|---|---|")
+    for kind, job in (("function", "function"), ("command", "`python train.py`")):
+        for label, preload in (("default (learns)", None), ("DLSCHED_PRELOAD=none", "none")):
+            times, learnt = one_setting(preload, args.jobs, kind)
+            later = times[2 : args.jobs - 1] or times
+            print(
+                f"| {job} | {label} | {times[0] * 1000:.0f} ms "
+                f"| {statistics.median(later) * 1000:.0f} ms "
+                f"| {learnt.removeprefix('preload ')} |"
+            )
 
 
 if __name__ == "__main__":

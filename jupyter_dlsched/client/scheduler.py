@@ -27,6 +27,7 @@ from ..machine.inventory import PoolInfo
 from ..machine.pool_view import pool_shape, pool_with_jobs
 from ..policy import Decisions, Policy
 from ..store import JobInfo, Store, inventory_key
+from ..store.buffers import DataTooLarge
 from ..store.settings import Settings, check_resize_every
 from ..vocab.errors import SpecError, raised_here
 from ..vocab.options import RESOURCE_ARGS
@@ -314,7 +315,7 @@ class Scheduler(Watching):
         ``runner(payload)`` is called in the job process when present (cells use this).
         ``origin_text`` says whom the job serves when not this process (a kernel's notebook).
         """
-        files = {"payload.pkl": pickle_job(payload, self._data_folder())}
+        files = {"payload.pkl": self._pickle_job(payload, self._data_folder())}
         return self._insert(
             kind, files, default_name=default_name, origin_text=origin_text, **resources
         )
@@ -347,6 +348,21 @@ class Scheduler(Watching):
 
     def _data_folder(self) -> Path | None:
         return data_folder(self.home, shared=self.shared, backend=self.backend.name)
+
+    def _pickle_job(
+        self,
+        payload: dict[str, Any],
+        folder: Path | None,
+        written: dict[int, tuple[Any, str]] | None = None,
+    ) -> bytes:
+        """``pickle_job``; data that does not fit beside what ended jobs keep for a requeue
+        takes their room (nothing was written yet when it is refused)."""
+        try:
+            return pickle_job(payload, folder, written)
+        except DataTooLarge:
+            if self.shared or folder is None or not self.store.release_kept_payloads(self.uid):
+                raise
+            return pickle_job(payload, folder, written)
 
     def _insert(
         self,
@@ -392,13 +408,13 @@ class Scheduler(Watching):
         items = list(items)
         suffixes = member_suffixes(fn, items)  # "[2] lr=0.01": members told apart
         folder, written = self._data_folder(), {}  # type: ignore[var-annotated]
-        fn_pickle = pickle_job({"fn": fn}, folder, written)
+        fn_pickle = self._pickle_job({"fn": fn}, folder, written)
         context = json.dumps(submit_context()).encode()
         ids = self.link.submit(
             "function",
             [
                 {
-                    "payload.pkl": pickle_job(
+                    "payload.pkl": self._pickle_job(
                         {"fn_pickle": fn_pickle, "args": (item,)}, folder, written
                     ),
                     "context.json": context,

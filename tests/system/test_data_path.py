@@ -182,6 +182,22 @@ def test_data_larger_than_the_free_space_is_refused_before_anything_is_written(
             assert s.jobs() == []
 
 
+def test_ended_jobs_kept_data_gives_way_to_a_new_submission(home, tmp_path, monkeypatch):
+    """The data of ended jobs is kept a day for a requeue; when a new submission does not
+    fit beside it, the kept data goes first (it used to be refused with "does not fit")."""
+    with small_disk(tmp_path / "small", "24m") as small:
+        monkeypatch.setenv(buffers.BUFFERS_ENV, str(small))
+        with Scheduler(home) as s:
+            first = s.submit(len, np.full(14 * MIB // 8, 1.0), cpus=0.25)
+            assert first.result(timeout=120) == 14 * MIB // 8
+            assert len(data_files(s)) == 1  # kept for a requeue
+            second = s.submit(len, np.full(14 * MIB // 8, 2.0), cpus=0.25)
+            assert second.result(timeout=120) == 14 * MIB // 8
+            # the first job's data went to make room; it cannot run again, and says why
+            with pytest.raises(DlschedError):
+                s.requeue(first.id)
+
+
 def test_a_ledger_names_only_data_files_of_its_submitters_folder(home, tmp_path, monkeypatch):
     """A payload whose header names a file elsewhere (which the ledger would delete when
     its job ends) is refused at submit."""
