@@ -235,6 +235,14 @@ def small_head(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
 
 
+def _until_places_due(agent: Agent) -> None:
+    """Wait until a whole-queue decision is due: ten times as long as the last one took,
+    which on a loaded machine is more than any fixed pause."""
+    index = agent.sched._index if agent.sched is not None else None
+    if index is not None:
+        time.sleep(max(0.0, index.places_due_monotonic() - time.monotonic()) + 0.01)
+
+
 def test_the_agent_decides_on_the_head_and_places_catch_up(
     tmp_path: Path, small_head: None
 ) -> None:
@@ -250,7 +258,7 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
         s.tick(now=time.time())
         low = s.map(noop, range(40), gpus=1, cpus=1, priority="low")
         urgent = s.submit(noop, -1, gpus=1, cpus=1, priority="high")
-        time.sleep(0.2)  # past ten times the last whole-queue decision's time
+        _until_places_due(agent)  # ten times the last whole-queue decision's time
         first = s.tick(now=time.time())  # places are out of date and due: the whole queue
         assert first is not None and first.placed and not first.starts
         places = {j.id: j.position for j in s.jobs(state="queued")}
@@ -269,7 +277,7 @@ def test_the_agent_decides_on_the_head_and_places_catch_up(
 
         # once due, a whole-queue decision writes every place again
         QueueIndex.PLACES_EVERY = 0.0
-        time.sleep(0.2)
+        _until_places_due(agent)
         again = s.tick(now=time.time())
         assert again is not None and again.placed
         # (the urgent job may have ended meanwhile and the next low one started)
