@@ -78,7 +78,10 @@ def main() -> None:
     args = parser.parse_args()
     print(f"# {platform.node()} · {os.cpu_count()} cores · Python {sys.version.split()[0]}")
     print(f"# {args.jobs} jobs one at a time; p50 of jobs 3-{args.jobs - 1} (the first learns)\n")
-    print("| job | setting | first job | p50 of jobs 3-9 | learnt |\n|---|---|---|---|---|")
+    print(
+        f"| job | setting | first job | p50 of jobs 3-{args.jobs - 1} | learnt |\n"
+        "|---|---|---|---|---|"
+    )
     for kind, job in (("function", "function"), ("command", "`python train.py`")):
         for label, preload in (("default (learns)", None), ("DLSCHED_PRELOAD=none", "none")):
             times, learnt = one_setting(preload, args.jobs, kind)
