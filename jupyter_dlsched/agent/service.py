@@ -51,6 +51,7 @@ from .client import IDLE_EXIT, trusted_server_uids, user_address
 from .config import ServiceConfig
 from .connections import Connections, Peer
 from .deciding import agent_engine
+from .door import check_request
 from .forking import SPARES, Forking, _set_name
 from .protocol import ProtocolError, error_reply
 from .ray_keeper import RayKeeper
@@ -432,8 +433,9 @@ class Agent(CountedRefusals, Requests, Forking):
         op = message.get("op")
         handler = self._ops.get(op) if isinstance(op, str) else None
         try:
-            if handler is None:
+            if handler is None or not isinstance(op, str):
                 raise ProtocolError(f"unknown request {op!r}")
+            check_request(op, message)  # its shape (shapes.OPS), then the handler's checks
             reply = handler(peer, message, blobs)
         except (DlschedError, ValueError, TypeError, KeyError) as error:
             if not isinstance(error, DlschedError):

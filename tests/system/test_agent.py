@@ -45,6 +45,32 @@ def agent_sched(home):
         os.kill(pid, signal.SIGTERM)
 
 
+def test_a_request_is_checked_against_its_shape_at_the_door(agent_sched, home):
+    """A field the op does not take, one it needs, or a value of the wrong kind: refused with
+    one line naming it, before the handler runs (an unknown field used to pass in silence)."""
+    from jupyter_dlsched.agent.protocol import ProtocolError
+
+    client = AgentClient(user_address(home))
+    with pytest.raises(
+        ProtocolError, match=r"^a malformed 'cancel' request: it needs the field 'id'$"
+    ):
+        client.call("cancel")  # type: ignore[call-overload]
+    with pytest.raises(
+        ProtocolError, match=r"a malformed 'jobs' request: no field 'colour' \(it takes"
+    ):
+        client.call("jobs", colour="red")  # type: ignore[call-overload]
+    with pytest.raises(
+        SpecError, match=r"^limit='ten' is invalid: expected a whole number or null$"
+    ):
+        client.call("jobs", limit="ten")  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match=r"^inline=1 is invalid: expected true or false$"):
+        client.call(
+            "submit", [], kind="command", jobs=[], default_name="x", origin="", options={},
+            inline=1, backend="local",
+        )  # type: ignore[arg-type]  # fmt: skip
+    assert client.call("ping") == {"ok": True}  # the agent goes on
+
+
 def test_a_client_submits_steers_and_reads_through_the_agent(agent_sched, home):
     s = agent_sched
     assert s.link is not None and s.link.hello["mode"] == "user"

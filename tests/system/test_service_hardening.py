@@ -465,11 +465,14 @@ import json, sys
 from jupyter_dlsched.agent.client import AgentClient
 from jupyter_dlsched.vocab.errors import DlschedError
 client = AgentClient(sys.argv[1])
+# every field a submit needs, so that its jobs' files reach the handler's own checks
+whole = {"kind": "command", "default_name": "x", "origin": "", "options": {}, "inline": False,
+         "backend": "local"}
 requests = [
-    ("submit", [b"x"], {"kind": "command", "jobs": [{"files": {"command.json": 7}}]}),
-    ("submit", [b"x"], {"kind": "command", "jobs": [{"files": ["command.json"]}]}),
-    ("submit", [b"x"], {"kind": "command", "jobs": [{"files": {"command.json": True}}]}),
-    ("submit", [b"x"], {"kind": "command", "jobs": ["command.json"]}),
+    ("submit", [b"x"], {**whole, "jobs": [{"files": {"command.json": 7}}]}),
+    ("submit", [b"x"], {**whole, "jobs": [{"files": ["command.json"]}]}),
+    ("submit", [b"x"], {**whole, "jobs": [{"files": {"command.json": True}}]}),
+    ("submit", [b"x"], {**whole, "jobs": ["command.json"]}),
     ("jobs", [], {"offset": 10**30}),
     ("jobs", [], {"states": [{}]}),
     ("jobs", [], {"ids": [{}]}),
