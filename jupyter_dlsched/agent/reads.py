@@ -133,10 +133,10 @@ def _page(msg: Mapping[str, Any], most: int = MAX_ROWS) -> int:
     return min(limit, most)
 
 
-def _job_page(rows: list[Any], page: int, offset: int) -> JobsReply:
-    """A page of job rows (``rows`` holds one more when more follow) and how to ask on."""
+def _job_page(rows: list[dict[str, Any]], page: int, offset: int) -> JobsReply:
+    """A page of jobs as JSON (``rows`` holds one more when more follow) and how to ask on."""
     more = len(rows) > page
-    reply: JobsReply = {"jobs": [info_to_json(info) for info in rows[:page]], "more": more}
+    reply: JobsReply = {"jobs": rows[:page], "more": more}
     if more:
         reply["next_offset"] = offset + page
     return reply
@@ -238,7 +238,7 @@ class Reads:
 
     def _jobs(self, peer: Peer, msg: JobsRequest, blobs: list[bytes]) -> JobsReply:
         page, offset = self._clamped(peer, msg), _count_arg(msg, "offset")
-        rows = self._store.jobs(limit=page + 1, offset=offset, **_list_args(msg))
+        rows = self._store.job_rows(limit=page + 1, offset=offset, **_list_args(msg))
         return _job_page(rows, page, offset)
 
     def _finished(self, peer: Peer, msg: FinishedRequest, blobs: list[bytes]) -> JobsReply:
@@ -252,7 +252,7 @@ class Reads:
         if owner is not None and not isinstance(owner, str):
             raise SpecError("owner", owner, "a user name")
         page, offset = self._clamped(peer, msg), _count_arg(msg, "offset")
-        rows = self._store.finished_jobs(
+        rows = self._store.finished_rows(
             since=float(since), owner=owner, limit=page + 1, offset=offset
         )
         return _job_page(rows, page, offset)
