@@ -56,9 +56,11 @@ MAX_WAIT = 30.0
 MAX_ROWS = 100_000
 
 #: Jobs one ``jobs`` or ``finished`` request returns at most: a larger ``limit`` is clamped,
-#: and the reply says there is more (``more``, ``next_offset``). A page of job rows costs
-#: the agent's one thread tens of milliseconds; the whole ledger would cost seconds.
-MAX_JOB_ROWS = 1000
+#: and the reply says there is more (``more``, ``next_offset``). A page costs the agent's one
+#: thread about 12 ms (its rows made JSON and encoded: ``benchmarks/list_reads.py``), and
+#: another user's request waits behind one page at most; a ledger of 12,000 jobs in one
+#: reply would cost a few hundred milliseconds.
+MAX_JOB_ROWS = 500
 
 
 #: Requests that read many rows: each user's wait in a line of their own, and the agent
