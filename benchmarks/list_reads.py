@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -112,15 +113,32 @@ print(json.dumps({"pings": pings, "submits": submits}), flush=True)
 """
 
 
+#: The users' scripts started (each ended before the users are removed).
+SCRIPTS: list[Any] = []
+
+
 def run_as(user: tuple[str, int, int], script: str, *args: str, **popen: Any) -> Any:
     _, uid, gid = user
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         user_command(uid, gid, "/usr/bin/python3", "-c", script, *args),
         stdout=subprocess.PIPE,
         text=True,
         cwd="/",
         **popen,
     )
+    SCRIPTS.append(proc)
+    return proc
+
+
+def stop(proc: Any) -> None:
+    """End a process this script started (SIGTERM, then SIGKILL after 30 s)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def last_json(proc: Any, timeout: float, say: str | None = None) -> Any:
@@ -146,12 +164,13 @@ def measure(n_rows: int, seconds: float) -> list[Row]:
     os.chmod(run, 0o755)
     sock = str(run / "dlsched.sock")
     (folder / "service.toml").write_text("")
-    service = None
     names = [f"dlreads{os.getpid() % 100000}{x}" for x in "ab"]
     env = system_python_env(DLSCHED_SOCKET=sock)
     rows: list[Row] = []
     try:
-        with unix_users(names) as (a, b):
+        with ExitStack() as stack:
+            # on the way out, in this order: the users' scripts, the service, the users
+            a, b = stack.enter_context(unix_users(names))
             senv = {**os.environ, "DLSCHED_SIMULATE_GPUS": "2x16GiB"}
             senv.pop("DLSCHED_SOCKET", None)
             with open(folder / "service.log", "ab") as log:
@@ -163,6 +182,8 @@ def measure(n_rows: int, seconds: float) -> list[Row]:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
+            stack.callback(stop, service)
+            stack.callback(lambda: [stop(p) for p in SCRIPTS])
             deadline = time.monotonic() + 60
             while True:
                 try:
@@ -240,13 +261,6 @@ def measure(n_rows: int, seconds: float) -> list[Row]:
             )
             return rows
     finally:
-        if service is not None:
-            service.terminate()
-            try:
-                service.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                service.kill()
-                service.wait()
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(run, ignore_errors=True)
 
