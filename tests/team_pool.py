@@ -157,7 +157,7 @@ def shared_pool(config: str = "", **options: Any) -> Iterator[Service]:
     finally:
         if service.proc is not None and service.proc.poll() is None:
             client = AgentClient(str(service.socket))
-            # the running first: a page of the queue is 1000 jobs at most
+            # the running first: a page of the queue is reads.MAX_JOB_ROWS jobs at most
             running = client.call("jobs", states=["running", "preempted"])["jobs"]
             for job in running + client.call("jobs", states=["queued"])["jobs"]:
                 client.call("cancel", id=job["id"])

@@ -57,9 +57,11 @@ MAX_WAIT = 30.0
 MAX_ROWS = 100_000
 
 #: Jobs one ``jobs`` or ``finished`` request returns at most: a larger ``limit`` is clamped,
-#: and the reply says there is more (``more``, ``next_offset``). A page of job rows costs
-#: the agent's one thread tens of milliseconds; the whole ledger would cost seconds.
-MAX_JOB_ROWS = 1000
+#: and the reply says there is more (``more``, ``next_offset``). A page costs the agent's one
+#: thread about 12 ms (its rows made JSON and encoded: ``benchmarks/list_reads.py``), and
+#: another user's request waits behind one page at most; a ledger of 12,000 jobs in one
+#: reply would cost a few hundred milliseconds.
+MAX_JOB_ROWS = 500
 
 
 #: Requests that read many rows: each user's wait in a line of their own, and the agent
@@ -134,10 +136,10 @@ def _page(msg: Mapping[str, Any], most: int = MAX_ROWS) -> int:
     return min(limit, most)
 
 
-def _job_page(rows: list[Any], page: int, offset: int) -> JobsReply:
-    """A page of job rows (``rows`` holds one more when more follow) and how to ask on."""
+def _job_page(rows: list[dict[str, Any]], page: int, offset: int) -> JobsReply:
+    """A page of jobs as JSON (``rows`` holds one more when more follow) and how to ask on."""
     more = len(rows) > page
-    reply: JobsReply = {"jobs": [info_to_json(info) for info in rows[:page]], "more": more}
+    reply: JobsReply = {"jobs": rows[:page], "more": more}
     if more:
         reply["next_offset"] = offset + page
     return reply
@@ -239,7 +241,7 @@ class Reads:
 
     def _jobs(self, peer: Peer, msg: JobsRequest, blobs: list[bytes]) -> JobsReply:
         page, offset = self._clamped(peer, msg), _count_arg(msg, "offset")
-        rows = self._store.jobs(limit=page + 1, offset=offset, **_list_args(msg))
+        rows = self._store.job_rows(limit=page + 1, offset=offset, **_list_args(msg))
         return _job_page(rows, page, offset)
 
     def _finished(self, peer: Peer, msg: FinishedRequest, blobs: list[bytes]) -> JobsReply:
@@ -253,7 +255,7 @@ class Reads:
         if owner is not None and not isinstance(owner, str):
             raise SpecError("owner", owner, "a user name")
         page, offset = self._clamped(peer, msg), _count_arg(msg, "offset")
-        rows = self._store.finished_jobs(
+        rows = self._store.finished_rows(
             since=float(since), owner=owner, limit=page + 1, offset=offset
         )
         return _job_page(rows, page, offset)

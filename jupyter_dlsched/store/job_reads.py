@@ -9,7 +9,17 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..vocab.errors import JobNotFound
-from ..vocab.schema import _ID, HOLDING, STATES, WAITING, JobInfo, _row_to_info
+from ..vocab.schema import (
+    _ID,
+    _JOB_COLUMNS,
+    HOLDING,
+    JOB_SELECT,
+    STATES,
+    WAITING,
+    JobInfo,
+    _row_to_info,
+    row_to_json,
+)
 from .payloads import Payloads
 
 #: The jobs in a line: the words of the ``jobs_line`` index's ``WHERE``, so SQLite uses it.
@@ -20,6 +30,12 @@ _IN_LINE = "position IS NOT NULL AND state IN ('queued','preempted')"
 #: Listed jobs in line up to which each one's place is counted (each a range of the index
 #: up to it); past it, the whole line is read once and numbered.
 _COUNTED = 8
+#: Where a ``SELECT {JOB_SELECT}`` row holds what its place in line is worked out from.
+_SEQ, _STATE, _POSITION, _BACKEND = (
+    _JOB_COLUMNS.index(name) for name in ("seq", "state", "position", "backend")
+)
+#: What a row's place in line is worked out from: ``(seq, state, position, backend)``.
+_LineKey = tuple[int, str, int | None, str]
 
 
 class JobReads(Payloads):
@@ -41,7 +57,7 @@ class JobReads(Payloads):
         rows = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchall()
         if not rows:
             raise JobNotFound(job_id)
-        return _row_to_info(rows[0], self._places(rows).get(rows[0]["seq"]))
+        return _row_to_info(rows[0], self._places(_keys(rows)).get(rows[0]["seq"]))
 
     def owners(self, job_ids: Iterable[str]) -> dict[str, int]:
         """The owner uid of each of these jobs that exists (what a shared pool's replies are
@@ -70,51 +86,61 @@ class JobReads(Payloads):
         """Jobs in submit order (or newest first), filtered by state, owner or ids; with
         ``holding``, only those that hold a grant now (``schema.HOLDING``: running, or a
         success whose process still exits)."""
-        clauses: list[str] = [HOLDING] if holding else []
-        args: list[Any] = []
-        if states is not None:
-            states = list(states)
-            clauses.append(f"state IN ({','.join('?' * len(states))})")
-            args += states
-        if owner is not None:
-            clauses.append("owner=?")
-            args.append(owner)
-        if ids is not None:
-            clauses.append(f"id IN ({','.join('?' * len(ids))})")
-            args += list(ids)
-        sql = "SELECT * FROM jobs"
-        if clauses:
-            sql += " WHERE " + " AND ".join(clauses)
-        sql += " ORDER BY seq DESC" if newest_first else " ORDER BY seq"
-        if limit is not None:
-            sql += " LIMIT ? OFFSET ?"
-            args += [int(limit), int(offset)]
-        rows = self.db.execute(sql, args).fetchall()
-        places = self._places(rows)
+        where, args = _list_query(states, owner, limit, offset, ids, newest_first, holding)
+        rows = self.db.execute("SELECT * FROM jobs" + where, args).fetchall()
+        places = self._places(_keys(rows))
         return [_row_to_info(r, places.get(r["seq"])) for r in rows]
 
-    def _places(self, rows: Sequence[sqlite3.Row]) -> dict[int, int]:
+    def job_rows(
+        self,
+        states: Iterable[str] | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        ids: Sequence[str] | None = None,
+        newest_first: bool = False,
+        holding: bool = False,
+    ) -> list[dict[str, Any]]:
+        """What ``jobs`` lists, each as its JSON (``info_to_json``) made straight from the
+        row: the agent's list replies, which need no ``JobInfo``."""
+        where, args = _list_query(states, owner, limit, offset, ids, newest_first, holding)
+        cursor = self.db.cursor()
+        cursor.row_factory = None  # plain tuples, in JOB_SELECT's order
+        rows = cursor.execute(f"SELECT {JOB_SELECT} FROM jobs" + where, args).fetchall()
+        places = self._places([(r[_SEQ], r[_STATE], r[_POSITION], r[_BACKEND]) for r in rows])
+        return [row_to_json(r, places.get(r[_SEQ])) for r in rows]
+
+    def _places(self, keys: Sequence[_LineKey]) -> dict[int, int]:
         """The place in line of each of these rows that is in one, by ``seq``: counted for a
-        few, else numbered from each of their backends' whole line (one read of the index)."""
-        ranked = [r for r in rows if r["position"] is not None and r["state"] in WAITING]
+        few; else, for each of their backends, the jobs ahead of the first of them counted
+        and the line from it to the last of them numbered (one read of the index each)."""
+        ranked = [k for k in keys if k[2] is not None and k[1] in WAITING]
         if len(ranked) <= _COUNTED:
             return {
-                r["seq"]: 1
+                seq: 1
                 + self.db.execute(
                     f"SELECT COUNT(*) FROM jobs WHERE backend=? AND {_IN_LINE} "
                     "AND (position, seq) < (?, ?)",
-                    (r["backend"], r["position"], r["seq"]),
+                    (backend, position, seq),
                 ).fetchone()[0]
-                for r in ranked
+                for seq, _, position, backend in ranked
             }
         places: dict[int, int] = {}
-        for backend in {r["backend"] for r in ranked}:
+        for backend in {k[3] for k in ranked}:
+            mine = sorted((k[2], k[0]) for k in ranked if k[3] == backend)
+            (first, first_seq), (last, last_seq) = mine[0], mine[-1]
+            ahead = self.db.execute(
+                f"SELECT COUNT(*) FROM jobs WHERE backend=? AND {_IN_LINE} "
+                "AND (position, seq) < (?, ?)",
+                (backend, first, first_seq),
+            ).fetchone()[0]
             line = self.db.execute(
                 f"SELECT seq FROM jobs INDEXED BY jobs_line WHERE backend=? AND {_IN_LINE} "
+                "AND (position, seq) >= (?, ?) AND (position, seq) <= (?, ?) "
                 "ORDER BY position, seq",
-                (backend,),
+                (backend, first, first_seq, last, last_seq),
             )
-            places.update((seq, n) for n, (seq,) in enumerate(line, start=1))
+            places.update((seq, n) for n, (seq,) in enumerate(line, start=ahead + 1))
         return places
 
     def finished_jobs(
@@ -125,16 +151,24 @@ class JobReads(Payloads):
         offset: int = 0,
     ) -> list[JobInfo]:
         """Jobs that ended at or after ``since``, the most recently ended first (``history``)."""
-        sql = "SELECT * FROM jobs WHERE finished IS NOT NULL AND finished >= ?"
-        args: list[Any] = [since]
-        if owner is not None:
-            sql += " AND owner=?"
-            args.append(owner)
-        sql += " ORDER BY finished DESC, seq DESC"
-        if limit is not None or offset:
-            sql += " LIMIT ? OFFSET ?"
-            args += [-1 if limit is None else int(limit), int(offset)]
-        return [_row_to_info(r, None) for r in self.db.execute(sql, args)]
+        where, args = _finished_query(since, owner, limit, offset)
+        return [_row_to_info(r, None) for r in self.db.execute("SELECT * FROM jobs" + where, args)]
+
+    def finished_rows(
+        self,
+        since: float = 0.0,
+        owner: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """What ``finished_jobs`` lists, each as its JSON made straight from the row."""
+        where, args = _finished_query(since, owner, limit, offset)
+        cursor = self.db.cursor()
+        cursor.row_factory = None
+        return [
+            row_to_json(r, None)
+            for r in cursor.execute(f"SELECT {JOB_SELECT} FROM jobs" + where, args)
+        ]
 
     @staticmethod
     def finished_sizes(
@@ -248,3 +282,53 @@ class JobReads(Payloads):
     def submitted_at(db: sqlite3.Connection, job_id: str) -> float:
         """When an existing job was submitted."""
         return float(db.execute("SELECT submitted FROM jobs WHERE id=?", (job_id,)).fetchone()[0])
+
+
+def _keys(rows: Sequence[sqlite3.Row]) -> list[_LineKey]:
+    return [(r["seq"], r["state"], r["position"], r["backend"]) for r in rows]
+
+
+def _list_query(
+    states: Iterable[str] | None,
+    owner: str | None,
+    limit: int | None,
+    offset: int,
+    ids: Sequence[str] | None,
+    newest_first: bool,
+    holding: bool,
+) -> tuple[str, list[Any]]:
+    """The ``WHERE ... ORDER BY ... LIMIT`` of a ``jobs`` listing, and its arguments."""
+    clauses: list[str] = [HOLDING] if holding else []
+    args: list[Any] = []
+    if states is not None:
+        states = list(states)
+        clauses.append(f"state IN ({','.join('?' * len(states))})")
+        args += states
+    if owner is not None:
+        clauses.append("owner=?")
+        args.append(owner)
+    if ids is not None:
+        clauses.append(f"id IN ({','.join('?' * len(ids))})")
+        args += list(ids)
+    sql = " WHERE " + " AND ".join(clauses) if clauses else ""
+    sql += " ORDER BY seq DESC" if newest_first else " ORDER BY seq"
+    if limit is not None:
+        sql += " LIMIT ? OFFSET ?"
+        args += [int(limit), int(offset)]
+    return sql, args
+
+
+def _finished_query(
+    since: float, owner: str | None, limit: int | None, offset: int
+) -> tuple[str, list[Any]]:
+    """The ``WHERE ... ORDER BY ... LIMIT`` of a ``finished`` listing, and its arguments."""
+    sql = " WHERE finished IS NOT NULL AND finished >= ?"
+    args: list[Any] = [since]
+    if owner is not None:
+        sql += " AND owner=?"
+        args.append(owner)
+    sql += " ORDER BY finished DESC, seq DESC"
+    if limit is not None or offset:
+        sql += " LIMIT ? OFFSET ?"
+        args += [-1 if limit is None else int(limit), int(offset)]
+    return sql, args

@@ -311,6 +311,39 @@ def _row_to_info(row: sqlite3.Row, place: int | None) -> JobInfo:
     return JobInfo(**values)
 
 
+#: The ``jobs`` columns a job's JSON is made of, in ``JobInfo``'s order: what a list read
+#: selects (``JOB_SELECT``) and ``row_to_json`` turns into a reply's row.
+JOB_SELECT = ", ".join(_JOB_COLUMNS)
+
+
+def _json_dict(text: str | None) -> Any:
+    """A JSON object column's value (``env``, ``stage_in``), ``{}`` when empty; most rows'
+    ``'{}'`` spared the parser."""
+    return {} if not text or text == "{}" else json.loads(text)
+
+
+def row_to_json(row: tuple[Any, ...], place: int | None) -> dict[str, Any]:
+    """``info_to_json(_row_to_info(row, place))`` of a row read as ``SELECT {JOB_SELECT}``
+    (a plain tuple), without the ``JobInfo`` between: what a page of a list costs the agent
+    is mostly this, once a row."""
+    data = dict(zip(_JOB_COLUMNS, row, strict=True))
+    data["position"] = place
+    for name in _BOOL_COLUMNS:
+        data[name] = bool(data[name])
+    after = data["after"]
+    data["after"] = [] if after == "[]" else list(json.loads(after))
+    placement = data["placement"]
+    if placement:
+        data["placement"] = Placement.from_json(json.loads(placement)).to_json()
+    else:
+        data["placement"] = None
+    progress = data["progress"]
+    data["progress"] = json.loads(progress) if progress else None
+    data["env"] = _json_dict(data["env"])
+    data["stage_in"] = _json_dict(data["stage_in"])
+    return data
+
+
 def info_to_json(info: JobInfo) -> dict[str, Any]:
     """A ledger row as JSON values (what the pool agent sends its clients)."""
     data = {f.name: getattr(info, f.name) for f in fields(info)}

@@ -22,6 +22,7 @@ import pytest
 from team_pool import Service, shared_pool, wait_for
 
 from jupyter_dlsched.agent.client import AgentClient
+from jupyter_dlsched.agent.reads import MAX_JOB_ROWS
 
 
 @pytest.fixture
@@ -141,9 +142,10 @@ def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_ever
     filled = a.python(FILL, str(n), env={"DLSCHED_SOCKET": str(service.socket)}, timeout=300)
     assert filled.returncode == 0, filled.stderr
     root = AgentClient(str(service.socket))
-    # a page is at most 1000 rows, whatever the limit asked; the reply says how to go on
+    # a page is at most MAX_JOB_ROWS, whatever the limit asked; the reply says how to go on
     first = root.call("jobs", limit=2**70)
-    assert len(first["jobs"]) == 1000 and first["more"] and first["next_offset"] == 1000
+    page = MAX_JOB_ROWS
+    assert len(first["jobs"]) == page and first["more"] and first["next_offset"] == page
     last = root.call("jobs", limit=2**70, offset=3000)
     assert len(last["jobs"]) == 0 and not last["more"]
     assert len(root.call("jobs", offset=2999)["jobs"]) == 1
@@ -174,7 +176,7 @@ def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_ever
             proc.kill()
             proc.wait()
         subprocess.run(["rm", "-rf", folder], check=False)
-    assert all(rows == 1000 and more for _, rows, more in replies), replies
+    assert all(rows == page and more for _, rows, more in replies), replies
     # A's reads wait in A's line, one answered per turn of the service's loop, so B's ping
     # is answered before A's last read (it was answered after all eight, which the service
     # read in one turn and answered before looking at any other socket)

@@ -48,3 +48,22 @@ def test_each_backend_has_a_line_of_its_own(tmp_path: Path) -> None:
     here, there = queued(store), queued(store, backend="ray")
     ranked(store, {here: 5.0, there: 2.0})
     assert store.get(here).position == 1 and store.get(there).position == 1
+
+
+def test_a_page_of_a_long_line_numbers_each_job_as_the_whole_line_does(tmp_path: Path) -> None:
+    """A page numbers only its part of the line (the jobs ahead of it counted), in both
+    reads of a list: ``jobs`` and the agent's ``job_rows``."""
+    store = Store(tmp_path / "h")
+    ids = [queued(store) for _ in range(40)]
+    other = [queued(store, backend="ray") for _ in range(12)]
+    # ranks out of submit order: a page's jobs are scattered over the line
+    ranked(store, {job_id: float((i * 17) % 40) for i, job_id in enumerate(ids)})
+    ranked(store, {job_id: float(-i) for i, job_id in enumerate(other)})
+    whole = {j.id: j.position for j in store.jobs()}
+    assert sorted(whole[x] for x in ids) == list(range(1, 41))
+    assert sorted(whole[x] for x in other) == list(range(1, 13))
+    for offset in range(0, 52, 10):
+        page = store.jobs(limit=10, offset=offset)
+        assert {j.id: j.position for j in page} == {j.id: whole[j.id] for j in page}
+        rows = store.job_rows(limit=10, offset=offset, newest_first=True)
+        assert {r["id"]: r["position"] for r in rows} == {r["id"]: whole[r["id"]] for r in rows}

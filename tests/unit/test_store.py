@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import stat
 
 import pytest
 
 from jupyter_dlsched import store as store_mod
+from jupyter_dlsched.agent.protocol import encode
 from jupyter_dlsched.store import TRANSITIONS, Store
 from jupyter_dlsched.vocab.errors import IllegalTransition, JobNotFound, SpecError
-from jupyter_dlsched.vocab.resources import Capacity
+from jupyter_dlsched.vocab.resources import Capacity, Placement
+from jupyter_dlsched.vocab.schema import info_to_json
 from jupyter_dlsched.vocab.spec import build_spec
 
 POOL = Capacity.empty(n_gpus=2, gpu_mem=16 * 2**30, cpus=4, mem=64 * 2**30)
@@ -153,6 +156,34 @@ def test_samples_are_kept_and_pruned(tmp_path):
     assert [s["util"] for s in store.samples(since=0)] == [50.0, 70.0]
     assert store.prune_samples(older_than=15.0) == 1
     assert [s["data"] for s in store.samples()] == [{"j": 1}]
+
+
+def test_a_list_read_as_json_is_each_jobs_info_to_json(tmp_path):
+    """The agent's list replies are made from the rows straight (``job_rows``,
+    ``finished_rows``): the same JSON as each job's ``JobInfo`` through ``info_to_json``."""
+    store = Store(tmp_path / "h")
+    first = queued_job(store, gpus=1, name="first")
+    store.transition(first.id, "running", started=1.0)
+    store.update(
+        first.id,
+        placement=Placement(gpus=(1,), gpu_mem=(2**30,), cpus=(0, 1), cpu_share=0.5, mem=5),
+        progress={"step": 3, "metrics": {"loss": 0.5}},
+        env={"SEED": "1"},
+        stage_in=json.dumps({"data": "/srv/data"}),
+        after=[first.id],
+        cancel_requested=True,
+    )
+    ended = queued_job(store, name="ended")
+    store.transition(ended.id, "running", started=2.0)
+    store.transition(ended.id, "failed", finished=3.0, reason="ValueError: no", exit_code=1)
+    waiting = [queued_job(store, gpus=2) for _ in range(12)]
+    with store.transaction() as db:
+        store.set_queue_positions(db, [(-i, None, j.id) for i, j in enumerate(waiting)])
+    for kwargs in ({}, {"newest_first": True, "limit": 5, "offset": 3}, {"states": ["queued"]}):
+        rows, infos = store.job_rows(**kwargs), [info_to_json(j) for j in store.jobs(**kwargs)]
+        assert rows == infos and encode({"jobs": rows}) == encode({"jobs": infos})
+    assert store.finished_rows() == [info_to_json(j) for j in store.finished_jobs()]
+    assert store.finished_rows(limit=1, offset=0) == [info_to_json(store.get(ended.id))]
 
 
 def test_counts_by_state(tmp_path):
