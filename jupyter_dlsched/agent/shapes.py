@@ -50,16 +50,20 @@ class _Submission(TypedDict, total=False):
 
 
 class SubmitRequest(_Submission):
-    """Queue jobs with the same options; their files travel as the message's attachments."""
+    """Queue jobs with the same options; their files travel as the message's attachments.
+    Only ``jobs`` is needed; the rest default as the agent reads them."""
 
-    kind: str
-    default_name: str
-    origin: str
+    #: ``"function"`` when left out
+    kind: NotRequired[str]
+    #: ``"job"`` when left out
+    default_name: NotRequired[str]
+    origin: NotRequired[str]
     #: resource options as JSON values (``link.wire_options``)
-    options: dict[str, Any]
-    inline: bool
+    options: NotRequired[dict[str, Any]]
+    inline: NotRequired[bool]
     jobs: list[SubmittedJob]
-    backend: str
+    #: ``"local"`` when left out
+    backend: NotRequired[str]
 
 
 class JobIdRequest(TypedDict):

@@ -142,9 +142,11 @@ import json, socket, struct, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(sys.argv[1])
 argv = json.dumps({"argv": ["true"]}).encode()
-head = json.dumps({"op": "submit", "kind": "command", "owner": sys.argv[2], "uid": int(sys.argv[3]),
-                   "options": {"name": "forged"}, "jobs": [{"files": {"command.json": 0}}],
-                   "blobs": [len(argv)]}).encode()
+request = {"op": "submit", "kind": "command", "options": {"name": "forged"},
+           "jobs": [{"files": {"command.json": 0}}], "blobs": [len(argv)]}
+if sys.argv[2]:  # claim to be someone else
+    request.update(owner=sys.argv[2], uid=int(sys.argv[3]))
+head = json.dumps(request).encode()
 s.sendall(struct.pack(">I", len(head)) + head + argv)
 n = struct.unpack(">I", s.recv(4))[0]
 print(s.recv(n).decode())
@@ -167,9 +169,16 @@ def test_another_user_can_see_but_not_touch_a_job(service, users):
         assert out[name].startswith("os-denied"), (name, out[name])
     assert out["queue"].count(a.name) == 2 and b.name in out["queue"]  # everyone sees the queue
     assert out["env of theirs"] == {}  # but not what is private to a job
-    # B's own job is B's, whatever B's request claims
+    # a request that claims to be A's is refused at the door: a submit has no owner field
+    # (whose a job is comes from the connection, never from the request)
     forged = service.as_user(b, IMPERSONATE, str(service.socket), a.name, str(a.uid))
-    forged_id = json.loads(forged.stdout)["ids"][0]
+    reply = json.loads(forged.stdout)
+    assert reply["ok"] is False, reply
+    assert reply["error"]["type"] == "ProtocolError", reply
+    assert "no field 'owner'" in reply["error"]["message"], reply
+    # and without the claim, B's job is B's
+    honest = service.as_user(b, IMPERSONATE, str(service.socket), "", "-1")
+    forged_id = json.loads(honest.stdout)["ids"][0]
     assert (service.job(forged_id)["owner"], service.job(forged_id)["uid"]) == (b.name, b.uid)
     # the CLI says no in one line, with the usage-error status
     cli = b.python(
