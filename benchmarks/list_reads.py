@@ -1,6 +1,8 @@
-"""A shared pool while one user reads the whole job list in a loop (attack 1 of #51).
+"""A shared pool while one user reads the whole job list in a loop (attack 1 of #51), or
+submits 1 GiB payloads in a loop (``--attack payloads``, the data path of #47).
 
     sudo python benchmarks/list_reads.py [--rows 11858] [--seconds 20] [--json PATH]
+    sudo python benchmarks/list_reads.py --attack payloads --rows 100 [--payload-mib 1024]
 
 Root only: it creates two fresh Unix users, A and B, and starts ``dlsched service run``
 with two simulated GPUs in a private temporary folder (both users and everything of theirs
@@ -13,9 +15,12 @@ rest wait behind it; one ``map``), then:
   own at once (raw protocol, each connection asking for the next page as soon as
   its last one came: A's line of list reads is never empty).
 
+With ``--attack payloads`` A instead submits a ``--payload-mib`` numpy array (one element
+changed each time: new bytes, a new file) as a job's argument, one after another.
+
 Prints a Markdown table: B's ping and submit p50 / p99 / max in each phase, how many pages
-A read, and the service's CPU time per page read (its user + system time over the attack,
-over the pages answered).
+A read (or payloads it submitted), and the service's CPU time per page read (its user +
+system time over the attack, over the pages answered).
 """
 
 from __future__ import annotations
@@ -86,6 +91,31 @@ while True:
 print(json.dumps({"pages": len(waits), "rows": total, "waits": waits}), flush=True)
 """
 
+#: A submits a ``MiB``-sized array as a job's argument in a loop until stdin closes; prints
+#: how many were accepted, how many refused (and the first refusal), and each submit's time.
+PAYLOADS = r"""
+import json, select, sys, time
+import numpy as np
+import jupyter_dlsched as dls
+from jupyter_dlsched.vocab.errors import DlschedError
+s = dls.Scheduler(loop=False)
+x = np.ones(int(sys.argv[1]) * 2**20 // 8)
+print("reading", flush=True)
+made, refused, first, times = 0, 0, None, []
+while not select.select([sys.stdin], [], [], 0)[0]:
+    x[0] = made + refused  # new bytes: a new file
+    t = time.perf_counter()
+    try:
+        s.submit(len, x, cpus=0.25)
+        made += 1
+    except DlschedError as error:
+        refused += 1
+        first = first or str(error)
+    times.append(time.perf_counter() - t)
+print(json.dumps({"made": made, "refused": refused, "first": first, "waits": times}),
+      flush=True)
+"""
+
 #: B pings every 10 ms, submitting instead every 4th turn, for ``seconds``.
 PROBE = r"""
 import json, sys, time
@@ -148,13 +178,20 @@ def last_json(proc: Any, timeout: float, say: str | None = None) -> Any:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def drop_buffers(uids: list[int]) -> None:
+    """Remove the users' buffer folders in shared memory (``store/buffers.py``)."""
+    for uid in uids:
+        for folder in Path("/dev/shm").glob(f"dlsched-{uid}-*"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def spread(values: list[float]) -> str:
     if not values:
         return "none"
     return f"{ms(pct(values, 0.5))} / {ms(pct(values, 0.99))} / {ms(max(values))}"
 
 
-def measure(n_rows: int, seconds: float) -> list[Row]:
+def measure(n_rows: int, seconds: float, attack: str = "reads", mib: int = 1024) -> list[Row]:
     from jupyter_dlsched.agent.client import AgentClient
 
     folder = Path(tempfile.mkdtemp(prefix="dlsched-reads-"))
@@ -171,6 +208,8 @@ def measure(n_rows: int, seconds: float) -> list[Row]:
         with ExitStack() as stack:
             # on the way out, in this order: the users' scripts, the service, the users
             a, b = stack.enter_context(unix_users(names))
+            # A's payloads are kept a day for a requeue, in memory: gone with the users
+            stack.callback(drop_buffers, [a[1], b[1]])
             senv = {**os.environ, "DLSCHED_SIMULATE_GPUS": "2x16GiB"}
             senv.pop("DLSCHED_SOCKET", None)
             with open(folder / "service.log", "ab") as log:
@@ -209,17 +248,25 @@ def measure(n_rows: int, seconds: float) -> list[Row]:
             proc = psutil.Process(service.pid)
 
             idle = last_json(run_as(b, PROBE, sock, str(seconds), env=env), seconds + 120)
-            reader = run_as(a, READER, sock, "4", str(n_rows), env=env, stdin=subprocess.PIPE)
+            if attack == "reads":
+                reader = run_as(a, READER, sock, "4", str(n_rows), env=env, stdin=subprocess.PIPE)
+            else:
+                reader = run_as(a, PAYLOADS, str(mib), env=env, stdin=subprocess.PIPE)
             assert reader.stdout is not None and reader.stdin is not None
             if reader.stdout.readline().strip() != "reading":
                 raise RuntimeError("A's reader did not start")
             cpu = proc.cpu_times()
-            attack = last_json(run_as(b, PROBE, sock, str(seconds), env=env), seconds + 120)
+            attacked = last_json(run_as(b, PROBE, sock, str(seconds), env=env), seconds + 120)
             used = proc.cpu_times()
             read = last_json(reader, 120, say="stop\n")  # A stops reading
             busy = (used.user + used.system) - (cpu.user + cpu.system)
             target = "≤ 200 ms"
-            for what, got in (("idle", idle), ("A reading from 4 connections", attack)):
+            doing = (
+                "A reading from 4 connections"
+                if attack == "reads"
+                else f"A submitting {mib} MiB payloads"
+            )
+            for what, got in (("idle", idle), (doing, attacked)):
                 p99 = pct(got["pings"], 0.99)
                 verdict = "" if what == "idle" else ("met" if p99 <= 0.2 else "**missed**")
                 rows.append(
@@ -240,6 +287,19 @@ def measure(n_rows: int, seconds: float) -> list[Row]:
                         verdict,
                     )
                 )
+            if attack == "payloads":
+                rows.append(
+                    (
+                        f"A's {mib} MiB submissions ({seconds:.0f} s)",
+                        f"{read['made']} accepted, {read['refused']} refused; each took "
+                        f"p50 {ms(pct(read['waits'], 0.5))}"
+                        + (f" (first refusal: {read['first']})" if read["first"] else ""),
+                        "",
+                        "",
+                    )
+                )
+                rows.append(("the service's CPU time over the attack", ms(busy), "", ""))
+                return rows
             size = read["rows"] / max(read["pages"], 1)
             rows.append(
                 (
@@ -270,11 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=11_858)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--attack", choices=("reads", "payloads"), default="reads")
+    parser.add_argument("--payload-mib", type=int, default=1024)
     args = parser.parse_args(argv)
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         print("needs root and useradd (it creates two Unix users)", file=sys.stderr)
         return 2
-    rows = measure(args.rows, args.seconds)
+    rows = measure(args.rows, args.seconds, args.attack, args.payload_mib)
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
