@@ -252,10 +252,15 @@ def unix_user(name: str) -> Iterator[OtherUser]:
     if shutil.which("useradd") is None or not os.path.exists("/usr/bin/python3"):
         pytest.skip("needs useradd and /usr/bin/python3 to act as a second Unix user")
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+    user = None
     try:
-        yield OtherUser(name)
+        user = OtherUser(name)
+        yield user
     finally:
         subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+        if user is not None:  # the user's job data in shared memory goes with the user
+            for folder in Path("/dev/shm").glob(f"dlsched-{user.uid}-*"):
+                shutil.rmtree(folder, ignore_errors=True)
         subprocess.run(["userdel", name], check=False)
 
 
