@@ -505,6 +505,28 @@ def user_command(uid: int, gid: int, *argv: str) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--", *argv]
 
 
+def all_events(client: Any) -> list[dict[str, Any]]:
+    """Every event of the ledger, a page at a time (the service answers a page per ask)."""
+    events: list[dict[str, Any]] = []
+    while True:
+        reply = client.call("events", since=int(events[-1]["seq"]) if events else 0)
+        events += reply["events"]
+        if not reply.get("more") or not reply["events"]:
+            return events
+
+
+def all_jobs(client: Any) -> list[dict[str, Any]]:
+    """Every job of the ledger, a page at a time."""
+    jobs: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        reply = client.call("jobs", offset=offset)
+        jobs += reply["jobs"]
+        if not reply.get("more"):
+            return jobs
+        offset = reply["next_offset"]
+
+
 def system_python_env(**extra: str) -> dict[str, str]:
     """The system interpreter importing this checkout and the virtual environment's packages,
     the way another user's Python on a shared machine would (tests/conftest.py)."""
@@ -611,8 +633,8 @@ def team_service(n_users: int, per_user: int, timeout: float) -> TeamRun:
                 commands, system_python_env(DLSCHED_SOCKET=str(socket_path)), logs, timeout
             )
             admin = AgentClient(str(socket_path))
-            run.events = admin.call("events")["events"]
-            run.states = {j["id"]: j["state"] for j in admin.call("jobs")["jobs"]}
+            run.events = all_events(admin)
+            run.states = {j["id"]: j["state"] for j in all_jobs(admin)}
             admin.close()
             return run
     finally:

@@ -298,7 +298,8 @@ class RemoteLedger:
     spool folder; they are read directly, with the same checks as at home.
     """
 
-    #: Rows asked for per request of a long list (the service answers at most its MAX_ROWS).
+    #: Rows asked for per request of a long list (the service answers at most its own page:
+    #: ``reads.MAX_CHANGE_ROWS``, the same, for changes; fewer events, with ``more``).
     PAGE = 10_000
 
     def __init__(self, link: AgentLink) -> None:

@@ -53,8 +53,14 @@ if TYPE_CHECKING:
 MAX_WAIT = 30.0
 
 
-#: Rows a list request returns at most (of events and state changes: small rows).
+#: Rows a list request returns at most (samples: small rows).
 MAX_ROWS = 100_000
+#: Events one ``events`` request returns at most (the reply says ``more``): a ledger's
+#: 100,000 events in one reply held the agent's one thread for most of a second.
+MAX_EVENT_ROWS = 2_000
+#: State changes one ``changes`` request returns at most (the client asks again from the
+#: last one it got, ``link.AgentLink.changes``).
+MAX_CHANGE_ROWS = 10_000
 
 #: Jobs one ``jobs`` or ``finished`` request returns at most: a larger ``limit`` is clamped,
 #: and the reply says there is more (``more``, ``next_offset``). A page costs the agent's one
@@ -337,7 +343,7 @@ class Reads:
         job_id = msg.get("id")
         if job_id is not None:
             self._store.get(job_id)  # JobNotFound for an unknown id
-        page = _page(msg)
+        page = _page(msg, MAX_EVENT_ROWS)
         rows = self._store.events(job_id, since=_count_arg(msg, "since"), limit=page + 1)
         return {"events": rows[:page], "more": len(rows) > page}
 
@@ -353,7 +359,8 @@ class Reads:
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < math.inf:
             raise SpecError("wait", wait, "seconds to wait, 0 or more")
         wait = min(float(wait), MAX_WAIT)
-        rows = self._store.state_changes_since(since, _page(msg))  # the next from the last one
+        # the next from the last one
+        rows = self._store.state_changes_since(since, _page(msg, MAX_CHANGE_ROWS))
         if rows or wait <= 0:
             return {"changes": [list(r) for r in rows]}
         peer.waiting = (since, time.monotonic() + wait)
@@ -371,6 +378,6 @@ class Reads:
             if seq <= since and now < deadline:
                 continue
             peer.waiting = None
-            rows = self._store.state_changes_since(since, MAX_ROWS) if seq > since else []
+            rows = self._store.state_changes_since(since, MAX_CHANGE_ROWS) if seq > since else []
             self.conns.send(peer, {"ok": True, "changes": [list(r) for r in rows]})
             self.conns.resume(peer)  # the requests that arrived while it was held

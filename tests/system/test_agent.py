@@ -71,6 +71,28 @@ def test_a_request_is_checked_against_its_shape_at_the_door(agent_sched, home):
     assert client.call("ping") == {"ok": True}  # the agent goes on
 
 
+def test_events_are_answered_a_page_at_a_time(agent_sched, home):
+    """A whole ledger's events in one reply held the agent's one thread for most of a second
+    at 100,000 events: a page is at most 2,000 events, and the client reads every page."""
+    from jupyter_dlsched.agent.reads import MAX_EVENT_ROWS
+
+    s = agent_sched
+    holder = s.submit(sleeper, 60, gpus=2)
+    s.map(sleeper, [0] * (MAX_EVENT_ROWS + 100), gpus=1, priority="low")
+    client = AgentClient(user_address(home))
+    first = client.call("events", limit=10**6)
+    assert len(first["events"]) == MAX_EVENT_ROWS and first["more"] is True
+    every = first["events"]
+    while True:  # as a shared pool's client reads them (link.RemoteLedger.events)
+        reply = client.call("events", since=int(every[-1]["seq"]), limit=10**6)
+        every += reply["events"]
+        if not reply["more"]:
+            break
+    assert len(every) > MAX_EVENT_ROWS + 100
+    assert [e["seq"] for e in every] == sorted({e["seq"] for e in every})  # none twice
+    holder.cancel()
+
+
 def test_a_client_submits_steers_and_reads_through_the_agent(agent_sched, home):
     s = agent_sched
     assert s.link is not None and s.link.hello["mode"] == "user"
