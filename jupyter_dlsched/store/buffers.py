@@ -69,12 +69,14 @@ def buffer_root() -> Path:
     return Path("/dev/shm")
 
 
-def buffer_folder(home: Path, uid: int | None = None) -> Path:
-    """This user's buffer folder for the pool whose state folder is ``home``."""
+def buffer_folder(home: Path, uid: int | None = None, *, in_home: bool = False) -> Path:
+    """This user's buffer folder for the pool whose state folder is ``home``: under the
+    buffer root (shared memory), or with ``in_home`` in ``home`` itself (a SLURM pool's
+    nodes see its state folder, not this machine's shared memory)."""
     uid = os.getuid() if uid is None else uid
     pool = hashlib.sha256(os.path.realpath(home).encode()).hexdigest()[:12]
     root = buffer_root()
-    if not root.is_dir() and not os.environ.get(BUFFERS_ENV):
+    if in_home or (not root.is_dir() and not os.environ.get(BUFFERS_ENV)):
         root = Path(home) / "buffers"
     return root / f"dlsched-{uid}-{pool}"
 
@@ -456,11 +458,12 @@ def sweep(home: Path, kept: set[str], before: float) -> tuple[int, int]:
     ``(files, bytes)`` deleted."""
     own = buffer_folder(home)
     pool = own.name.rsplit("-", 1)[1]
-    folders = {own}
-    try:
-        folders.update(p for p in buffer_root().glob(f"dlsched-*-{pool}"))
-    except OSError:
-        pass
+    folders = {own, buffer_folder(home, in_home=True)}
+    for root in (buffer_root(), Path(home) / "buffers"):
+        try:
+            folders.update(p for p in root.glob(f"dlsched-*-{pool}"))
+        except OSError:
+            pass
     count = size = 0
     for folder in folders:
         try:

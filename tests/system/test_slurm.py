@@ -120,6 +120,35 @@ def test_function_on_one_pretend_gpu_returns_its_result_output_and_node(
     assert gpu in ("0", "1")
 
 
+def mapped_sum(x: Any) -> tuple[float, list[str]]:
+    """The sum of ``x``, and the data files this job process maps."""
+    import numpy as np
+
+    with open("/proc/self/maps") as maps:
+        files = sorted({line.split()[-1] for line in maps if "/dlsched-" in line})
+    return float(np.sum(x)), files
+
+
+def test_a_big_array_reaches_a_slurm_job_as_a_file_in_the_state_folder(
+    sched: Scheduler,
+) -> None:
+    """The nodes see the pool's state folder (docs/slurm.md): a job's big buffers are
+    written there once and mapped by the job, not pickled into its payload."""
+    import numpy as np
+
+    x = np.arange(2**20, dtype=np.float64)  # 8 MiB
+    h = sched.submit(mapped_sum, x, gpus=0)
+    total, maps = h.result(timeout=120)
+    assert total == float(x.sum())
+    folder = sched.home / "buffers"
+    [data] = [p for p in folder.glob("dlsched-*/*") if p.stat().st_size == x.nbytes]
+    assert str(data) in maps, maps  # mapped from the file, not read into the job's memory
+    assert data.stat().st_mode & 0o777 == 0o600
+    payload = sched.home / "spool" / h.id / "payload.pkl"
+    blob = payload.read_bytes() if payload.exists() else b""
+    assert len(blob) < 2**20  # the payload names the file; the bytes are not in it
+
+
 def test_schedule_cell_runs_as_a_slurm_job(sched: Scheduler) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
