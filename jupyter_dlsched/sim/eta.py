@@ -6,8 +6,9 @@ make (``jupyter_dlsched.forecast.replay``: the same policy run forward from the
 replay's state, with run times learnt from the jobs finished so far), and
 later compares it with when the job really started. The figure users care
 about is the share of jobs that started by their P80 bound (target: at least
-80 %); the median error of the expected start says how sharp the estimates
-are.
+80 %); a bound can meet that by being uselessly loose, so beside it stands the
+sharpness: the median error of the expected start as a share of the average
+wait (0 is exact; 1 means the estimate is typically off by a whole wait).
 
 A job gets no estimate when the forecast could not reach its start (nothing
 has finished yet to learn run times from, or it is beyond the forecast's
@@ -32,20 +33,25 @@ class EtaCalibration:
 
     ``hit``: the share of estimated jobs that started by their P80 bound;
     ``median_error``: the median of |first start − expected start|, seconds;
-    ``without``: jobs that got no estimate.
+    ``sharpness``: ``median_error`` over the average wait (submission to first
+    start) of the same jobs, 0 when both are 0; ``without``: jobs that got no
+    estimate.
     """
 
     estimates: dict[str, StartEstimate] = field(default_factory=dict)
     jobs: int = 0
     hit: float = math.nan
     median_error: float = math.nan
+    sharpness: float = math.nan
     without: int = 0
 
-    def score(self, first_starts: Iterable[tuple[str, float]]) -> None:
+    def score(self, first_starts: Iterable[tuple[str, float, float]]) -> None:
+        """Score against ``(job id, submitted, first start)`` of every job replayed."""
         hits = errors = 0
         spread: list[float] = []
+        waited = 0.0
         total = 0
-        for job_id, start in first_starts:
+        for job_id, submitted, start in first_starts:
             total += 1
             estimate = self.estimates.get(job_id)
             if estimate is None:
@@ -53,11 +59,17 @@ class EtaCalibration:
             errors += 1
             hits += start <= estimate.p80 + 1e-6
             spread.append(abs(start - estimate.expected))
+            waited += start - submitted
         self.jobs = errors
         self.without = total - errors
         self.hit = hits / errors if errors else math.nan
         spread.sort()
         self.median_error = spread[len(spread) // 2] if spread else math.nan
+        # a share of the average wait, not of each job's: most jobs wait 0 on a light queue
+        if errors and waited > 0:
+            self.sharpness = self.median_error / (waited / errors)
+        elif errors:
+            self.sharpness = 0.0 if self.median_error == 0 else math.inf
 
 
 class StartCalibration:
