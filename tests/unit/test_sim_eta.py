@@ -51,10 +51,27 @@ def test_dlsched_sim_eta_shows_the_sharpness_in_the_table_and_in_json(tmp_path: 
     command += ["--restart-overhead", "0"]
     table = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
     header, row = table.stdout.splitlines()[1:3]
-    assert "ETA err/wait" in header and row.split()[-1] == "0.63", table.stdout
+    assert "ETA err/wait" in header and "0.63" in row.split(), table.stdout
     as_json = subprocess.run(
         [*command, "--json"], capture_output=True, text=True, timeout=120, check=True
     )
     figures = json.loads(as_json.stdout)["rows"][0]
     assert figures["eta_sharpness"] == pytest.approx(200.0 / 318.0)
     assert figures["eta_p80_hit"] == pytest.approx(0.4)
+
+
+def test_an_estimate_too_spread_to_promise_is_scored_apart_as_uncertain():
+    # a1 runs 1000 s where a0 ran 10 s; when b arrives a1 has run 180 s, more than any
+    # run seen, so the forecast takes a heavy tail: a1 ends at 20 + 2 x 180 = 380 s
+    # (median), by 20 + 5 x 180 = 920 s (P80). A P80 wait of 720 s against 180 s
+    # expected is more than UNCERTAIN_SPREAD apart: users are told "start uncertain".
+    # b starts at 1020 s: the P80 would have been wrong.
+    jobs = [TraceJob("a0", 0.0, 1, 10.0), TraceJob("a1", 20.0, 1, 1000.0)]
+    jobs.append(TraceJob("b", 200.0, 1, 10.0))
+    eta = simulate(jobs, "fifo", 1, restart_overhead=0, estimates=True).eta
+    assert eta is not None
+    assert eta.estimates["b"].expected == 380.0 and eta.estimates["b"].p80 == pytest.approx(920.0)
+    assert eta.hit == 0.5 and eta.median_error == pytest.approx(640.0)
+    assert eta.sharpness == pytest.approx(640.0 / 410.0)
+    # the one number given (a1: "starts now") held, exactly
+    assert eta.uncertain == 0.5 and eta.given_hit == 1.0 and eta.given_sharpness == 0.0
