@@ -225,7 +225,7 @@ class _Replay:
         eta = None
         if self.calibration is not None:
             eta = self.calibration.result
-            eta.score((o.id, o.first_start) for o in outcomes)
+            eta.score((o.id, o.submit, o.first_start) for o in outcomes)
         return SimResult(
             self.label,
             self.n_gpus,

@@ -6,8 +6,12 @@ make (``jupyter_dlsched.forecast.replay``: the same policy run forward from the
 replay's state, with run times learnt from the jobs finished so far), and
 later compares it with when the job really started. The figure users care
 about is the share of jobs that started by their P80 bound (target: at least
-80 %); the median error of the expected start says how sharp the estimates
-are.
+80 %); a bound can meet that by being uselessly loose, so beside it stands the
+sharpness: the median error of the expected start as a share of the average
+wait (0 is exact; 1 means the estimate is typically off by a whole wait).
+Where the P80 is too far beyond the expected start, users are told the start is
+uncertain instead of a number (``vocab.words.uncertain``): the share of such
+estimates, and the hit rate and sharpness of the numbers given, are scored too.
 
 A job gets no estimate when the forecast could not reach its start (nothing
 has finished yet to learn run times from, or it is beyond the forecast's
@@ -24,6 +28,7 @@ from typing import Any
 from ..forecast.replay import RunTimes, StartEstimate, forecast
 from ..policy import QueuedJob, RunningJob
 from ..vocab.resources import Capacity
+from ..vocab.words import uncertain
 
 
 @dataclass
@@ -32,32 +37,62 @@ class EtaCalibration:
 
     ``hit``: the share of estimated jobs that started by their P80 bound;
     ``median_error``: the median of |first start − expected start|, seconds;
-    ``without``: jobs that got no estimate.
+    ``sharpness``: ``median_error`` over the average wait (submission to first
+    start) of the same jobs, 0 when both are 0; ``without``: jobs that got no
+    estimate; ``uncertain``: the share of estimates shown as "start uncertain",
+    and ``given_hit``, ``given_sharpness`` the same scores over the others (the
+    estimates shown as a number).
     """
 
     estimates: dict[str, StartEstimate] = field(default_factory=dict)
     jobs: int = 0
     hit: float = math.nan
     median_error: float = math.nan
+    sharpness: float = math.nan
     without: int = 0
+    uncertain: float = math.nan
+    given_hit: float = math.nan
+    given_sharpness: float = math.nan
 
-    def score(self, first_starts: Iterable[tuple[str, float]]) -> None:
-        hits = errors = 0
-        spread: list[float] = []
+    def score(self, first_starts: Iterable[tuple[str, float, float]]) -> None:
+        """Score against ``(job id, submitted, first start)`` of every job replayed."""
+        every: list[tuple[bool, float, float]] = []  # (hit, |error|, wait) per estimate
+        given: list[tuple[bool, float, float]] = []
         total = 0
-        for job_id, start in first_starts:
+        for job_id, submitted, start in first_starts:
             total += 1
             estimate = self.estimates.get(job_id)
             if estimate is None:
                 continue
-            errors += 1
-            hits += start <= estimate.p80 + 1e-6
-            spread.append(abs(start - estimate.expected))
-        self.jobs = errors
-        self.without = total - errors
-        self.hit = hits / errors if errors else math.nan
-        spread.sort()
-        self.median_error = spread[len(spread) // 2] if spread else math.nan
+            scored = (
+                start <= estimate.p80 + 1e-6,
+                abs(start - estimate.expected),
+                start - submitted,
+            )
+            every.append(scored)
+            if not uncertain(estimate.expected, estimate.p80, submitted):
+                given.append(scored)
+        self.jobs = len(every)
+        self.without = total - len(every)
+        self.hit, self.median_error, self.sharpness = _scores(every)
+        self.given_hit, _, self.given_sharpness = _scores(given)
+        self.uncertain = 1 - len(given) / len(every) if every else math.nan
+
+
+def _scores(scored: list[tuple[bool, float, float]]) -> tuple[float, float, float]:
+    """Hit rate, median |error| and sharpness of ``(hit, |error|, wait)`` triples."""
+    if not scored:
+        return math.nan, math.nan, math.nan
+    n = len(scored)
+    errors = sorted(error for _, error, _ in scored)
+    median = errors[n // 2]
+    waited = sum(wait for _, _, wait in scored)
+    # a share of the average wait, not of each job's: most jobs wait 0 on a light queue
+    if waited > 0:
+        sharpness = median / (waited / n)
+    else:
+        sharpness = 0.0 if median == 0 else math.inf
+    return sum(hit for hit, _, _ in scored) / n, median, sharpness
 
 
 class StartCalibration:

@@ -40,7 +40,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
     unless the trace names at least two owners), and with start estimates
     (``simulate(estimates=True)``) ``eta_p80_hit`` (share of jobs that started
     by their P80 estimate made at submission), ``eta_median_error`` (seconds
-    between expected and real start, median) and ``eta_jobs`` (jobs estimated).
+    between expected and real start, median), ``eta_sharpness`` (that median
+    as a share of the average wait of the jobs estimated: lower is sharper),
+    ``eta_uncertain`` (share of estimates shown as "start uncertain"),
+    ``eta_given_p80_hit`` and ``eta_given_sharpness`` (the scores of the others,
+    shown as a number) and ``eta_jobs`` (jobs estimated).
 
     ``avg_queue`` is the mean time a job spent without GPUs, before its first
     start and after every preemption. ``utilisation`` counts useful work only
@@ -73,6 +77,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
         # start estimates made at submission: the share that started by the P80 bound
         row["eta_p80_hit"] = result.eta.hit
         row["eta_median_error"] = result.eta.median_error
+        row["eta_sharpness"] = result.eta.sharpness
+        # what users see: estimates too spread say "start uncertain", the rest a number
+        row["eta_uncertain"] = result.eta.uncertain
+        row["eta_given_p80_hit"] = result.eta.given_hit
+        row["eta_given_sharpness"] = result.eta.given_sharpness
         row["eta_jobs"] = result.eta.jobs
     return row
 

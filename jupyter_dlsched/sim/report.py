@@ -25,6 +25,10 @@ COLUMNS = (
     ("fairness", "fairness", "{:.3f}"),
     ("eta_p80_hit", "start<=P80", "{:.1%}"),
     ("eta_median_error", "ETA err {jct}", "{:.2f}"),
+    ("eta_sharpness", "ETA err/wait", "{:.2f}"),
+    ("eta_uncertain", "uncertain", "{:.1%}"),
+    ("eta_given_p80_hit", "given<=P80", "{:.1%}"),
+    ("eta_given_sharpness", "given err/wait", "{:.2f}"),
 )
 _TIMES = ("avg_jct", "p50_jct", "p99_jct", "avg_queue", "eta_median_error")
 # (unit, seconds): the largest unit in which the typical figure is still at least 2

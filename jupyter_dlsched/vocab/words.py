@@ -25,6 +25,13 @@ from .units import format_duration
 #: the named priority levels, by value: ``{0: "low", 50: "normal", 100: "high", 1000: "urgent"}``
 PRIORITY_WORDS = {value: name for name, value in PRIORITY_NAMES.items()}
 
+#: An estimate whose P80 wait is more than this many times its expected wait is no promise:
+#: in replays of bursty Philly slices the jobs with such a spread started by their P80
+#: far less often than the rest and missed their expected start by most of their wait.
+UNCERTAIN_SPREAD = 3.0
+#: ... unless the P80 wait is this short (seconds): "starts in <1 min" needs no caveat.
+UNCERTAIN_FROM = 60.0
+
 #: ``origin`` values that say what submitted a job but are no notebook or program name
 _NO_PLACE = ("", "notebook", "python", "-")
 
@@ -69,10 +76,12 @@ def start_words(job: JobInfo, now: float | None = None) -> str:
     with the P80 bound when it is well after: ``"starts in ~40 min (by ~1 h)"``.
 
     ``""`` when the job has no estimate (nothing to learn run times from yet, or too deep
-    in a long queue): no number rather than a made-up one.
+    in a long queue): no number rather than a made-up one. When the estimate is too
+    spread to promise (``uncertain``) it says so, with how long the queue ahead may take:
+    ``"start uncertain: the queue ahead may take ~2 days"``.
 
     >>> start_phrase(2400.0, 4000.0, now=0.0), start_phrase(2400.0, 4000.0, now=2390.0)
-    ('starts in ~40 min (by ~1 h)', 'starts in <1 min (by ~25 min)')
+    ('starts in ~40 min (by ~1 h)', 'start uncertain: the queue ahead may take ~25 min')
     """
     if job.state not in WAITING or job.expected_start is None:
         return ""
@@ -80,14 +89,28 @@ def start_words(job: JobInfo, now: float | None = None) -> str:
 
 
 def start_phrase(expected: float, p80: float | None, now: float) -> str:
-    """``"starts in ~40 min (by ~1 h)"`` for an expected start and its P80 bound (epoch s)."""
+    """``"starts in ~40 min (by ~1 h)"`` for an expected start and its P80 bound (epoch s),
+    or ``"start uncertain: the queue ahead may take ~2 days"`` when they are too far apart."""
     ahead = expected - now
+    if p80 is not None and uncertain(expected, p80, now):
+        return f"start uncertain: the queue ahead may take {about(p80 - now)}"
     words = f"starts in {about(ahead)}"
     if p80 is not None:
         bound = p80 - now
         if bound >= 60 and about(bound) != about(ahead):
             words += f" (by {about(bound)})"
     return words
+
+
+def uncertain(expected: float, p80: float, now: float) -> bool:
+    """Whether an estimate is too spread to give as a number: its P80 wait is at least
+    ``UNCERTAIN_FROM`` and more than ``UNCERTAIN_SPREAD`` times its expected wait.
+
+    >>> uncertain(3600.0, 7200.0, now=0.0), uncertain(600.0, 7200.0, now=0.0)
+    (False, True)
+    """
+    bound = p80 - now
+    return bound >= UNCERTAIN_FROM and bound > UNCERTAIN_SPREAD * max(0.0, expected - now)
 
 
 def about(seconds: float) -> str:

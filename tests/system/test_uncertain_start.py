@@ -1,0 +1,67 @@
+"""A start estimate too spread to promise says so in words, in `dlsched queue`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import wait_for
+
+from jupyter_dlsched.client.scheduler import Scheduler
+from jupyter_dlsched.vocab.words import UNCERTAIN_FROM, UNCERTAIN_SPREAD
+
+DLSCHED = str(Path(sys.executable).with_name("dlsched"))
+
+
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def queue_line(job_id: str) -> str:
+    table = subprocess.run(
+        [DLSCHED, "queue"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    return next((ln for ln in table.splitlines() if job_id in ln), "")
+
+
+def test_a_job_behind_one_that_outran_every_step_seen_is_told_its_start_is_uncertain(
+    home, monkeypatch
+):
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+    with Scheduler(home) as s:
+        for step in [s.submit(nap, 0.1, gpus=1, name="step") for _ in range(3)]:
+            step.result(timeout=120)
+        # a step that runs far longer than the three before: once it has outrun them the
+        # forecast knows only that it may run much longer still (expected end at twice
+        # what it has run, the P80 end at five times), too spread to give as a number
+        long = s.submit(nap, 600.0, gpus=1, name="step")
+        behind = s.submit(nap, 0.1, gpus=1, name="after")
+        try:
+            line = wait_for(
+                lambda: (ln := queue_line(behind.id)) and "start uncertain" in ln and ln,
+                timeout=180,
+                step=1.0,
+                what=lambda: (queue_line(behind.id), s.get(behind.id).info()),
+            )
+            assert "the queue ahead may take ~" in line and "starts in" not in line
+            # the ledger keeps the numbers: JSON gives them, the words say they are no promise
+            listed = json.loads(
+                subprocess.run(
+                    [DLSCHED, "queue", "--json"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=True,
+                ).stdout
+            )
+            row = next(j for j in listed if j["id"] == behind.id)
+            now = time.time()
+            wait, bound = row["expected_start"] - now, row["start_p80"] - now
+            assert bound > UNCERTAIN_FROM and bound > UNCERTAIN_SPREAD * wait - 5.0
+        finally:
+            long.cancel()
+        behind.result(timeout=120)
