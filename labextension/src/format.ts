@@ -113,7 +113,8 @@ export function stateWords(job: IJob, now: number): string {
 }
 
 /**
- * When a waiting job should start, as a person says it: "starts in ~40 min (by ~1 h)";
+ * When a waiting job should start, as a person says it: "starts in ~40 min (by ~1 h)", or
+ * "start uncertain: the queue ahead may take ~2 days" when its P80 is too far out;
  * "" without an estimate (no number rather than a made-up one). Same words as words.py.
  */
 export function startWords(job: IJob, now: number): string {
@@ -121,6 +122,10 @@ export function startWords(job: IJob, now: number): string {
     return '';
   }
   const ahead = job.expected_start - now;
+  const p80 = job.start_p80;
+  if (p80 !== null && p80 !== undefined && uncertain(job.expected_start, p80, now)) {
+    return `start uncertain: the queue ahead may take ${about(p80 - now)}`;
+  }
   let words = `starts in ${about(ahead)}`;
   if (job.start_p80 !== null && job.start_p80 !== undefined) {
     const bound = job.start_p80 - now;
@@ -129,6 +134,17 @@ export function startWords(job: IJob, now: number): string {
     }
   }
   return words;
+}
+
+/** A P80 wait at least this long (seconds)... */
+export const UNCERTAIN_FROM = 60;
+/** ...and more than this many times the expected wait: too spread to give as a number. */
+export const UNCERTAIN_SPREAD = 3;
+
+/** Whether an estimate is too spread to give as a number (words.py's ``uncertain``). */
+export function uncertain(expected: number, p80: number, now: number): boolean {
+  const bound = p80 - now;
+  return bound >= UNCERTAIN_FROM && bound > UNCERTAIN_SPREAD * Math.max(0, expected - now);
 }
 
 /** A span rounded as a person says it: "<1 min", "~7 min", "~40 min", "~1.5 h", "~2 days". */
