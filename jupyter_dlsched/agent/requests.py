@@ -22,7 +22,7 @@ from ..store.buffers import buffer_files
 from ..vocab.errors import JobNotFound, PermissionDenied, SpecError
 from ..vocab.schema import JobInfo, info_to_json
 from ..vocab.spec import check_text
-from ..vocab.words import PRIORITY_WORDS
+from ..vocab.words import PRIORITY_WORDS, over_payload_limit
 from .connections import Peer
 from .protocol import ProtocolError
 from .reads import Reads
@@ -38,6 +38,7 @@ from .shapes import (
     ProgressRequest,
     RayReply,
     RayRequest,
+    RoomReply,
     SchedulesReply,
     SchedulesRequest,
     SettingsReply,
@@ -176,8 +177,6 @@ class Requests(Reads):
         cap = self.config.limits_for(peer.user).max_payload_bytes
         if cap is None:
             return
-        from ..vocab.units import format_size
-
         distinct = {id(data): len(data) for _, _, files in batch for data in files.values()}
         # and the big buffers the payloads name (each file once): they count as much
         named = {
@@ -190,11 +189,14 @@ class Requests(Reads):
         if held + adding > cap and self._store.release_kept_payloads(peer.uid):
             held = self._store.payload_bytes(peer.uid)  # ended jobs' kept payloads went first
         if held + adding > cap:
-            raise PermissionDenied(
-                f"{peer.user}'s queued payloads take {format_size(held)}; the limit per user "
-                f"is {format_size(cap)}; this request adds {format_size(adding)} (wait for "
-                "jobs to end, or pass large data by path rather than as an argument)"
-            )
+            raise PermissionDenied(over_payload_limit(peer.user, held, cap, adding))
+
+    def _room(self, peer: Peer, msg: NoFields, blobs: list[bytes]) -> RoomReply:
+        """What the peer's payloads may still take, asked before its client writes a big
+        submission's files (so one over the limit is refused before anything is written)."""
+        cap = self.config.limits_for(peer.user).max_payload_bytes if self.config else None
+        held = self._store.payload_bytes(peer.uid) - self._store.kept_payload_bytes(peer.uid)
+        return {"held": held, "limit": cap}
 
     def _check_schedules(self, peer: Peer, batch: list[tuple[str, Any, dict[str, bytes]]]) -> None:
         """Refuse a schedule past ``max_schedules`` of its user (each tick of each makes a

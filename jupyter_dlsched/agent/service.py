@@ -179,6 +179,7 @@ class Agent(CountedRefusals, Requests, Forking):
             "ray": self._ray,
             "schedules": self._schedules,
             "stop": self._stop,
+            "room": self._room,
         }
 
     @property

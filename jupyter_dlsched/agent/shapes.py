@@ -198,6 +198,15 @@ class HelloReply(TypedDict):
     admin: bool
 
 
+class RoomReply(TypedDict):
+    """What this user's payloads may still take: the bytes their jobs hold that a new
+    submission would not free (ended jobs' kept payloads go first), and the limit
+    (``max_payload_bytes``; None: no limit)."""
+
+    held: int
+    limit: int | None
+
+
 class SubmitReply(TypedDict):
     ids: list[str]
 
@@ -312,6 +321,7 @@ OPS: dict[str, tuple[type, type]] = {
     "ray": (RayRequest, RayReply),
     "schedules": (SchedulesRequest, SchedulesReply),
     "stop": (NoFields, Done),
+    "room": (NoFields, RoomReply),
 }
 
 Blobs = list[bytes] | tuple[bytes, ...]
@@ -382,6 +392,8 @@ class Calls:
     ) -> SchedulesReply: ...
     @overload
     def call(self, op: Literal["stop"], /) -> Done: ...
+    @overload
+    def call(self, op: Literal["room"], /) -> RoomReply: ...
 
     def call(self, op: str, blobs: Blobs = (), /, **fields: Any) -> Any:
         """Send ``op`` with ``fields`` (and ``blobs``, a submission's files); the reply

@@ -10,6 +10,7 @@ in band.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ def pickle_job(
     folder: Path | None,
     written: dict[int, tuple[Any, str]] | None = None,
     nested: bytes | None = None,
+    room: Callable[[int], None] | None = None,
 ) -> bytes:
     """``payload`` pickled for its job; a ``SpecError`` names what cannot travel.
 
@@ -46,7 +48,7 @@ def pickle_job(
     """
     return pickle_payload(
         payload,
-        dumps=partial(buffers.dumps, folder=folder, written=written, nested=nested),
+        dumps=partial(buffers.dumps, folder=folder, written=written, nested=nested, room=room),
         check=buffers.check_picklable,
     )
 

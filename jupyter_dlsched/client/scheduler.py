@@ -29,10 +29,11 @@ from ..policy import Decisions, Policy
 from ..store import JobInfo, Store, inventory_key
 from ..store.buffers import DataTooLarge
 from ..store.settings import Settings, check_resize_every
-from ..vocab.errors import SpecError, raised_here
+from ..vocab.errors import PermissionDenied, SpecError, raised_here
 from ..vocab.options import RESOURCE_ARGS
 from ..vocab.schedule_info import ScheduleInfo
 from ..vocab.sweep import member_suffixes
+from ..vocab.words import over_payload_limit
 from .context import origin, submit_context
 from .data import data_folder, data_status, pickle_job
 from .following import Follower
@@ -356,13 +357,24 @@ class Scheduler(Watching):
         written: dict[int, tuple[Any, str]] | None = None,
     ) -> bytes:
         """``pickle_job``; data that does not fit beside what ended jobs keep for a requeue
-        takes their room (nothing was written yet when it is refused)."""
+        takes their room (nothing was written yet when it is refused). In a shared pool
+        the service is asked first whether the data fits in this user's payload limit."""
+        room = self._payload_room if self.shared else None
         try:
-            return pickle_job(payload, folder, written)
+            return pickle_job(payload, folder, written, room=room)
         except DataTooLarge:
             if self.shared or folder is None or not self.store.release_kept_payloads(self.uid):
                 raise
             return pickle_job(payload, folder, written)
+
+    def _payload_room(self, need: int) -> None:
+        """Refuse ``need`` bytes of new data over this user's payload limit before they are
+        written, in the service's words (it checks again at submit)."""
+        assert isinstance(self.link, AgentLink)
+        reply = self.link.client.call("room")
+        limit = reply["limit"]
+        if limit is not None and reply["held"] + need > limit:
+            raise PermissionDenied(over_payload_limit(self.owner, reply["held"], limit, need))
 
     def _insert(
         self,

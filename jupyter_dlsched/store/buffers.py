@@ -206,8 +206,12 @@ def dumps(
     written: dict[int, tuple[Any, str]] | None = None,
     nested: bytes | None = None,
     named: str | None = None,
+    room: Callable[[int], None] | None = None,
 ) -> bytes:
     """``obj`` pickled, its big buffers written into ``folder`` (none: all in band).
+
+    ``room(need)`` is told the bytes about to be written, before any is, and may refuse
+    them (a shared pool's payload limit, asked of the service).
 
     ``written`` remembers, across calls of one submission (a ``map``), the buffers already
     written (by the object that holds them), so one array shared by every member is
@@ -229,6 +233,8 @@ def dumps(
     memo = {} if written is None else written
     new = [b for b in buffers if id(b.obj) not in memo]
     need = sum(b.nbytes for b in new)
+    if room is not None and need:
+        room(need)
     free, _ = folder_space(folder)
     if need > free:
         raise DataTooLarge(

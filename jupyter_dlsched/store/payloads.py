@@ -119,6 +119,14 @@ class Payloads(Schedules):
         ).fetchone()
         return int(row[0])
 
+    def kept_payload_bytes(self, uid: int) -> int:
+        """Bytes of the payloads user ``uid``'s ended jobs keep for a requeue (what a
+        submission that needs the room frees first)."""
+        row = self.db.execute(
+            "SELECT COALESCE(SUM(size), 0) FROM blob_refs WHERE uid=? AND refs <= 0", (uid,)
+        ).fetchone()
+        return int(row[0])
+
     def release_kept_payloads(self, uid: int) -> int:
         """Delete the payloads user ``uid``'s ended jobs keep for a requeue; bytes freed
         (a submission that needs room under the user's quota takes it from these first)."""

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from .schema import WAITING, JobInfo
 from .spec import PRIORITY_NAMES
-from .units import format_duration
+from .units import format_duration, format_size
 
 #: the named priority levels, by value: ``{0: "low", 50: "normal", 100: "high", 1000: "urgent"}``
 PRIORITY_WORDS = {value: name for name, value in PRIORITY_NAMES.items()}
@@ -226,3 +226,13 @@ def renumber(jobs: Iterable[JobInfo]) -> list[JobInfo]:
     )
     fixed = {j.id: n for n, j in enumerate(placed, start=1) if j.position != n}
     return [dataclasses.replace(j, position=fixed[j.id]) if j.id in fixed else j for j in jobs]
+
+
+def over_payload_limit(user: str, held: int, cap: int, adding: int) -> str:
+    """Why a submission is refused at a user's payload limit (``max_payload_bytes``): the
+    service's words at submit and the client's before it writes anything."""
+    return (
+        f"{user}'s queued payloads take {format_size(held)}; the limit per user "
+        f"is {format_size(cap)}; this request adds {format_size(adding)} (wait for "
+        "jobs to end, or pass large data by path rather than as an argument)"
+    )

@@ -98,3 +98,40 @@ def test_a_users_data_travels_in_their_own_folder_that_no_other_user_can_reach(u
         steal = service.as_user(b, STEAL, folder, name)
         assert steal.returncode == 0, steal.stderr
         assert steal.stdout.startswith("SpecError") and "payload.pkl" in steal.stdout
+
+
+#: A submits an array larger than the pool's payload limit; prints the refusal and what its
+#: buffer folder holds after it
+OVER_QUOTA = """
+import json, os
+import numpy as np
+import jupyter_dlsched as dls
+from jupyter_dlsched.store import buffers
+from jupyter_dlsched.vocab.errors import DlschedError
+s = dls.Scheduler(loop=False)
+folder = buffers.buffer_folder(s.home)
+try:
+    s.submit(len, np.ones(8 * 2**20 // 8), cpus=0.25)
+    refusal = None
+except DlschedError as error:
+    refusal = [type(error).__name__, str(error)]
+left = sorted(os.listdir(folder)) if folder.exists() else []
+print(json.dumps({"refusal": refusal, "left": left}))
+"""
+
+
+def test_data_over_the_users_payload_limit_is_refused_before_anything_is_written(users):
+    """The service counts a submission's files against the user's max_payload_bytes; the
+    client asks it for the room first, so an 8 MiB array over a 4 MiB limit is refused
+    with the figures and nothing lands in the user's buffer folder (it used to be written,
+    then refused, and left for the next sweep)."""
+    a, _ = users
+    with shared_pool('[limits]\nmax_payload_bytes = "4MiB"\n') as service:
+        done = service.as_user(a, OVER_QUOTA, timeout=120)
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+    assert out["refusal"] is not None, out
+    kind, words = out["refusal"]
+    assert kind == "PermissionDenied", out
+    assert "the limit per user is 4.0 MiB" in words and "adds 8.0 MiB" in words, words
+    assert out["left"] == [], out
