@@ -302,3 +302,60 @@ def test_status_says_where_data_travels_and_how_full_that_place_is(home, tmp_pat
         assert "free of" in line and "DLSCHED_BUFFERS" in line
     finally:
         stop_agent(home)
+
+
+#: a kernel that submits 32 MiB arrays (new bytes each time) to jobs that hold them a minute
+KERNEL = r"""
+import sys, time
+import numpy as np
+from jupyter_dlsched.client.scheduler import Scheduler
+
+def hold(a):
+    time.sleep(60)
+    return a.size
+
+s = Scheduler(sys.argv[1], lease_ttl=3.0, grace=1.0)
+x = np.ones(32 * 2**20 // 8)
+i = 0
+while True:
+    i += 1
+    x[0] = i
+    s.submit(hold, x, cpus=0.25)
+"""
+
+
+def test_kill_9_of_the_agent_the_kernel_and_the_jobs_mid_submission_leaves_no_file(
+    home, tmp_path, monkeypatch
+):
+    """A kernel submitting big arrays, the pool agent and every job process killed at once:
+    once the next agent has started, no data file is left (the killed jobs' files go when
+    their ends are recorded, a half-written or unrecorded one with the agent's sweep)."""
+    import signal
+
+    import psutil
+
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+    monkeypatch.setenv("DLSCHED_PAYLOAD_KEEP", "0s")
+    with Scheduler(home, lease_ttl=3.0, grace=1.0) as s:
+        agent = psutil.Process(int(s.link.hello["pid"]))  # type: ignore[union-attr]
+        kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(home)])
+        try:
+            wait_for(lambda: len(data_files(s)) >= 3 and len(s.jobs(state="running")) >= 2,
+                     timeout=120, what=lambda: data_files(s))  # fmt: skip
+        finally:
+            tree = [agent, *agent.children(recursive=True)]
+            kernel.send_signal(signal.SIGKILL)
+            for process in tree:
+                try:
+                    process.send_signal(signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    pass
+            kernel.wait()
+        assert data_files(s)
+    stop_agent(home)
+    with Scheduler(home, lease_ttl=3.0, grace=1.0) as s:
+        wait_for(lambda: not s.jobs(state=["queued", "running"]) or None, timeout=120,
+                 what=lambda: s.jobs(state=["queued", "running"]))  # fmt: skip
+        folder = buffers.buffer_folder(home)
+        wait_for(lambda: not folder.exists() or list(folder.iterdir()) == [], timeout=60,
+                 what=lambda: list(folder.iterdir()))  # fmt: skip
