@@ -440,6 +440,7 @@ def _cases(failed: str, retried: str, running: str) -> dict[str, dict]:
         "ray": {"address": "127.0.0.1:1"},
         "schedules": {},
         "stop": {},
+        "room": {},
     }
 
 
@@ -471,6 +472,7 @@ def test_every_request_shows_another_users_job_only_as_the_queue_does(service, u
     assert jobs[running]["name"] == "victim-running" and jobs[running]["owner"] == a.name
     retries = [e for e in out["events"]["reply"]["events"] if e["job_id"] == retried]
     assert "retry 1/1" in [e["reason"] for e in retries]
+    assert out["room"]["reply"]["held"] == 0  # B's own payloads (none), never A's
     assert out["cancel"]["error"].startswith("PermissionDenied")
     assert service.job(running)["state"] == "running"
 
