@@ -151,3 +151,20 @@ def test_preload_none_turns_warm_commands_off(home, project, monkeypatch):
         handle = s.submit_command([sys.executable, "train.py"])
         assert handle.wait(timeout=120).state == "succeeded", handle.logs()
         assert report(handle.logs())["fresh"] is True
+
+
+def test_dlsched_submit_of_a_python_script_runs_it_warm(home, project):
+    """The way a shell user says it: `dlsched submit --wait -- python train.py`."""
+    dlsched = str(Path(sys.executable).with_name("dlsched"))
+    with Scheduler(home):  # the pool's agent, preloading numpy
+        done = subprocess.run(
+            [dlsched, "submit", "--json", "--wait", "--cpus", "0.25", "--",
+             sys.executable, "train.py", "--lr", "0.1"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        job_id = json.loads(done.stdout)["id"]
+        logs = subprocess.run([dlsched, "logs", job_id], capture_output=True, text=True, timeout=60)
+    seen = report(logs.stdout)
+    assert seen["warm"] is True and seen["fresh"] is False, seen
+    assert seen["argv"] == ["train.py", "--lr", "0.1"] and seen["cwd"] == str(project)
