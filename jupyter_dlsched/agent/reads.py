@@ -72,8 +72,10 @@ MAX_JOB_ROWS = 500
 
 #: Requests that read many rows: each user's wait in a line of their own, and the agent
 #: answers one from each user's line per turn of its loop, so a user reading in a loop (from
-#: any number of connections) delays another user's request by one page at most.
-QUEUED_READS = frozenset({"jobs", "finished", "events", "samples"})
+#: any number of connections) delays another user's request by one page at most. A
+#: ``changes`` request is one of them (a page of up to MAX_CHANGE_ROWS); once answered from
+#: its line it may be held for a change, as before.
+QUEUED_READS = frozenset({"jobs", "finished", "events", "samples", "changes"})
 
 
 #: A user's line of list requests this long is logged as a limit biting (``bites.py``).

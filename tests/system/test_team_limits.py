@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 from team_pool import Service, shared_pool, wait_for
@@ -104,7 +105,8 @@ while len(came) < n:
 out = []
 for s in conns:
     reply, _ = recv_message(s, Decoder())
-    out.append((came[s], len(reply.get("jobs", ())), reply.get("more")))
+    rows = reply["jobs"] if "jobs" in reply else reply["changes"]
+    out.append((came[s], len(rows), reply.get("more")))
 print(json.dumps(out), flush=True)
 """
 
@@ -153,12 +155,40 @@ def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_ever
     assert not finished["more"]
 
     # A's eight reads wait in the service's sockets at once (the service stopped meanwhile),
-    # so its next turn finds them together; B pings the moment A's first reply arrives
+    # so its next turn finds them together; B pings the moment A's first reply arrives.
+    # A's reads wait in A's line, one answered per turn of the service's loop, so B's ping
+    # is answered before A's last read (it was answered after all eight, which the service
+    # read in one turn and answered before looking at any other socket)
+    replies, pinged = _eight_reads_and_a_ping(a, b, service, READ)
+    assert all(rows == page and more for _, rows, more in replies), replies
+    assert pinged < max(at for at, _, _ in replies), (pinged, replies)
+    # the same for the state changes since the start (a page of up to MAX_CHANGE_ROWS each):
+    # they were answered from A's eight connections in one turn, ahead of B
+    replies, pinged = _eight_reads_and_a_ping(a, b, service, {"op": "changes", "since": 0})
+    assert all(rows >= n for _, rows, _ in replies), replies
+    assert pinged < max(at for at, _, _ in replies), (pinged, replies)
+
+    # the CLI reads every page: all of A's jobs are listed to B
+    listed = b.python(
+        "import sys; from jupyter_dlsched.cli.app import main; sys.exit(main(['queue', '--all']))",
+        env={"DLSCHED_SOCKET": str(service.socket)},
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert sum(a.name in line for line in listed.stdout.splitlines()) == n, listed.stdout[-2000:]
+
+
+
+def _eight_reads_and_a_ping(
+    a: Any, b: Any, service: Any, request: dict[str, Any]
+) -> tuple[list[tuple[float, int, bool | None]], float]:
+    """A sends ``request`` on eight connections at once while the service is stopped; B
+    pings the moment A's first reply arrives. When each of A's replies and B's answer came."""
     folder = tempfile.mkdtemp(prefix="dlsched-mark-")
     os.chmod(folder, 0o777)
     mark = os.path.join(folder, "first")
     sock = str(service.socket)
-    reader = _start(a, service, SEND_AT_SIGNAL, sock, "8", json.dumps(READ), mark)
+    reader = _start(a, service, SEND_AT_SIGNAL, sock, "8", json.dumps(request), mark)
     pinger = _start(b, service, PING_AT_MARK, sock, mark)
     try:
         assert _line(reader) == _line(pinger) == "connected"
@@ -176,21 +206,7 @@ def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_ever
             proc.kill()
             proc.wait()
         subprocess.run(["rm", "-rf", folder], check=False)
-    assert all(rows == page and more for _, rows, more in replies), replies
-    # A's reads wait in A's line, one answered per turn of the service's loop, so B's ping
-    # is answered before A's last read (it was answered after all eight, which the service
-    # read in one turn and answered before looking at any other socket)
-    assert pinged < max(at for at, _, _ in replies), (pinged, replies)
-
-    # the CLI reads every page: all of A's jobs are listed to B
-    listed = b.python(
-        "import sys; from jupyter_dlsched.cli.app import main; sys.exit(main(['queue', '--all']))",
-        env={"DLSCHED_SOCKET": str(service.socket)},
-        timeout=120,
-    )
-    assert listed.returncode == 0, listed.stderr
-    assert sum(a.name in line for line in listed.stdout.splitlines()) == n, listed.stdout[-2000:]
-
+    return [tuple(r) for r in replies], pinged
 
 #: B holds ``n`` idle connections to the metrics port, opening a new one for each closed.
 HOLD_IDLE = r"""
