@@ -1,8 +1,14 @@
 """A shared pool while one user reads the whole job list in a loop (attack 1 of #51), or
-submits 1 GiB payloads in a loop (``--attack payloads``, the data path of #47).
+submits 1 GiB payloads in a loop (``--attack payloads``, the data path of #47), or reads
+the state changes in a loop (``--attack changes``), makes as many schedules as it may
+(``--attack schedules``, attack 3 of #51) or runs jobs that print without end on a small
+disk (``--attack logs``, attack 4).
 
     sudo python benchmarks/list_reads.py [--rows 11858] [--seconds 20] [--json PATH]
     sudo python benchmarks/list_reads.py --attack payloads --rows 100 [--payload-mib 1024]
+    sudo python benchmarks/list_reads.py --attack changes
+    sudo python benchmarks/list_reads.py --attack schedules --rows 100
+    sudo python benchmarks/list_reads.py --attack logs --rows 100     # a 40 MiB home
 
 Root only: it creates two fresh Unix users, A and B, and starts ``dlsched service run``
 with two simulated GPUs in a private temporary folder (both users and everything of theirs
@@ -15,7 +21,12 @@ rest wait behind it; one ``map``), then:
   own at once (raw protocol, each connection asking for the next page as soon as
   its last one came: A's line of list reads is never empty).
 
-With ``--attack payloads`` A instead submits a ``--payload-mib`` numpy array (one element
+With ``--attack changes`` A reads every state change since the first from 4 connections in
+a loop (``{"op": "changes", "since": 0}``, a page of up to 10,000 each). With ``--attack
+schedules`` A asks for 20 schedules ``every: "1s"`` (each refused below the pool's minimum
+interval), then for schedules at the minimum interval until refused (``max_schedules``).
+With ``--attack logs`` the service's home is a 40 MiB tmpfs and A's jobs (two, one per GPU)
+each write 100 MB to stdout. With ``--attack payloads`` A instead submits a ``--payload-mib`` numpy array (one element
 changed each time: new bytes, a new file) as a job's argument, one after another.
 
 Prints a Markdown table: B's ping and submit p50 / p99 / max in each phase, how many pages
@@ -56,7 +67,7 @@ print(json.dumps(len(s.map(time.sleep, [600.0] * int(sys.argv[1]), gpus=2, cpus=
 READER = r"""
 import json, select, socket, sys, time
 from jupyter_dlsched.agent.protocol import Decoder, encode
-path, n, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, n, rows, op = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 conns, decoders, offsets, sent = [], {}, {}, {}
 for i in range(n):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -65,7 +76,10 @@ for i in range(n):
     decoders[s], offsets[s] = Decoder(), (i * rows) // n  # spread over the list
 def ask(s):
     sent[s] = time.monotonic()
-    s.sendall(encode({"op": "jobs", "limit": 2**70, "offset": offsets[s]}))
+    if op == "changes":
+        s.sendall(encode({"op": "changes", "since": 0}))
+    else:
+        s.sendall(encode({"op": "jobs", "limit": 2**70, "offset": offsets[s]}))
 for s in conns:
     ask(s)
 print("reading", flush=True)
@@ -85,7 +99,7 @@ while True:
         reply, _ = got
         assert reply["ok"], reply
         waits.append(time.monotonic() - sent[s])
-        total += len(reply["jobs"])
+        total += len(reply.get("jobs", reply.get("changes", ())))
         offsets[s] = reply["next_offset"] if reply.get("more") else 0
         ask(s)
 print(json.dumps({"pages": len(waits), "rows": total, "waits": waits}), flush=True)
@@ -114,6 +128,48 @@ while not select.select([sys.stdin], [], [], 0)[0]:
     times.append(time.perf_counter() - t)
 print(json.dumps({"made": made, "refused": refused, "first": first, "waits": times}),
       flush=True)
+"""
+
+#: A asks for 20 schedules every second, then for schedules at the pool's minimum interval
+#: until refused; waits for stdin to close, then prints what it was told.
+SCHEDULES = r"""
+import json, sys, time
+import jupyter_dlsched as dls
+from jupyter_dlsched.vocab.errors import DlschedError
+s = dls.Scheduler(loop=False)
+fast, made, refusal = 0, 0, None
+for _ in range(20):
+    try:
+        s.submit(time.time, every="1s", cpus=0.25)
+    except DlschedError as error:
+        fast += 1
+        refusal = refusal or str(error)
+while True:
+    try:
+        s.submit(time.time, every="1m", cpus=0.25)
+        made += 1
+    except DlschedError as error:
+        refusal = str(error)
+        break
+print("reading", flush=True)
+sys.stdin.read()
+print(json.dumps({"fast_refused": fast, "made": made, "refusal": refusal}), flush=True)
+"""
+
+#: A's two jobs (one per GPU) each write 100 MB to stdout; waits for stdin to close, then
+#: prints their states and log sizes.
+LOGS = r"""
+import getpass, json, sys, time
+import jupyter_dlsched as dls
+s = dls.Scheduler(loop=False)
+for info in s.jobs(owner=getpass.getuser()):  # the jobs that held or waited for both GPUs
+    s.get(info.id).cancel()
+script = "import sys\nfor _ in range(100): sys.stdout.write('x' * (1 << 20))\n"
+jobs = [s.submit_command([sys.executable, "-c", script], gpus=1, cpus=0.25) for _ in range(2)]
+print("reading", flush=True)
+sys.stdin.read()
+out = [(j.state, len(j.logs())) for j in jobs]
+print(json.dumps({"jobs": out}), flush=True)
 """
 
 #: B pings every 10 ms, submitting instead every 4th turn, for ``seconds``.
@@ -201,6 +257,12 @@ def measure(n_rows: int, seconds: float, attack: str = "reads", mib: int = 1024)
     os.chmod(run, 0o755)
     sock = str(run / "dlsched.sock")
     (folder / "service.toml").write_text("")
+    if attack == "logs":  # the service's state on a small disk of its own
+        (folder / "home").mkdir()
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=40m,mode=700", "tmpfs", str(folder / "home")],
+            check=True,
+        )
     names = [f"dlreads{os.getpid() % 100000}{x}" for x in "ab"]
     env = system_python_env(DLSCHED_SOCKET=sock)
     rows: list[Row] = []
@@ -248,10 +310,14 @@ def measure(n_rows: int, seconds: float, attack: str = "reads", mib: int = 1024)
             proc = psutil.Process(service.pid)
 
             idle = last_json(run_as(b, PROBE, sock, str(seconds), env=env), seconds + 120)
-            if attack == "reads":
-                reader = run_as(a, READER, sock, "4", str(n_rows), env=env, stdin=subprocess.PIPE)
+            if attack in ("reads", "changes"):
+                op = "jobs" if attack == "reads" else "changes"
+                args: tuple[str, ...] = (READER, sock, "4", str(n_rows), op)
+            elif attack == "payloads":
+                args = (PAYLOADS, str(mib))
             else:
-                reader = run_as(a, PAYLOADS, str(mib), env=env, stdin=subprocess.PIPE)
+                args = (SCHEDULES if attack == "schedules" else LOGS,)
+            reader = run_as(a, *args, env=env, stdin=subprocess.PIPE)
             assert reader.stdout is not None and reader.stdin is not None
             if reader.stdout.readline().strip() != "reading":
                 raise RuntimeError("A's reader did not start")
@@ -261,11 +327,13 @@ def measure(n_rows: int, seconds: float, attack: str = "reads", mib: int = 1024)
             read = last_json(reader, 120, say="stop\n")  # A stops reading
             busy = (used.user + used.system) - (cpu.user + cpu.system)
             target = "≤ 200 ms"
-            doing = (
-                "A reading from 4 connections"
-                if attack == "reads"
-                else f"A submitting {mib} MiB payloads"
-            )
+            doing = {
+                "reads": "A reading from 4 connections",
+                "changes": "A reading changes from 4 connections",
+                "payloads": f"A submitting {mib} MiB payloads",
+                "schedules": "A's schedules",
+                "logs": "A's jobs printing 100 MB each",
+            }[attack]
             for what, got in (("idle", idle), (doing, attacked)):
                 p99 = pct(got["pings"], 0.99)
                 verdict = "" if what == "idle" else ("met" if p99 <= 0.2 else "**missed**")
@@ -300,6 +368,32 @@ def measure(n_rows: int, seconds: float, attack: str = "reads", mib: int = 1024)
                 )
                 rows.append(("the service's CPU time over the attack", ms(busy), "", ""))
                 return rows
+            if attack == "schedules":
+                rows.append(
+                    (
+                        "A's schedules",
+                        f"{read['fast_refused']} of 20 `every: 1s` refused; "
+                        f"{read['made']} made at 1m, then: {read['refusal']}",
+                        "",
+                        "",
+                    )
+                )
+                rows.append(("the service's CPU time over the attack", ms(busy), "", ""))
+                return rows
+            if attack == "logs":
+                home = shutil.disk_usage(folder / "home")
+                rows.append(
+                    (
+                        "A's jobs: state, log bytes",
+                        ", ".join(f"{state} {size:,}" for state, size in read["jobs"])
+                        + f"; the home's disk {home.used / 2**20:.1f} of "
+                        f"{home.total / 2**20:.0f} MiB used",
+                        "",
+                        "",
+                    )
+                )
+                rows.append(("the service's CPU time over the attack", ms(busy), "", ""))
+                return rows
             size = read["rows"] / max(read["pages"], 1)
             rows.append(
                 (
@@ -321,6 +415,8 @@ def measure(n_rows: int, seconds: float, attack: str = "reads", mib: int = 1024)
             )
             return rows
     finally:
+        if attack == "logs":
+            subprocess.run(["umount", str(folder / "home")], check=False)
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(run, ignore_errors=True)
 
@@ -330,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=11_858)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--attack", choices=("reads", "payloads"), default="reads")
+    parser.add_argument(
+        "--attack", choices=("reads", "payloads", "changes", "schedules", "logs"), default="reads"
+    )
     parser.add_argument("--payload-mib", type=int, default=1024)
     args = parser.parse_args(argv)
     if os.geteuid() != 0 or shutil.which("useradd") is None:

@@ -298,8 +298,8 @@ class RemoteLedger:
     spool folder; they are read directly, with the same checks as at home.
     """
 
-    #: Rows asked for per request of a long list (the service answers at most its own page:
-    #: ``reads.MAX_CHANGE_ROWS``, the same, for changes; fewer events, with ``more``).
+    #: Rows asked for per request of a long list (the service answers at most its own page,
+    #: ``reads.MAX_CHANGE_ROWS`` changes or ``MAX_EVENT_ROWS`` events, and says ``more``).
     PAGE = 10_000
 
     def __init__(self, link: AgentLink) -> None:
@@ -373,11 +373,12 @@ class RemoteLedger:
     def state_changes_since(self, seq: int) -> list[tuple[int, str, str]]:
         out: list[tuple[int, str, str]] = []
         while True:  # the service answers a page at a time
-            rows = self._client.call("changes", since=seq, limit=self.PAGE)["changes"]
+            reply = self._client.call("changes", since=seq, limit=self.PAGE)
+            rows = reply["changes"]
             if not rows:
                 return out
             out += [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
-            if len(rows) < self.PAGE:
+            if not reply.get("more"):
                 return out
             seq = out[-1][0]
 

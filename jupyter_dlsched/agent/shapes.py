@@ -243,6 +243,8 @@ class StatusReply(TypedDict):
 class ChangesReply(TypedDict):
     #: ``[seq, job id, state]`` each
     changes: list[list[Any]]
+    #: more changes follow the last one (a page is ``reads.MAX_CHANGE_ROWS`` at most)
+    more: bool
 
 
 class EventsReply(TypedDict):

@@ -23,7 +23,8 @@ import pytest
 from team_pool import Service, shared_pool, wait_for
 
 from jupyter_dlsched.agent.client import AgentClient
-from jupyter_dlsched.agent.reads import MAX_JOB_ROWS
+from jupyter_dlsched.agent.link import AgentLink, RemoteLedger
+from jupyter_dlsched.agent.reads import MAX_CHANGE_ROWS, MAX_JOB_ROWS
 
 
 @pytest.fixture
@@ -153,6 +154,12 @@ def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_ever
     assert len(root.call("jobs", offset=2999)["jobs"]) == 1
     finished = root.call("finished", limit=2**70)
     assert not finished["more"]
+    # state changes likewise, a page of MAX_CHANGE_ROWS; the client reads them all
+    changes = root.call("changes", since=0, limit=2**70)
+    assert len(changes["changes"]) == MAX_CHANGE_ROWS and changes["more"]
+    ledger = RemoteLedger(AgentLink(root, shared=True))
+    every = ledger.state_changes_since(0)
+    assert len(every) >= n and [c[0] for c in every] == sorted({c[0] for c in every})
 
     # A's eight reads wait in the service's sockets at once (the service stopped meanwhile),
     # so its next turn finds them together; B pings the moment A's first reply arrives.
@@ -165,7 +172,7 @@ def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_ever
     # the same for the state changes since the start (a page of up to MAX_CHANGE_ROWS each):
     # they were answered from A's eight connections in one turn, ahead of B
     replies, pinged = _eight_reads_and_a_ping(a, b, service, {"op": "changes", "since": 0})
-    assert all(rows >= n for _, rows, _ in replies), replies
+    assert all(rows == MAX_CHANGE_ROWS and more for _, rows, more in replies), replies
     assert pinged < max(at for at, _, _ in replies), (pinged, replies)
 
     # the CLI reads every page: all of A's jobs are listed to B
@@ -176,7 +183,6 @@ def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_ever
     )
     assert listed.returncode == 0, listed.stderr
     assert sum(a.name in line for line in listed.stdout.splitlines()) == n, listed.stdout[-2000:]
-
 
 
 def _eight_reads_and_a_ping(
@@ -207,6 +213,7 @@ def _eight_reads_and_a_ping(
             proc.wait()
         subprocess.run(["rm", "-rf", folder], check=False)
     return [tuple(r) for r in replies], pinged
+
 
 #: B holds ``n`` idle connections to the metrics port, opening a new one for each closed.
 HOLD_IDLE = r"""
