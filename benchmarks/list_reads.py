@@ -100,7 +100,7 @@ while True:
         assert reply["ok"], reply
         waits.append(time.monotonic() - sent[s])
         total += len(reply.get("jobs", reply.get("changes", ())))
-        offsets[s] = reply["next_offset"] if reply.get("more") else 0
+        offsets[s] = reply.get("next_offset", 0) if reply.get("more") else 0
         ask(s)
 print(json.dumps({"pages": len(waits), "rows": total, "waits": waits}), flush=True)
 """
