@@ -215,7 +215,7 @@ def test_a_monitor_hands_its_leases_back_with_a_time_past(store):
 
 def test_the_beat_renews_one_holders_leases_only(store):
     lease = store.claim(allocated_job(store), TTL)
-    other = Lease(lease.job, lease.pid + 1, lease.host, store=store)
+    other = Lease(lease.job, lease.pid + 1, lease.host, store=store.runs)
     with pytest.raises(ValueError, match="one holder"):
         Lease.renew_all([lease, other], 300.0)
 
@@ -446,7 +446,7 @@ def test_only_a_success_holds_its_grant_past_its_end(store):
 def test_a_held_grant_is_released_only_by_the_process_that_holds_it(store):
     lease = on_gpu(store)
     lease.finish(RunEnd("succeeded"), 150.0, hold=True)
-    other = Lease(lease.job, lease.pid + 1, lease.host, store=store)
+    other = Lease(lease.job, lease.pid + 1, lease.host, store=store.runs)
     assert not other.release() and not other.renew_held(400.0)
     assert holding(store) == [lease.job.id]
 
