@@ -234,7 +234,7 @@ class ServerState:
                 "samples", since=since, until=until, source=source, max_rows=max_rows
             )
             return list(reply["samples"])
-        return self.store.thinned_samples(since, until, source, max_rows)
+        return self.store.usage.thinned_samples(since, until, source, max_rows)
 
     def accounting(self, since: float) -> dict[str, Any]:
         """Per-user totals of the jobs that ended in the last ``since`` seconds."""

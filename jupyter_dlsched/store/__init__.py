@@ -14,8 +14,11 @@ while anyone may need it), ``timetable`` (``schedules``), ``reads`` (reading ``j
 ``lifecycle`` (writing ``jobs``: inserts, the state machine, steering; the spool),
 ``runs`` (claims, leases, how a run ended), ``queue`` (the tick's queries and a job's
 place in line), ``cache`` (``job_inputs``, ``stagings``, ``cache_entries``) and
-``usage`` (``samples``). ``Store`` makes them in that order and names, method by method,
-the ones callers reach it through (``store.get`` is ``store.reads.get``).
+``usage`` (``samples``). ``Store`` makes them in that order. A job's whole life is asked
+of ``Store``, which names, method by method, the part that answers (``store.get`` is
+``store.reads.get``); the parts that serve one room are asked by name
+(``store.queue.snapshot``, ``store.cache.finish_staging``, ``store.timetable``,
+``store.usage``).
 """
 
 from __future__ import annotations
@@ -131,8 +134,11 @@ class Store:
         return [job_id for job_id, _ in needing or ()]
 
     # -- the parts' methods callers reach through ``Store`` --------------------------------
-    # Each line names the part that answers; a method with ``**columns`` is written out
-    # (a typed delegate cannot take one).
+    # A job's whole life is asked of ``Store``: each line names the part that answers (a
+    # method with ``**columns`` is written out: a typed delegate cannot take one). The
+    # parts that serve one room are asked by name: ``store.queue`` (the engine's tick),
+    # ``store.cache`` (``staging/``), ``store.timetable`` (``schedules/``), ``store.usage``
+    # (utilisation history).
 
     # ledger: the file, its transactions, ``meta``
     transaction = Via("ledger", Ledger.transaction)
@@ -154,16 +160,6 @@ class Store:
     payload_bytes = Via("payloads", Payloads.payload_bytes)
     kept_payload_bytes = Via("payloads", Payloads.kept_payload_bytes)
     release_kept_payloads = Via("payloads", Payloads.release_kept_payloads)
-
-    # timetable: ``--every``'s schedules
-    schedules = Via("timetable", Timetable.schedules)
-    schedule = Via("timetable", Timetable.schedule)
-    schedule_count = Via("timetable", Timetable.schedule_count)
-    remove_schedule = Via("timetable", Timetable.remove_schedule)
-    due_schedules = Via("timetable", Timetable.due_schedules)
-    claim_schedule_tick = Via("timetable", Timetable.claim_schedule_tick)
-    record_schedule_run = Via("timetable", Timetable.record_schedule_run)
-    record_schedule_skip = Via("timetable", Timetable.record_schedule_skip)
 
     # reads: the jobs table read
     get = Via("reads", JobReads.get)
@@ -245,41 +241,6 @@ class Store:
         """``runs.finish_run``."""
         return self.runs.finish_run(db, job, end, now, **columns)
 
-    # queue: the tick's queries, a job's place in line
-    tick_inputs = Via("queue", Queue.tick_inputs)
-    running_job_pids = Via("queue", Queue.running_job_pids)
+    # what the job-process chain (``local/``) reads of the queue and the cache
     holding_attempts = Via("queue", Queue.holding_attempts)
-    expired_leases = staticmethod(Queue.expired_leases)
-    snapshot = staticmethod(Queue.snapshot)
-    snapshot_running = staticmethod(Queue.snapshot_running)
-    held_grants = staticmethod(Queue.held_grants)
-    lapsed_holds = staticmethod(Queue.lapsed_holds)
-    snapshot_of = staticmethod(Queue.snapshot_of)
-    set_queue_positions = staticmethod(Queue.set_queue_positions)
-    set_start_estimates = staticmethod(Queue.set_start_estimates)
-    request_preemption = staticmethod(Queue.request_preemption)
-    request_resize = Via("queue", Queue.request_resize)
-    set_waiting_reason = Via("queue", Queue.set_waiting_reason)
-    unlaunched = Via("queue", Queue.unlaunched)
-
-    # cache: staged inputs and the data cache
-    waiting_inputs = Via("cache", DataCache.waiting_inputs)
-    request_staging = Via("cache", DataCache.request_staging)
-    staging = Via("cache", DataCache.staging)
-    claim_staging = Via("cache", DataCache.claim_staging)
-    renew_staging = Via("cache", DataCache.renew_staging)
-    finish_staging = Via("cache", DataCache.finish_staging)
-    release_staging = Via("cache", DataCache.release_staging)
-    touch_cache = Via("cache", DataCache.touch_cache)
-    cache_entry = Via("cache", DataCache.cache_entry)
-    cache_entries = Via("cache", DataCache.cache_entries)
-    drop_cache_entry = Via("cache", DataCache.drop_cache_entry)
-    cache_counters = Via("cache", DataCache.cache_counters)
-    active_stagings = Via("cache", DataCache.active_stagings)
     job_data_paths = Via("cache", DataCache.job_data_paths)
-
-    # usage: utilisation samples
-    add_samples = Via("usage", UsageHistory.add_samples)
-    samples = Via("usage", UsageHistory.samples)
-    thinned_samples = Via("usage", UsageHistory.thinned_samples)
-    prune_samples = Via("usage", UsageHistory.prune_samples)
