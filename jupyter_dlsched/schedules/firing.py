@@ -2,7 +2,7 @@
 
 Called at the start of every tick of a process that decides on the ledger (the pool
 agent's loop, which ticks at least once a second; a ``Scheduler`` without an agent).
-A tick is claimed with a conditional update first (``Store.claim_schedule_tick``), so
+A tick is claimed with a conditional update first (``store.timetable.claim_schedule_tick``), so
 two processes that tick at once make one run, not two. A schedule that fell behind (no
 agent was running) makes one run, not one for every tick it missed.
 """

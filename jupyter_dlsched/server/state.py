@@ -228,7 +228,7 @@ class ServerState:
         self, since: float, until: float, source: str | None, max_rows: int
     ) -> list[dict[str, Any]]:
         """Utilisation rows in ``[since, until]``, each source thinned evenly to fit ``max_rows``
-        (``Store.thinned_samples``: thinned in SQLite, never loaded whole into the server)."""
+        (``store.usage.thinned_samples``: thinned in SQLite, never loaded whole into the server)."""
         if self.shared:  # recorded by the pool's service
             reply = self.scheduler.ask_service(
                 "samples", since=since, until=until, source=source, max_rows=max_rows
