@@ -242,7 +242,7 @@ def decision_times(
     the seconds are those of ``engine.tick.decide`` (reading what changed, the policy, writing
     the start), not of launching. And the seconds of each start-time forecast those
     decisions asked for (``start_times.estimate``, run after launching, outside the write
-    lock) and of each write of places in line (``Store.set_queue_positions``)."""
+    lock) and of each write of places in line (``store.queue.set_queue_positions``)."""
     from jupyter_dlsched.agent.service import Agent
     from jupyter_dlsched.client.scheduler import Scheduler
     from jupyter_dlsched.engine import tick as tick_steps

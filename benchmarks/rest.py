@@ -223,9 +223,9 @@ def measure_sampler(home: Path, seconds: float) -> dict[str, float]:
     rows = state.sampler.sample_once()
     now = time.time()
     day = [(now - 86400 + i, "cpu", 1.0, None, None, None) for i in range(86400)]
-    scheduler.store.add_samples(day)
+    scheduler.store.usage.add_samples(day)
     start = time.thread_time()
-    scheduler.store.prune_samples(now - 3600)
+    scheduler.store.usage.prune_samples(now - 3600)
     prune = time.thread_time() - start
     scheduler.close()
     return {

@@ -72,7 +72,7 @@ class AgentLaunching:
 
     def launch_jobs(self, engine: Launcher, now: float, started: Set[str]) -> None:
         uid = None if self.agent.shared else self.uid
-        for job_id, allocated, inline in engine.store.unlaunched(uid, engine.backend.name):
+        for job_id, allocated, inline in engine.store.queue.unlaunched(uid, engine.backend.name):
             if inline:
                 continue  # runs in the thread of the kernel that holds the cell
             if job_id not in started and now - self._tried.get(job_id, 0.0) < RELAUNCH_AFTER:

@@ -313,7 +313,7 @@ class Reads:
         rows = msg.get("max_rows", MAX_SAMPLES)
         if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_SAMPLES:
             raise SpecError("max_rows", rows, f"a whole number from 1 to {MAX_SAMPLES}")
-        return {"samples": self._store.thinned_samples(since, until, source, rows)}
+        return {"samples": self._store.usage.thinned_samples(since, until, source, rows)}
 
     def render_metrics(self) -> bytes:
         """The pool's Prometheus metrics now (GPUs measured through NVML when real)."""

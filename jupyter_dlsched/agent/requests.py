@@ -207,7 +207,7 @@ class Requests(Reads):
         cap = self.config.limits_for(peer.user).max_schedules
         if cap is None:
             return
-        held = self._store.schedule_count(peer.uid)
+        held = self._store.timetable.schedule_count(peer.uid)
         if held + adding > cap:
             raise PermissionDenied(
                 f"{peer.user} has {held} schedule{'s' if held != 1 else ''}; the limit per "

@@ -399,7 +399,7 @@ class Agent(CountedRefusals, Requests, Forking):
         counts = self._store.count_jobs()
         if any(counts.get(s, 0) for s in WAITING) or self._store.count_active("ray"):
             return True
-        return bool(self._store.schedule_count())  # a schedule's next run is waiting
+        return bool(self._store.timetable.schedule_count())  # a schedule's next run is waiting
 
     # -- connections ------------------------------------------------------------------------
 

@@ -99,7 +99,7 @@ class SlurmFollower(SlurmRecorder):
         policy.reasons[track.job_id] = words
         if reason == "Dependency":
             return  # the tick's own words ("waiting for job X to finish") say more
-        self.store.set_waiting_reason(track.job_id, words)
+        self.store.queue.set_waiting_reason(track.job_id, words)
 
     def _running(self, track: Track) -> None:
         """SLURM started the job: move it to ``running`` with its node, GPUs and start time."""

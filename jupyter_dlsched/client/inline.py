@@ -58,7 +58,7 @@ class InlineRunner:
         if not self.pending:
             return
         store = self.port.store
-        for job_id, _started, inline in store.unlaunched(os.getuid(), "local"):
+        for job_id, _started, inline in store.queue.unlaunched(os.getuid(), "local"):
             if inline and job_id in self.pending:
                 self.launch(store.get(job_id))
 

@@ -340,7 +340,7 @@ class Engine:
         now = time.time() if fixed_now is None else fixed_now
         backend = self.backend.name
         fire_due(self.store, now, self.fire_gate)  # schedules whose tick came: their next run
-        waiting, expired, last_event, settings_json = self.store.tick_inputs(backend, now)
+        waiting, expired, last_event, settings_json = self.store.queue.tick_inputs(backend, now)
         # Deciding again is only worth it when a job changed state (every change is an
         # event) or released the grant it held past its end, the settings changed, the
         # policy asked for a wake-up, or a while passed (aging, GPU memory used outside
@@ -369,7 +369,7 @@ class Engine:
                 policy = gate = StagingGate(self.store, policy, uid=self.launching.stager_uid)
             inventory = self.inventory
             # NVML is read before taking the write lock, never while holding it
-            job_pids = self.store.running_job_pids(backend)
+            job_pids = self.store.queue.running_job_pids(backend)
             external = self.backend.external_gpu_mem(job_pids)
             self.backend.before_reap()
             with self.store.transaction() as wdb:
@@ -390,7 +390,7 @@ class Engine:
                 )
                 last_event = (
                     self.store.last_event_seq(wdb),
-                    self.store.held_grants(wdb, backend),
+                    self.store.queue.held_grants(wdb, backend),
                 )
             self._decided_on = (last_event, settings_json)
             wake = decisions.wake_at if decisions.wake_at is not None else math.inf
@@ -423,7 +423,7 @@ class Engine:
         changes, refresh = start_times.estimate(self.store, asked)
         if changes:
             with self.store.transaction() as db:
-                self.store.set_start_estimates(db, changes)
+                self.store.queue.set_start_estimates(db, changes)
         if self._index is not None:
             self._index.refresh_at = refresh if refresh is not None else math.inf
         if refresh is not None:
@@ -440,7 +440,7 @@ class Engine:
         if self._positions_at_once is None or self._index is None:
             if changed:
                 with self.store.transaction() as db:
-                    self.store.set_queue_positions(db, changed)
+                    self.store.queue.set_queue_positions(db, changed)
             return
         self._positions.update((job_id, (pos, why)) for pos, why, job_id in changed)
         if len(self._positions) <= self._positions_at_once:
@@ -460,7 +460,7 @@ class Engine:
             for i in range(0, len(rows), POSITIONS_PER_WRITE):
                 chunk = rows[i : i + POSITIONS_PER_WRITE]
                 with self.store.transaction() as db:  # the rest kept if the disk is full
-                    self.store.set_queue_positions(db, chunk)
+                    self.store.queue.set_queue_positions(db, chunk)
                 for _, _, job_id in chunk:
                     del self._positions[job_id]
             self._positions_at = now

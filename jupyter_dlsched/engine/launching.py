@@ -58,7 +58,9 @@ class OwnJobs:
         return self.uid
 
     def launch_jobs(self, engine: Launcher, now: float, started: Set[str]) -> None:
-        for job_id, allocated, inline in engine.store.unlaunched(self.uid, engine.backend.name):
+        for job_id, allocated, inline in engine.store.queue.unlaunched(
+            self.uid, engine.backend.name
+        ):
             if inline:
                 continue  # the kernel that holds the cell runs it; the lease reaps the rest
             if job_id not in started:

@@ -105,7 +105,7 @@ class QueueIndex:
         exits), after bringing the waiting ones up to date."""
         last = store.last_event_seq(db)
         if self.seq < 0:
-            rows = store.snapshot(db, backend)
+            rows = store.queue.snapshot(db, backend)
             self._stale = True
             self._forget(list(self.waiting))
             self._add([r for r in rows if r["state"] in WAITING])
@@ -116,10 +116,12 @@ class QueueIndex:
                 changed = store.jobs_with_events_since(db, self.seq)
                 self._forget(changed)
                 fresh = [
-                    r for r in store.snapshot_of(db, backend, changed) if r["state"] != "running"
+                    r
+                    for r in store.queue.snapshot_of(db, backend, changed)
+                    if r["state"] != "running"
                 ]
                 self._add(sorted(fresh, key=lambda r: r["seq"]))
-            running = store.snapshot_running(db, backend)
+            running = store.queue.snapshot_running(db, backend)
         self.seq = last
         return running
 

@@ -34,9 +34,9 @@ class TickResult:
 def reap(store: Store, db: sqlite3.Connection, backend: str, now: float) -> list[JobInfo]:
     """Move running jobs whose lease expired on: cancelled, requeued for a retry, or lost;
     and release the grants successes held past their end whose lease expired."""
-    store.lapsed_holds(db, backend, now)
+    store.queue.lapsed_holds(db, backend, now)
     reaped = []
-    for job_id in store.expired_leases(db, backend, now):
+    for job_id in store.queue.expired_leases(db, backend, now):
         info = store.get(job_id)
         if info.cancel_requested:
             end = RunEnd("cancelled")
@@ -77,7 +77,7 @@ def decide(
         running = index.read(store, db, backend)
         blocked = index.resolve_dependencies(store, db, now)
     else:
-        snapshot = store.snapshot(db, backend)
+        snapshot = store.queue.snapshot(db, backend)
         running = [r for r in snapshot if r["state"] not in WAITING]
     active = [running_job(r, now) for r in running if r["placement"]]
     capacity = idle_capacity_minus(inventory, [a.placement for a in active], external_gpu_mem)
@@ -222,7 +222,7 @@ def _write_places(
     if deferred is not None:
         deferred[:] = changed
     else:
-        store.set_queue_positions(db, changed)
+        store.queue.set_queue_positions(db, changed)
 
 
 def _wake_for_begin(decisions: Decisions, waiting: Iterable[sqlite3.Row], now: float) -> None:
@@ -283,9 +283,9 @@ def _commit(
             waiting=None,
         )
     for preempt in decisions.preempts:
-        store.request_preemption(db, preempt.job_id)
+        store.queue.request_preemption(db, preempt.job_id)
     for resize in decisions.resizes:
-        store.request_resize(db, resize.job_id, resize.placement, resize.reason, now)
+        store.queue.request_resize(db, resize.job_id, resize.placement, resize.reason, now)
 
 
 def idle_capacity_minus(

@@ -67,7 +67,7 @@ class Forecasting:
 
 def estimate(store: Store, asked: Forecasting) -> tuple[Changes, float | None]:
     """Forecast the start of the jobs waiting in ``asked.ordered`` (reading the ledger,
-    taking no lock): the estimates that changed, for ``Store.set_start_estimates``, and
+    taking no lock): the estimates that changed, for ``store.queue.set_start_estimates``, and
     when to forecast again if nothing happens (a running job assumed to end by then may
     not have), or ``None``.
 

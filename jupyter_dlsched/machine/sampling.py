@@ -79,10 +79,10 @@ class Sampler:
         """Take one reading now; returns the number of rows written."""
         now = self.clock()
         rows = pool_rows(self.read_pool(), now)
-        self.store.add_samples(rows)
+        self.store.usage.add_samples(rows)
         self.samples_taken += 1
         if now - self._last_prune >= PRUNE_EVERY_S:
-            self.store.prune_samples(now - self.retention)
+            self.store.usage.prune_samples(now - self.retention)
             self._last_prune = now
         return len(rows)
 

@@ -2,7 +2,7 @@
 
 Called at the start of every tick of a process that decides on the ledger (the pool
 agent's loop, which ticks at least once a second; a ``Scheduler`` without an agent).
-A tick is claimed with a conditional update first (``Store.claim_schedule_tick``), so
+A tick is claimed with a conditional update first (``store.timetable.claim_schedule_tick``), so
 two processes that tick at once make one run, not two. A schedule that fell behind (no
 agent was running) makes one run, not one for every tick it missed.
 """
@@ -35,16 +35,16 @@ def fire_due(
     (a shared pool's per-user rate of runs) may turn a tick into a skip."""
     now = time.time() if now is None else now
     made: list[str] = []
-    for schedule in store.due_schedules(now):
+    for schedule in store.timetable.due_schedules(now):
         try:
             following = parse_every(schedule.every).next_after(now)
         except DlschedError:
             following = now + 86400.0  # a row this code cannot read: try again tomorrow
-        claimed, last_state = store.claim_schedule_tick(schedule.id, now, following)
+        claimed, last_state = store.timetable.claim_schedule_tick(schedule.id, now, following)
         if not claimed:
             continue  # another process handled this tick
         if last_state in _STILL_GOING or (allow is not None and not allow(schedule, now)):
-            store.record_schedule_skip(schedule.id)
+            store.timetable.record_schedule_skip(schedule.id)
             continue
         try:
             run = store.requeue(schedule.template, now=now)
@@ -55,8 +55,8 @@ def fire_due(
                 schedule.template,
                 error,
             )
-            store.remove_schedule(schedule.id, now=now)
+            store.timetable.remove_schedule(schedule.id, now=now)
             continue
-        store.record_schedule_run(schedule.id, run.id)
+        store.timetable.record_schedule_run(schedule.id, run.id)
         made.append(run.id)
     return made

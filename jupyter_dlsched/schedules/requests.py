@@ -18,11 +18,11 @@ def answer(store: Store, msg: dict[str, Any], *, uid: int, admin: bool) -> dict[
     """``{"schedules": [...]}``, or with ``remove``: ``{"schedule": ...}`` (the removed one)."""
     remove = msg.get("remove")
     if remove is None:
-        rows = store.schedules(None if admin else uid)
+        rows = store.timetable.schedules(None if admin else uid)
         return {"schedules": [s.to_json() for s in rows]}
     if not isinstance(remove, str):
         raise SpecError("schedule", remove, UNKNOWN)
-    found = store.remove_schedule(remove, uid=None if admin else uid)
+    found = store.timetable.remove_schedule(remove, uid=None if admin else uid)
     if found is None:
         raise SpecError("schedule", remove, UNKNOWN)
     if found.uid != uid and not admin:

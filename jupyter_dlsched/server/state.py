@@ -228,13 +228,13 @@ class ServerState:
         self, since: float, until: float, source: str | None, max_rows: int
     ) -> list[dict[str, Any]]:
         """Utilisation rows in ``[since, until]``, each source thinned evenly to fit ``max_rows``
-        (``Store.thinned_samples``: thinned in SQLite, never loaded whole into the server)."""
+        (``store.usage.thinned_samples``: thinned in SQLite, never loaded whole into the server)."""
         if self.shared:  # recorded by the pool's service
             reply = self.scheduler.ask_service(
                 "samples", since=since, until=until, source=source, max_rows=max_rows
             )
             return list(reply["samples"])
-        return self.store.thinned_samples(since, until, source, max_rows)
+        return self.store.usage.thinned_samples(since, until, source, max_rows)
 
     def accounting(self, since: float) -> dict[str, Any]:
         """Per-user totals of the jobs that ended in the last ``since`` seconds."""

@@ -110,12 +110,12 @@ def make_room(store: Store, folder: Path, cap: int, needed: int) -> int:
     Entries in use are never evicted, so the cache may stay above its cap until
     the jobs that use them end (the next staging evicts then).
     """
-    entries = store.cache_entries()
+    entries = store.cache.cache_entries()
     used = sum(e["bytes"] for e in entries)
     for entry in entries:
         if used + needed <= cap:
             break
-        if entry["in_use"] or not store.drop_cache_entry(entry["key"]):
+        if entry["in_use"] or not store.cache.drop_cache_entry(entry["key"]):
             continue
         remove(folder, Path(entry["path"]).parent)
         used -= entry["bytes"]
@@ -127,12 +127,12 @@ def make_room_within(store: Store, folder: Path, owner: int, quota: int, needed:
     ``needed`` more bytes fit in the owner's ``quota`` (a shared pool's
     ``max_cache_bytes``); returns the bytes the owner's entries then hold. Other users'
     entries are never touched: one user's stage-ins cannot push out another's data."""
-    entries = [e for e in store.cache_entries() if e["uid"] == owner]
+    entries = [e for e in store.cache.cache_entries() if e["uid"] == owner]
     used = sum(e["bytes"] for e in entries)
     for entry in entries:
         if used + needed <= quota:
             break
-        if entry["in_use"] or not store.drop_cache_entry(entry["key"]):
+        if entry["in_use"] or not store.cache.drop_cache_entry(entry["key"]):
             continue
         remove(folder, Path(entry["path"]).parent)
         used -= entry["bytes"]
@@ -151,7 +151,7 @@ def cache_info(store: Store) -> dict[str, Any]:
         cap: int | None = config.cap(folder if folder.exists() else store.home)
     except OSError:
         cap = None
-    entries = store.cache_entries()
+    entries = store.cache.cache_entries()
     staging = [
         {
             "source": r["source"],
@@ -161,7 +161,7 @@ def cache_info(store: Store) -> dict[str, Any]:
             "note": r["note"],
             "uid": r["uid"],
         }
-        for r in store.active_stagings()
+        for r in store.cache.active_stagings()
     ]
     return {
         "folder": str(folder),
@@ -169,7 +169,7 @@ def cache_info(store: Store) -> dict[str, Any]:
         "bytes": sum(e["bytes"] for e in entries),
         "entries": len(entries),
         "in_use": sum(1 for e in entries if e["in_use"]),
-        **store.cache_counters(),
+        **store.cache.cache_counters(),
         "staging": staging,
         "items": [
             {

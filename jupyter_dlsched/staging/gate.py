@@ -77,7 +77,7 @@ class StagingGate(PolicyGate):
     ) -> Decisions:
         db = self._store.db  # the tick's transaction is open on this thread's connection
         inputs: dict[str, list[sqlite3.Row]] = {}
-        for row in self._store.waiting_inputs(db):
+        for row in self._store.cache.waiting_inputs(db):
             inputs.setdefault(row["job_id"], []).append(row)
         held = [q for q in queued if q.id in inputs]
         if not held:
@@ -86,7 +86,7 @@ class StagingGate(PolicyGate):
             decisions = self._gate(queued, held, inputs, running, capacity, now)
         started = [s.job_id for s in decisions.starts]
         if started:
-            self._store.touch_cache(db, started, now)
+            self._store.cache.touch_cache(db, started, now)
         return decisions
 
     def passes_through(
@@ -97,7 +97,7 @@ class StagingGate(PolicyGate):
     ) -> bool:
         """No waiting job has an input left to stage: this tick held nothing back
         (``PolicyGate.passes_through``)."""
-        if self._store.waiting_inputs(self._store.db):
+        if self._store.cache.waiting_inputs(self._store.db):
             return False
         return passes_through(self._policy, decisions, queued, running)
 
@@ -127,7 +127,7 @@ class StagingGate(PolicyGate):
                 if (self._uid is not None and row["uid"] != self._uid) or sid in self.armed:
                     continue  # only the owner reads a source (a shared pool: as its owner)
                 live = row["lease_expires"] is not None and row["lease_expires"] >= now
-                if not live and self._store.request_staging(
+                if not live and self._store.cache.request_staging(
                     db, sid, row["source"], row["uid"], now + CLAIM_GRACE
                 ):
                     self.armed.append(sid)

@@ -80,7 +80,7 @@ class Progress:
         self.next_write = now + PROGRESS_SECONDS
         elapsed = now - self.began
         rate = self.done / elapsed if elapsed > 0.05 and self.done else None
-        kept = self.store.renew_staging(
+        kept = self.store.cache.renew_staging(
             self.source_id,
             self.lease_ttl,
             done=self.done,
@@ -108,7 +108,7 @@ def stage(
     ``max_cache_bytes``; None: no quota).
     """
     store = Store(home)
-    row = store.staging(source_id)
+    row = store.cache.staging(source_id)
     owner: int | None = None
     if row is not None and row["uid"] != os.getuid():
         if not as_owner or os.geteuid() != 0:
@@ -117,7 +117,7 @@ def stage(
     if row is None:
         return 2
     settings = Settings.load(store)
-    since = store.claim_staging(source_id, row["attempt"], settings.lease_ttl)
+    since = store.cache.claim_staging(source_id, row["attempt"], settings.lease_ttl)
     if since is None:
         return 0  # another stager has it
     try:
@@ -231,9 +231,9 @@ def _stage_once(
     progress.start(total)
     identity = source if owner is None else f"uid {owner}\0{source}"
     key = fingerprint(identity, files)
-    found = store.cache_entry(key)
+    found = store.cache.cache_entry(key)
     if found is not None and os.path.exists(found["path"]):
-        served = store.finish_staging(
+        served = store.cache.finish_staging(
             source_id,
             key,
             since=since,
@@ -278,7 +278,7 @@ def _stage_once(
         "files": len(files),
         "checksum": checksum,
     }
-    served = store.finish_staging(
+    served = store.cache.finish_staging(
         source_id,
         key,
         since=since,

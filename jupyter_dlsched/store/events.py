@@ -12,11 +12,15 @@ from typing import Any
 from .ledger import Ledger
 
 
-class Events(Ledger):
-    """The ledger's events part of ``Store`` (see this module's docstring)."""
+class EventLog:
+    """The ``events`` table, ``store.event_log``: every part that changes a job records the
+    change here, inside its own transaction (``record``)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
 
     @staticmethod
-    def _event(
+    def record(
         db: sqlite3.Connection,
         job_id: str,
         from_state: str | None,
@@ -38,6 +42,15 @@ class Events(Ledger):
             ),
         )
 
+    @staticmethod
+    def record_submits(db: sqlite3.Connection, job_ids: list[str], now: float) -> None:
+        """The ``submitted`` event of each of these new jobs (one statement for a ``map``)."""
+        db.executemany(
+            "INSERT INTO events(job_id, time, from_state, to_state, reason) "
+            "VALUES(?,?,NULL,'queued','submitted')",
+            [(job_id, now) for job_id in job_ids],
+        )
+
     def events(
         self, job_id: str | None = None, since: int = 0, limit: int | None = None
     ) -> list[dict[str, Any]]:
@@ -51,21 +64,21 @@ class Events(Ledger):
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        rows = self.db.execute(sql, args)
+        rows = self.ledger.db.execute(sql, args)
         return [{**dict(r), "data": json.loads(r["data"]) if r["data"] else None} for r in rows]
 
     def last_event_seq(self, db: sqlite3.Connection | None = None) -> int:
         """The newest event's number (0 for none): it changes with every state change.
 
         With ``db``, it is read inside that open transaction."""
-        db = self.db if db is None else db
+        db = self.ledger.db if db is None else db
         rows = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchall()
         return int(rows[0][0])
 
     def state_changes_since(self, seq: int, limit: int = -1) -> list[sqlite3.Row]:
         """``(seq, job_id, to_state)`` of every event after ``seq`` (the first ``limit``;
         -1: all), oldest first."""
-        return self.db.execute(
+        return self.ledger.db.execute(
             "SELECT seq, job_id, to_state FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
             (seq, limit),
         ).fetchall()

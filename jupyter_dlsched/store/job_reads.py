@@ -20,7 +20,7 @@ from ..vocab.schema import (
     _row_to_info,
     row_to_json,
 )
-from .payloads import Payloads
+from .ledger import Ledger
 
 #: The jobs in a line: the words of the ``jobs_line`` index's ``WHERE``, so SQLite uses it.
 #: A waiting job's ``position`` is its rank in its backend's line (``engine/line_ranks.py``):
@@ -38,23 +38,18 @@ _SEQ, _STATE, _POSITION, _BACKEND = (
 _LineKey = tuple[int, str, int | None, str]
 
 
-class JobReads(Payloads):
-    """The ledger's job reads, part of ``Store`` (see this module's docstring)."""
+class JobReads:
+    """Reading the ``jobs`` table, ``store.reads``: one row, a listing, what finished,
+    counts and states. It writes nothing; the rows are written by ``lifecycle`` (and
+    ``runs`` and ``queue``, the columns they own)."""
 
-    def read_file(self, job_id: str, name: str) -> bytes | None:
-        """A file stored with the job at submission (``payload.pkl``, ``context.json``, ...);
-        ``None`` once the job has ended (its payload is deleted then)."""
-        rows = self.db.execute(
-            "SELECT b.data FROM jobs j JOIN blobs b ON b.hash = json_extract(j.files, ?) "
-            "WHERE j.id=?",
-            (f'$."{name}"', job_id),
-        ).fetchall()
-        return bytes(rows[0][0]) if rows else None
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
 
     def get(self, job_id: str) -> JobInfo:
         if not isinstance(job_id, str) or not _ID.match(job_id):
             raise JobNotFound(job_id)
-        rows = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchall()
+        rows = self.ledger.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchall()
         if not rows:
             raise JobNotFound(job_id)
         return _row_to_info(rows[0], self._places(_keys(rows)).get(rows[0]["seq"]))
@@ -67,7 +62,7 @@ class JobReads(Payloads):
         for at in range(0, len(ids), 500):
             chunk = ids[at : at + 500]
             marks = ",".join("?" * len(chunk))
-            for job_id, uid in self.db.execute(
+            for job_id, uid in self.ledger.db.execute(
                 f"SELECT id, uid FROM jobs WHERE id IN ({marks})", chunk
             ):
                 out[job_id] = uid
@@ -87,7 +82,7 @@ class JobReads(Payloads):
         ``holding``, only those that hold a grant now (``schema.HOLDING``: running, or a
         success whose process still exits)."""
         where, args = _list_query(states, owner, limit, offset, ids, newest_first, holding)
-        rows = self.db.execute("SELECT * FROM jobs" + where, args).fetchall()
+        rows = self.ledger.db.execute("SELECT * FROM jobs" + where, args).fetchall()
         places = self._places(_keys(rows))
         return [_row_to_info(r, places.get(r["seq"])) for r in rows]
 
@@ -104,7 +99,7 @@ class JobReads(Payloads):
         """What ``jobs`` lists, each as its JSON (``info_to_json``) made straight from the
         row: the agent's list replies, which need no ``JobInfo``."""
         where, args = _list_query(states, owner, limit, offset, ids, newest_first, holding)
-        cursor = self.db.cursor()
+        cursor = self.ledger.db.cursor()
         cursor.row_factory = None  # plain tuples, in JOB_SELECT's order
         rows = cursor.execute(f"SELECT {JOB_SELECT} FROM jobs" + where, args).fetchall()
         places = self._places([(r[_SEQ], r[_STATE], r[_POSITION], r[_BACKEND]) for r in rows])
@@ -118,7 +113,7 @@ class JobReads(Payloads):
         if len(ranked) <= _COUNTED:
             return {
                 seq: 1
-                + self.db.execute(
+                + self.ledger.db.execute(
                     f"SELECT COUNT(*) FROM jobs WHERE backend=? AND {_IN_LINE} "
                     "AND (position, seq) < (?, ?)",
                     (backend, position, seq),
@@ -129,12 +124,12 @@ class JobReads(Payloads):
         for backend in {k[3] for k in ranked}:
             mine = sorted((k[2], k[0]) for k in ranked if k[3] == backend)
             (first, first_seq), (last, last_seq) = mine[0], mine[-1]
-            ahead = self.db.execute(
+            ahead = self.ledger.db.execute(
                 f"SELECT COUNT(*) FROM jobs WHERE backend=? AND {_IN_LINE} "
                 "AND (position, seq) < (?, ?)",
                 (backend, first, first_seq),
             ).fetchone()[0]
-            line = self.db.execute(
+            line = self.ledger.db.execute(
                 f"SELECT seq FROM jobs INDEXED BY jobs_line WHERE backend=? AND {_IN_LINE} "
                 "AND (position, seq) >= (?, ?) AND (position, seq) <= (?, ?) "
                 "ORDER BY position, seq",
@@ -152,7 +147,10 @@ class JobReads(Payloads):
     ) -> list[JobInfo]:
         """Jobs that ended at or after ``since``, the most recently ended first (``history``)."""
         where, args = _finished_query(since, owner, limit, offset)
-        return [_row_to_info(r, None) for r in self.db.execute("SELECT * FROM jobs" + where, args)]
+        return [
+            _row_to_info(r, None)
+            for r in self.ledger.db.execute("SELECT * FROM jobs" + where, args)
+        ]
 
     def finished_rows(
         self,
@@ -163,7 +161,7 @@ class JobReads(Payloads):
     ) -> list[dict[str, Any]]:
         """What ``finished_jobs`` lists, each as its JSON made straight from the row."""
         where, args = _finished_query(since, owner, limit, offset)
-        cursor = self.db.cursor()
+        cursor = self.ledger.db.cursor()
         cursor.row_factory = None
         return [
             row_to_json(r, None)
@@ -208,7 +206,7 @@ class JobReads(Payloads):
 
     def count_kind(self, kind: str) -> dict[str, int]:
         """Unfinished jobs of one kind (``kernel``: GPU kernels' leases), by state."""
-        rows = self.db.execute(
+        rows = self.ledger.db.execute(
             "SELECT state, COUNT(*) FROM jobs WHERE kind=? "
             "AND state IN ('queued','running','preempted') GROUP BY state",
             (kind,),
@@ -218,25 +216,25 @@ class JobReads(Payloads):
     def count_jobs(self) -> dict[str, int]:
         """Number of jobs in each state."""
         counts = {state: 0 for state in STATES}
-        for state, n in self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"):
+        for state, n in self.ledger.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"):
             counts[state] = n
         return counts
 
     def wait_times(self) -> list[float]:
         """Seconds from submission to its (last) start, of every job that started."""
-        rows = self.db.execute(
+        rows = self.ledger.db.execute(
             "SELECT started - submitted FROM jobs WHERE started IS NOT NULL"
         ).fetchall()
         return [float(r[0]) for r in rows]
 
     def attained_by_owner(self) -> dict[str, float]:
         """GPU-seconds of every user's finished runs (``attained``), by owner."""
-        rows = self.db.execute("SELECT owner, SUM(attained) FROM jobs GROUP BY owner")
+        rows = self.ledger.db.execute("SELECT owner, SUM(attained) FROM jobs GROUP BY owner")
         return {str(owner): float(total or 0.0) for owner, total in rows}
 
     def count_active(self, backend: str) -> int:
         """Jobs on ``backend`` waiting or running."""
-        row = self.db.execute(
+        row = self.ledger.db.execute(
             "SELECT COUNT(*) FROM jobs WHERE backend=? AND state IN ('queued','preempted','running')",
             (backend,),
         ).fetchone()
@@ -244,14 +242,14 @@ class JobReads(Payloads):
 
     def count_waiting(self, uid: int) -> int:
         """Jobs of user ``uid`` waiting to start (``queued`` or ``preempted``)."""
-        row = self.db.execute(
+        row = self.ledger.db.execute(
             "SELECT COUNT(*) FROM jobs WHERE uid=? AND state IN ('queued','preempted')", (uid,)
         ).fetchone()
         return int(row[0])
 
     def states(self, ids: Sequence[str], db: sqlite3.Connection | None = None) -> dict[str, str]:
         """The state of each of these jobs that exists (inside ``db``'s transaction if given)."""
-        db = self.db if db is None else db
+        db = self.ledger.db if db is None else db
         ids = list(ids)
         states: dict[str, str] = {}
         for i in range(0, len(ids), 500):

@@ -17,16 +17,50 @@ from typing import Any
 from ..vocab import private
 from ..vocab.errors import IllegalTransition, JobNotFound, UnsafeStateFolder
 from ..vocab.every import parse_every
-from ..vocab.schema import _ID, _ID_ALPHABET, TERMINAL, TRANSITIONS, WAITING, JobInfo, source_id
+from ..vocab.resources import Placement
+from ..vocab.schema import (
+    _ID,
+    _ID_ALPHABET,
+    _JOB_COLUMNS,
+    TERMINAL,
+    TRANSITIONS,
+    WAITING,
+    JobInfo,
+    source_id,
+)
 from ..vocab.spec import JobSpec
 from ..vocab.units import format_duration
 from .buffers import FILE_PREFIX, buffer_files, buffer_folder, file_size
+from .events import EventLog
 from .job_reads import JobReads
-from .ledger import _keep_or_default
+from .ledger import Ledger, _keep_or_default
+from .payloads import Payloads
+from .schedules import Timetable
+from .staging import DataCache
 
 
-class Jobs(JobReads):
-    """The ledger's jobs part of ``Store`` (see this module's docstring)."""
+class Lifecycle:
+    """A job's life in the ``jobs`` table, ``store.lifecycle``: inserted with its files,
+    moved through the state machine (``transition_in``, the one writer of ``state``),
+    steered (cancel, priority), requeued; and its spool folder. What it stores beside the
+    row goes through the part that owns it: ``payloads`` (its files), ``timetable`` (an
+    ``--every``), ``cache`` (its staged inputs), ``event_log``."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        event_log: EventLog,
+        payloads: Payloads,
+        timetable: Timetable,
+        cache: DataCache,
+        reads: JobReads,
+    ) -> None:
+        self.ledger = ledger
+        self.event_log = event_log
+        self.payloads = payloads
+        self.timetable = timetable
+        self.cache = cache
+        self.reads = reads
 
     #: what a job asked for and what it runs: copied to the new job of a requeue
     _SPEC_COLUMNS = (
@@ -39,7 +73,7 @@ class Jobs(JobReads):
         """The job's folder for payload, log and result (``JobNotFound`` for a bad id)."""
         if not isinstance(job_id, str) or not _ID.match(job_id):
             raise JobNotFound(job_id)
-        return self.spool_root / job_id
+        return self.ledger.spool_root / job_id
 
     def make_spool(self, job_id: str, owner: int | None = None) -> Path:
         """Create the job's folder (0700, ours, not a link) before a run writes into it.
@@ -61,7 +95,7 @@ class Jobs(JobReads):
         (``buffers.remove_files``)."""
         data = files.get("payload.pkl")
         named = buffer_files(data) if data is not None else {}
-        folder = buffer_folder(self.home, uid).name
+        folder = buffer_folder(self.ledger.home, uid).name
         sizes = {}
         for path in named:
             parent, _, name = path.rpartition("/")
@@ -101,7 +135,7 @@ class Jobs(JobReads):
         self.insert_jobs(
             [(job_id, spec, files)], owner=owner, uid=uid, backend=backend, now=now, inline=inline
         )
-        return self.get(job_id)
+        return self.reads.get(job_id)
 
     def insert_jobs(
         self,
@@ -148,7 +182,7 @@ class Jobs(JobReads):
                 refs[key] = key
                 carried[-1] += size
             names.append(json.dumps(refs))
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             if clock:
                 # submit order and submit times agree (the clock read before the write lock,
                 # or stepped back): a deep queue's lanes rely on it (engine.queue_index.QueueIndex)
@@ -170,17 +204,7 @@ class Jobs(JobReads):
                 from ..vocab.errors import SpecError
 
                 raise SpecError("after", missing[0], "the id of a job in this ledger")
-            db.executemany(
-                "INSERT OR IGNORE INTO blobs(hash, data) VALUES(?, ?)", list(blobs.items())
-            )
-            # each blob counts the files of unfinished jobs that name it (``_drop_files``)
-            db.executemany(
-                "INSERT INTO blob_refs(hash, refs, size, uid) VALUES(?, ?, ?, ?) "
-                "ON CONFLICT(hash) DO UPDATE SET refs = refs + excluded.refs, "
-                "unused_since = NULL",
-                [(digest, counts[digest], len(data), uid) for digest, data in blobs.items()]
-                + [(key, counts[key], size, uid) for key, size in outside.items()],
-            )
+            self.payloads.store_blobs(db, blobs, counts, outside, uid)
             db.executemany(
                 """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
                    gpus, gpu_mem, cpus, mem, deadline, time_limit, retries, preemptible,
@@ -221,7 +245,7 @@ class Jobs(JobReads):
             )
             for job_id, spec, _ in jobs:
                 if spec.every is not None:
-                    self._add_schedule(
+                    self.timetable.add(
                         db,
                         job_id,
                         spec.every,
@@ -230,19 +254,15 @@ class Jobs(JobReads):
                         uid,
                         now,
                     )
-            db.executemany(
-                "INSERT INTO job_inputs(job_id, name, source, source_id, added) VALUES(?,?,?,?,?)",
+            self.cache.add_inputs(
+                db,
                 [
                     (job_id, name, source, source_id(uid, source), now)
                     for job_id, spec, _ in jobs
                     for name, source in spec.stage_in.items()
                 ],
             )
-            db.executemany(
-                "INSERT INTO events(job_id, time, from_state, to_state, reason) "
-                "VALUES(?,?,NULL,'queued','submitted')",
-                [(job_id, now) for job_id, _, _ in jobs],
-            )
+            self.event_log.record_submits(db, [job_id for job_id, _, _ in jobs], now)
 
     def requeue(self, job_id: str, now: float | None = None) -> JobInfo:
         """A new queued job with the spec of finished job ``job_id`` (what it runs, what it
@@ -251,8 +271,8 @@ class Jobs(JobReads):
         now = time.time() if now is None else now
         new_id = self.new_id()
         self.spool(new_id)
-        with self.transaction() as db:
-            row = self.state_and_priority(db, job_id)
+        with self.ledger.transaction() as db:
+            row = self.reads.state_and_priority(db, job_id)
             if row is None:
                 raise JobNotFound(job_id)
             if row[0] not in TERMINAL:
@@ -278,12 +298,7 @@ class Jobs(JobReads):
             if latest is not None and latest[0] is not None and latest[0] > now:
                 now = float(latest[0])  # submit order and submit times agree (see insert_jobs)
             files = db.execute("SELECT files FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
-            hashes = sorted(set(json.loads(files or "{}").values()))
-            marks = ",".join("?" * len(hashes))
-            kept = db.execute(  # a blob's or a buffer file's count: kept while it is
-                f"SELECT COUNT(*) FROM blob_refs WHERE hash IN ({marks})", hashes
-            ).fetchone()[0]
-            if kept != len(hashes):
+            if not self.payloads.keep_for_requeue(db, files):
                 from ..vocab.errors import SpecError
 
                 raise SpecError(
@@ -297,18 +312,12 @@ class Jobs(JobReads):
                 f"SELECT ?, 'queued', ?, id, {self._SPEC_COLUMNS} FROM jobs WHERE id=?",
                 (new_id, now, job_id),
             )
-            db.executemany(  # the new job names them: kept for as long as it may run
-                "UPDATE blob_refs SET refs = refs + 1, unused_since = NULL WHERE hash=?",
-                [(h,) for h in hashes],
+            self.cache.copy_inputs(db, job_id, new_id, now)
+            self.event_log.record(
+                db, new_id, None, "queued", f"submitted: requeue of {job_id}", now
             )
-            db.execute(
-                "INSERT INTO job_inputs(job_id, name, source, source_id, added) "
-                "SELECT ?, name, source, source_id, ? FROM job_inputs WHERE job_id=?",
-                (new_id, now, job_id),
-            )
-            self._event(db, new_id, None, "queued", f"submitted: requeue of {job_id}", now)
-            self._event(db, job_id, row[0], row[0], f"requeued as {new_id}", now)
-        return self.get(new_id)
+            self.event_log.record(db, job_id, row[0], row[0], f"requeued as {new_id}", now)
+        return self.reads.get(new_id)
 
     def transition(
         self,
@@ -320,9 +329,9 @@ class Jobs(JobReads):
         **columns: Any,
     ) -> JobInfo:
         """Move a job to ``to_state`` in one transaction (``IllegalTransition`` if not allowed)."""
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             self.transition_in(db, job_id, to_state, reason, expect=expect, **columns)
-        return self.get(job_id)
+        return self.reads.get(job_id)
 
     def transition_in(
         self,
@@ -352,10 +361,10 @@ class Jobs(JobReads):
             raise IllegalTransition(f"job {job_id}: {current} -> {to_state} is not allowed")
         columns["state"] = to_state
         columns["reason"] = reason
-        self._update(db, job_id, columns)
-        self._event(db, job_id, current, to_state, reason, now=now, data=event_data)
+        self.write_columns(db, job_id, columns)
+        self.event_log.record(db, job_id, current, to_state, reason, now=now, data=event_data)
         if to_state in TERMINAL:
-            self._drop_files(db, row[1])
+            self.payloads.drop_files(db, row[1])
         return current
 
     @staticmethod
@@ -369,8 +378,8 @@ class Jobs(JobReads):
         and ``unsupervised_ends`` (a local job allocated but not claimed yet). Works on a
         full disk (the ledger's reserve); ``JobNotFound`` for a bad id."""
         now = time.time() if now is None else now
-        with self.transaction(cancel=True) as db:
-            row = self.state_and_supervisor(db, job_id)
+        with self.ledger.transaction(cancel=True) as db:
+            row = self.reads.state_and_supervisor(db, job_id)
             if row is None:
                 raise JobNotFound(job_id)
             state, supervisor = row
@@ -387,8 +396,8 @@ class Jobs(JobReads):
         """Cancel a job the queue allocated that no runner has launched (nobody holds it):
         nothing runs, so it ends here. False when it was launched, or does not run."""
         now = time.time() if now is None else now
-        with self.transaction(cancel=True) as db:
-            row = self.state_and_supervisor(db, job_id)
+        with self.ledger.transaction(cancel=True) as db:
+            row = self.reads.state_and_supervisor(db, job_id)
             if row is None or row[0] != "running" or row[1] is not None:
                 return False
             self.transition_in(db, job_id, "cancelled", "cancelled by user", now=now, finished=now)
@@ -396,8 +405,8 @@ class Jobs(JobReads):
 
     def set_priority(self, job_id: str, priority: int) -> None:
         """Change a job's priority and record it as an event (``JobNotFound`` for a bad id)."""
-        with self.transaction() as db:
-            row = self.state_and_priority(db, job_id)
+        with self.ledger.transaction() as db:
+            row = self.reads.state_and_priority(db, job_id)
             if row is None:
                 raise JobNotFound(job_id)
             if row[0] in TERMINAL:
@@ -407,12 +416,31 @@ class Jobs(JobReads):
                     f"`dlsched requeue {job_id}` (dls.requeue) runs it again as a new job"
                 )
             db.execute("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))
-            self._event(db, job_id, row[0], row[0], f"priority {row[1]} -> {priority}")
+            self.event_log.record(db, job_id, row[0], row[0], f"priority {row[1]} -> {priority}")
 
-    def set_waiting_reason(self, job_id: str, words: str) -> None:
-        """Say why a job still waits, if it still does (a remote queue's own reason)."""
-        with self.transaction() as db:
-            db.execute(
-                "UPDATE jobs SET waiting=? WHERE id=? AND state IN ('queued','preempted')",
-                (words, job_id),
-            )
+    def update(self, job_id: str, **columns: Any) -> None:
+        """Change columns that are not the state (lease, progress, pids)."""
+        with self.ledger.transaction() as db:
+            self.write_columns(db, job_id, columns)
+
+    @staticmethod
+    def write_columns(db: sqlite3.Connection, job_id: str, columns: dict[str, Any]) -> None:
+        """Write ``columns`` of one job (JSON for a placement, progress, env, after), inside
+        ``db``'s open transaction; ``KeyError`` for a column the table does not have."""
+        if not columns:
+            return
+        encoded = {}
+        for key, value in columns.items():
+            if key not in _JOB_COLUMNS:
+                raise KeyError(f"unknown job column {key!r}")
+            if key == "placement" and isinstance(value, Placement):
+                value = json.dumps(value.to_json())
+            elif key in ("progress", "env") and isinstance(value, dict):
+                value = json.dumps(value)
+            elif key == "after" and not isinstance(value, str):
+                value = json.dumps(list(value))
+            elif isinstance(value, bool):
+                value = int(value)
+            encoded[key] = value
+        sets = ", ".join(f"{k}=?" for k in encoded)
+        db.execute(f"UPDATE jobs SET {sets} WHERE id=?", [*encoded.values(), job_id])

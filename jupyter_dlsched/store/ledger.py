@@ -17,8 +17,6 @@ from ..vocab import private
 from ..vocab.errors import LedgerUnavailable
 from ..vocab.migrations import MIGRATIONS
 from ..vocab.private import default_home
-from ..vocab.resources import Placement
-from ..vocab.schema import _JOB_COLUMNS
 from ..vocab.units import parse_duration
 
 #: What a tick reads of each active job: the policy's inputs, and the columns it compares
@@ -138,7 +136,9 @@ def _out_of_space(error: sqlite3.Error) -> bool:
 
 
 class Ledger:
-    """The ledger's ledger part of ``Store`` (see this module's docstring)."""
+    """The ledger's file: its connections (one per thread), its transactions, its schema,
+    the ``meta`` table and the disk reserve. Every other part of ``Store`` holds this one
+    and writes through its ``transaction``."""
 
     def __init__(self, home: str | os.PathLike[str] | None = None) -> None:
         self.home = Path(home).expanduser() if home is not None else default_home()
@@ -257,32 +257,10 @@ class Ledger:
     def integrity_check(self) -> str:
         return str(self.db.execute("PRAGMA integrity_check").fetchone()[0])
 
-    def update(self, job_id: str, **columns: Any) -> None:
-        """Change columns that are not the state (lease, progress, pids)."""
-        with self.transaction() as db:
-            self._update(db, job_id, columns)
-
     @staticmethod
-    def _update(db: sqlite3.Connection, job_id: str, columns: dict[str, Any]) -> None:
-        if not columns:
-            return
-        encoded = {}
-        for key, value in columns.items():
-            if key not in _JOB_COLUMNS:
-                raise KeyError(f"unknown job column {key!r}")
-            if key == "placement" and isinstance(value, Placement):
-                value = json.dumps(value.to_json())
-            elif key in ("progress", "env") and isinstance(value, dict):
-                value = json.dumps(value)
-            elif key == "after" and not isinstance(value, str):
-                value = json.dumps(list(value))
-            elif isinstance(value, bool):
-                value = int(value)
-            encoded[key] = value
-        sets = ", ".join(f"{k}=?" for k in encoded)
-        db.execute(f"UPDATE jobs SET {sets} WHERE id=?", [*encoded.values(), job_id])
-
-    def _count(self, db: sqlite3.Connection, **increments: int) -> None:
+    def count(db: sqlite3.Connection, **increments: int) -> None:
+        """Add to the ledger's counters (``meta`` key ``cache_counters``), inside ``db``'s
+        open transaction."""
         row = db.execute("SELECT value FROM meta WHERE key='cache_counters'").fetchone()
         counters = json.loads(row[0]) if row else {}
         for name, n in increments.items():

@@ -11,15 +11,94 @@ import sqlite3
 import time
 
 from .buffers import FILE_PREFIX, remove_files, sweep
-from .ledger import _keep_or_default, payload_keep
-from .schedules import Schedules
+from .ledger import Ledger, _keep_or_default, payload_keep
 
 
-class Payloads(Schedules):
-    """The ledger's payloads part of ``Store`` (see this module's docstring)."""
+class Payloads:
+    """The ``blobs`` and ``blob_refs`` tables, ``store.payloads``: what jobs run, stored
+    (``store_blobs``), counted while in use, kept after their job ended, then deleted.
+
+    It reads which blobs a job or a schedule names from their rows (``jobs.files``,
+    ``schedules.template``) in the same statement that counts them: one query is the
+    point there, and it writes only its own tables.
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
 
     @staticmethod
-    def _drop_files(db: sqlite3.Connection, files: str, now: float | None = None) -> None:
+    def store_blobs(
+        db: sqlite3.Connection,
+        blobs: dict[str, bytes],
+        counts: dict[str, int],
+        outside: dict[str, int],
+        uid: int,
+    ) -> None:
+        """Insert new jobs' files (``blobs``: content by digest) and count each blob and
+        each buffer file (``outside``: ``file:<path>`` -> size) ``counts`` times more in
+        use, as user ``uid``'s, inside the submit's transaction."""
+        db.executemany("INSERT OR IGNORE INTO blobs(hash, data) VALUES(?, ?)", list(blobs.items()))
+        # each blob counts the files of unfinished jobs that name it (``drop_files``)
+        db.executemany(
+            "INSERT INTO blob_refs(hash, refs, size, uid) VALUES(?, ?, ?, ?) "
+            "ON CONFLICT(hash) DO UPDATE SET refs = refs + excluded.refs, "
+            "unused_since = NULL",
+            [(digest, counts[digest], len(data), uid) for digest, data in blobs.items()]
+            + [(key, counts[key], size, uid) for key, size in outside.items()],
+        )
+
+    @staticmethod
+    def keep_for_requeue(db: sqlite3.Connection, files: str | None) -> bool:
+        """Count the blobs an ended job's ``files`` name in use again, by the new job of a
+        requeue; False (nothing counted) when any of them is no longer kept."""
+        hashes = sorted(set(json.loads(files or "{}").values()))
+        marks = ",".join("?" * len(hashes))
+        kept = db.execute(  # a blob's or a buffer file's count: kept while it is
+            f"SELECT COUNT(*) FROM blob_refs WHERE hash IN ({marks})", hashes
+        ).fetchone()[0]
+        if kept != len(hashes):
+            return False
+        db.executemany(  # the new job names them: kept for as long as it may run
+            "UPDATE blob_refs SET refs = refs + 1, unused_since = NULL WHERE hash=?",
+            [(h,) for h in hashes],
+        )
+        return True
+
+    @staticmethod
+    def pin_template(db: sqlite3.Connection, template: str, delta: int, now: float) -> None:
+        """Count a schedule's template's blobs in use (+1) or not any more (-1) by one
+        schedule (``schedules.py``)."""
+        row = db.execute("SELECT files FROM jobs WHERE id=?", (template,)).fetchone()
+        hashes = sorted(set(json.loads((row[0] if row else None) or "{}").values()))
+        for digest in hashes:
+            db.execute(
+                "UPDATE blob_refs SET refs = refs + ?, "
+                "unused_since = CASE WHEN refs + ? <= 0 THEN ? ELSE NULL END WHERE hash=?",
+                (delta, delta, now, digest),
+            )
+
+    @staticmethod
+    def _pin_all_templates(db: sqlite3.Connection) -> None:
+        """``collect_leftovers`` counts blobs again from the jobs: add the schedules'."""
+        db.execute(
+            "INSERT INTO blob_refs(hash, refs, size, uid) SELECT f.value, COUNT(*), 0, "
+            "MIN(j.uid) FROM schedules s JOIN jobs j ON j.id = s.template, "
+            "json_each(j.files) f WHERE 1 GROUP BY f.value "
+            "ON CONFLICT(hash) DO UPDATE SET refs = refs + excluded.refs, unused_since = NULL"
+        )
+
+    def read_file(self, job_id: str, name: str) -> bytes | None:
+        """A file stored with the job at submission (``payload.pkl``, ``context.json``, ...);
+        ``None`` once the job has ended (its payload is deleted then)."""
+        rows = self.ledger.db.execute(
+            "SELECT b.data FROM jobs j JOIN blobs b ON b.hash = json_extract(j.files, ?) "
+            "WHERE j.id=?",
+            (f'$."{name}"', job_id),
+        ).fetchall()
+        return bytes(rows[0][0]) if rows else None
+
+    @staticmethod
+    def drop_files(db: sqlite3.Connection, files: str, now: float | None = None) -> None:
         """A job has ended: the blobs only it still named are kept ``payload_keep()`` seconds
         more, for a ``requeue``, then deleted (here, when a later job ends; or when an agent
         starts)."""
@@ -63,7 +142,7 @@ class Payloads(Schedules):
         """
         now = started = time.time()
         keep = payload_keep()
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             db.execute("DELETE FROM blob_refs")
             db.execute(
                 "INSERT INTO blob_refs(hash, refs, size, uid) SELECT f.value, COUNT(*), 0, "
@@ -92,7 +171,7 @@ class Payloads(Schedules):
             count, size = freed.fetchone()
             db.execute(f"DELETE {leftover}")
             purged, purged_bytes = self._purge_payloads(db, now - keep)
-        swept, swept_bytes = sweep(self.home, files, started)
+        swept, swept_bytes = sweep(self.ledger.home, files, started)
         return int(count) + purged + swept, int(size) + purged_bytes + swept_bytes
 
     @staticmethod
@@ -114,7 +193,7 @@ class Payloads(Schedules):
         """Bytes of the payloads (each blob once) that user ``uid``'s jobs hold, unfinished
         ones' and those ended ones' kept for a requeue: each blob is its storer's
         (``insert_jobs`` addresses content per user)."""
-        row = self.db.execute(
+        row = self.ledger.db.execute(
             "SELECT COALESCE(SUM(size), 0) FROM blob_refs WHERE uid=?", (uid,)
         ).fetchone()
         return int(row[0])
@@ -122,7 +201,7 @@ class Payloads(Schedules):
     def kept_payload_bytes(self, uid: int) -> int:
         """Bytes of the payloads user ``uid``'s ended jobs keep for a requeue (what a
         submission that needs the room frees first)."""
-        row = self.db.execute(
+        row = self.ledger.db.execute(
             "SELECT COALESCE(SUM(size), 0) FROM blob_refs WHERE uid=? AND refs <= 0", (uid,)
         ).fetchone()
         return int(row[0])
@@ -130,7 +209,7 @@ class Payloads(Schedules):
     def release_kept_payloads(self, uid: int) -> int:
         """Delete the payloads user ``uid``'s ended jobs keep for a requeue; bytes freed
         (a submission that needs room under the user's quota takes it from these first)."""
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             return self._purge_owner(db, uid)
 
     @staticmethod

@@ -10,19 +10,27 @@ from collections.abc import Iterable, Sequence
 
 from ..vocab.resources import Placement
 from ..vocab.schema import HELD_GRANT, HOLDING
-from .ledger import _SNAPSHOT_COLUMNS
-from .runs import Runs
+from .events import EventLog
+from .ledger import _SNAPSHOT_COLUMNS, Ledger
 
 
-class Queue(Runs):
-    """The ledger's queue part of ``Store`` (see this module's docstring)."""
+class Queue:
+    """The tick's side of the ``jobs`` table, ``store.queue``: what a decision reads, and
+    the columns of a job's place in line it writes (``position``, ``waiting``, the start
+    estimates, a preemption or resize asked for, a held grant lapsed). Its ``tick_inputs``
+    reads the newest event and the settings in the same query: one read per tick is the
+    point."""
+
+    def __init__(self, ledger: Ledger, event_log: EventLog) -> None:
+        self.ledger = ledger
+        self.event_log = event_log
 
     def tick_inputs(self, backend: str, now: float) -> tuple[int, int, tuple[int, int], str | None]:
         """``(any waiting, any lease expired, (newest event, grants held past an end),
         settings)`` on ``backend``: what a tick reads, in one query, to know whether
         deciding again is worth the write lock. A held grant's release is no event (the
         job's state does not change), but it changes the count."""
-        waiting, expired, last_event, held, settings_json = self.db.execute(
+        waiting, expired, last_event, held, settings_json = self.ledger.db.execute(
             # a running elastic job counts as waiting: idle GPUs may be its to grow into
             "SELECT EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state IN ('queued','preempted'))"
             " OR EXISTS(SELECT 1 FROM jobs WHERE backend=? AND state='running'"
@@ -41,7 +49,7 @@ class Queue(Runs):
         it started): running, or succeeded with its process still exiting."""
         return [
             r[0]
-            for r in self.db.execute(
+            for r in self.ledger.db.execute(
                 f"SELECT job_pid FROM jobs WHERE {HOLDING} AND backend=?", (backend,)
             ).fetchall()
         ]
@@ -49,7 +57,7 @@ class Queue(Runs):
     def holding_attempts(self) -> list[tuple[str, int]]:
         """``(id, attempt)`` of every job on this machine holding its grant: running, or a
         success whose process still exits (its cgroup is still in use)."""
-        rows = self.db.execute(
+        rows = self.ledger.db.execute(
             f"SELECT id, attempts FROM jobs WHERE backend='local' AND {HOLDING}"
         ).fetchall()
         return [(r[0], r[1]) for r in rows]
@@ -129,6 +137,19 @@ class Queue(Runs):
             changes,
         )
 
+    def set_waiting_reason(self, job_id: str, words: str) -> None:
+        """Say why a job still waits, if it still does (a remote queue's own reason)."""
+        with self.ledger.transaction() as db:
+            self.set_waiting_words(db, [(words, job_id)])
+
+    @staticmethod
+    def set_waiting_words(db: sqlite3.Connection, changes: Iterable[tuple[str, str]]) -> None:
+        """Record ``(why it waits, job id)`` of jobs that still wait, inside ``db``'s open
+        transaction (a staging's progress, a remote queue's reason)."""
+        db.executemany(
+            "UPDATE jobs SET waiting=? WHERE id=? AND state IN ('queued','preempted')", changes
+        )
+
     @staticmethod
     def set_start_estimates(
         db: sqlite3.Connection, changes: Iterable[tuple[float | None, float | None, str]]
@@ -159,7 +180,7 @@ class Queue(Runs):
             (json.dumps(placement.to_json()), job_id),
         ).rowcount
         if changed:
-            self._event(
+            self.event_log.record(
                 db,
                 job_id,
                 "running",
@@ -174,12 +195,12 @@ class Queue(Runs):
         ``backend`` that no supervisor has claimed and nobody cancelled: the ones waiting to
         be launched."""
         if uid is None:
-            return self.db.execute(
+            return self.ledger.db.execute(
                 "SELECT id, started, inline FROM jobs WHERE state='running' "
                 "AND supervisor_pid IS NULL AND backend=? AND cancel_requested=0",
                 (backend,),
             ).fetchall()
-        return self.db.execute(
+        return self.ledger.db.execute(
             "SELECT id, started, inline FROM jobs WHERE state='running' AND supervisor_pid IS NULL "
             "AND uid=? AND backend=? AND cancel_requested=0",
             (uid, backend),

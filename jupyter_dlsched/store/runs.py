@@ -18,7 +18,9 @@ from ..vocab.errors import IllegalTransition
 from ..vocab.resources import Placement
 from ..vocab.schema import HELD_GRANT, WAITING, JobInfo, RunEnd, end_of_run
 from .buffers import result_bytes
-from .jobs import Jobs
+from .job_reads import JobReads
+from .jobs import Lifecycle
+from .ledger import Ledger
 
 #: A run's renewal: the job still runs, held by this process (on this attempt, if the
 #: lease names one).
@@ -75,7 +77,7 @@ class Lease:
         sql, args = self._renewal(until)
         if db is not None:
             return bool(db.execute(sql, args).rowcount)
-        with self.store.transaction() as own:
+        with self.store.ledger.transaction() as own:
             return bool(own.execute(sql, args).rowcount)
 
     @staticmethod
@@ -93,7 +95,7 @@ class Lease:
         if len({lease.pid for lease in leases}) > 1:
             raise ValueError("renew_all renews the leases of one holder at a time")
         if db is None:
-            with leases[0].store.transaction() as own:
+            with leases[0].store.ledger.transaction() as own:
                 Lease.renew_all(leases, until, own)
             return
         for follows in (False, True):
@@ -136,7 +138,7 @@ class Lease:
         if hold and end.outcome != "succeeded":
             raise ValueError(f"only a success holds its grant past its end, not {end.outcome!r}")
         if db is None:
-            with self.store.transaction() as own:
+            with self.store.ledger.transaction() as own:
                 return self.finish(end, now, own, hold=hold, **columns)
         if not self.holds(db):
             raise IllegalTransition(f"job {self.job.id}: this process no longer holds its run")
@@ -150,14 +152,14 @@ class Lease:
     def renew_held(self, until: float) -> bool:
         """Extend the grant a held success keeps (``finish(..., hold=True)``) to ``until``;
         False when it lapsed and was released meanwhile."""
-        with self.store.transaction() as db:
+        with self.store.ledger.transaction() as db:
             return bool(db.execute(_RENEW_HOLD, (until, self.job.id, self.pid)).rowcount)
 
     def release(self, note: str = "") -> bool:
         """End the grant a held success kept (``finish(..., hold=True)``): its process has
         exited, and everything it started; ``note`` is added to its reason (what was
         killed once it had ended). False when the grant had lapsed meanwhile."""
-        with self.store.transaction() as db:
+        with self.store.ledger.transaction() as db:
             released = db.execute(
                 "UPDATE jobs SET lease_expires=NULL, "
                 "reason=CASE WHEN ?='' THEN reason WHEN reason='' THEN ? "
@@ -172,7 +174,7 @@ class Lease:
     def record_process(self, job_pid: int, host: str) -> bool:
         """Record where this lease's run has its job process (a Ray worker's pid and
         node); False when the run was taken back meanwhile."""
-        with self.store.transaction() as db:
+        with self.store.ledger.transaction() as db:
             return bool(
                 db.execute(
                     "UPDATE jobs SET job_pid=?, host=? WHERE id=? AND state='running' "
@@ -185,11 +187,11 @@ class Lease:
         """Give this lease's running job back to the queue without counting the attempt
         (its runner cannot keep it: the process that ran it on Ray exits); False when the
         run was taken back meanwhile."""
-        with self.store.transaction() as db:
+        with self.store.ledger.transaction() as db:
             row = self.store.run_holder(db, self.job.id)
             if row is None or row[0] != "running" or not self.holds(db):
                 return False
-            self.store.transition_in(
+            self.store.lifecycle.transition_in(
                 db,
                 self.job.id,
                 "queued",
@@ -212,15 +214,15 @@ class Lease:
         to ``running`` as its next attempt, never before it was submitted (a remote clock
         of whole seconds). The start time the ledger holds; None when this follower no
         longer holds the job. A job already running keeps its start."""
-        with self.store.transaction() as db:
+        with self.store.ledger.transaction() as db:
             row = self.store.run_holder(db, self.job.id)
             if row is None or row[2] != self.pid:
                 return None
             if row[0] not in WAITING:
                 began = db.execute("SELECT started FROM jobs WHERE id=?", (self.job.id,))
                 return cast("float | None", began.fetchone()[0]) or when
-            when = max(when, self.store.submitted_at(db, self.job.id))
-            self.store.transition_in(
+            when = max(when, self.store.reads.submitted_at(db, self.job.id))
+            self.store.lifecycle.transition_in(
                 db,
                 self.job.id,
                 "running",
@@ -245,13 +247,13 @@ class Lease:
         still waited ends from the queue; one that ended before it was seen to start is
         started first (at its end: it ran for an unknown part of that)."""
         store = self.store
-        with store.transaction() as db:
+        with store.ledger.transaction() as db:
             row = store.run_holder(db, self.job.id)
             if row is None or row[2] != self.pid:
                 return None
             state, attempts = row[0], row[1]
             if state != "running" and end.outcome in ("cancelled", "failed"):
-                store.transition_in(
+                store.lifecycle.transition_in(
                     db,
                     self.job.id,
                     end.outcome,
@@ -265,7 +267,7 @@ class Lease:
                 )
                 return end.outcome
             if state != "running":
-                store.transition_in(
+                store.lifecycle.transition_in(
                     db,
                     self.job.id,
                     "running",
@@ -274,12 +276,21 @@ class Lease:
                     started=finished,
                     attempts=attempts + 1,
                 )
-            job = store.get(self.job.id)
+            job = store.reads.get(self.job.id)
             return store.finish_run(db, job, end, finished, supervisor_pid=None)
 
 
-class Runs(Jobs):
-    """The ledger's runs part of ``Store`` (see this module's docstring)."""
+class Runs:
+    """Runs of jobs, ``store.runs``: the one claim, which hands its winner a ``Lease``, and
+    how a run ended (``finish_run``, by the one rule); what runners read and record of a
+    run (who holds it, its live usage). It writes the ``jobs`` columns of a run's hold
+    (``supervisor_pid``, ``host``, ``lease_expires``, ``job_pid``, live usage); a state
+    change goes through ``lifecycle``."""
+
+    def __init__(self, ledger: Ledger, lifecycle: Lifecycle, reads: JobReads) -> None:
+        self.ledger = ledger
+        self.lifecycle = lifecycle
+        self.reads = reads
 
     @staticmethod
     def run_holder(db: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
@@ -301,7 +312,7 @@ class Runs(Jobs):
         """``(id, state, attempts, supervisor_pid, cancel_requested, preempt_requested)`` of
         these jobs: what a runner must carry out (cancels, preemptions, allocations lost)."""
         marks = ",".join("?" * len(ids))
-        return self.db.execute(
+        return self.ledger.db.execute(
             "SELECT id, state, attempts, supervisor_pid, cancel_requested, preempt_requested "
             f"FROM jobs WHERE id IN ({marks})",
             list(ids),
@@ -310,7 +321,7 @@ class Runs(Jobs):
     def followable_jobs(self, backend: str, uid: int) -> list[sqlite3.Row]:
         """``(id, inline, supervisor_pid, lease_expires)`` of this user's unfinished jobs on
         ``backend``: the ones a monitor may follow when nobody alive does."""
-        return self.db.execute(
+        return self.ledger.db.execute(
             "SELECT id, inline, supervisor_pid, lease_expires FROM jobs WHERE backend=? "
             "AND uid=? AND state IN ('queued','preempted','running')",
             (backend, uid),
@@ -320,7 +331,7 @@ class Runs(Jobs):
         """``id, state, supervisor_pid, cancel_requested, priority, time_limit, started`` of
         the jobs a monitor follows: what the ledger asks of them now."""
         marks = ",".join("?" * len(ids))
-        return self.db.execute(
+        return self.ledger.db.execute(
             "SELECT id, state, supervisor_pid, cancel_requested, priority, time_limit, "
             f"started FROM jobs WHERE id IN ({marks})",
             list(ids),
@@ -371,11 +382,11 @@ class Runs(Jobs):
         if db is not None:
             claimed = db.execute(sql, args).rowcount
         else:
-            with self.transaction() as own:
+            with self.ledger.transaction() as own:
                 claimed = own.execute(sql, args).rowcount
         if not claimed:
             return None
-        return Lease(self.get(job_id), pid, host, attempt, follow, store=self)
+        return Lease(self.reads.get(job_id), pid, host, attempt, follow, store=self)
 
     def finish_run(
         self,
@@ -396,14 +407,16 @@ class Runs(Jobs):
             job = dataclasses.replace(job, resize_to=asked[0] if asked else None)
         to, why, ruled = end_of_run(job, end, now)
         if to == "succeeded" and job.kind != "command":
-            columns.setdefault("result_bytes", result_bytes(self.spool(job.id)))
-        self.transition_in(db, job.id, to, why, expect=["running"], now=now, **{**ruled, **columns})
+            columns.setdefault("result_bytes", result_bytes(self.lifecycle.spool(job.id)))
+        self.lifecycle.transition_in(
+            db, job.id, to, why, expect=["running"], now=now, **{**ruled, **columns}
+        )
         return to
 
     def set_live_usage(self, job_id: str, pid: int, cpu: float, rss: int) -> None:
         """What a running job uses now (CPU percent of one core, bytes resident), written by
         its supervisor ``pid``; a job that ended meanwhile keeps its cleared columns."""
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             db.execute(
                 "UPDATE jobs SET cpu_now=?, rss_now=? WHERE id=? AND state='running' "
                 "AND supervisor_pid=?",

@@ -6,11 +6,14 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from .staging import Staging
+from .ledger import Ledger
 
 
-class Samples(Staging):
-    """The ledger's samples part of ``Store`` (see this module's docstring)."""
+class UsageHistory:
+    """The ``samples`` table, ``store.usage``: the pool's utilisation over time."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
 
     def add_samples(self, rows: Iterable[tuple[float, str, Any, Any, Any, Any]]) -> None:
         """Rows of ``(time, source, util, mem_used, mem_total, data-dict-or-None)``."""
@@ -18,7 +21,7 @@ class Samples(Staging):
             (t, src, util, used, total, json.dumps(data) if data is not None else None)
             for t, src, util, used, total, data in rows
         ]
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             db.executemany(
                 "INSERT INTO samples(time, source, util, mem_used, mem_total, data) "
                 "VALUES(?,?,?,?,?,?)",
@@ -30,7 +33,7 @@ class Samples(Staging):
         if until is not None:
             sql += " AND time <= ?"
             args.append(until)
-        rows = self.db.execute(sql + " ORDER BY time", args)
+        rows = self.ledger.db.execute(sql + " ORDER BY time", args)
         return [{**dict(r), "data": json.loads(r["data"]) if r["data"] else None} for r in rows]
 
     def thinned_samples(
@@ -47,7 +50,7 @@ class Samples(Staging):
         if source:
             where += " AND (source = ? OR source LIKE ?)"
             args += [source, source.replace("%", "").replace("_", "") + ":%"]
-        db = self.db
+        db = self.ledger.db
         count = int(db.execute(f"SELECT COUNT(*) FROM samples WHERE {where}", args).fetchone()[0])
         stride = max(1, -(-count // max_rows))
         rows = db.execute(
@@ -70,5 +73,5 @@ class Samples(Staging):
         ]
 
     def prune_samples(self, older_than: float) -> int:
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             return db.execute("DELETE FROM samples WHERE time < ?", (older_than,)).rowcount

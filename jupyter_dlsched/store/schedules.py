@@ -10,7 +10,6 @@ makes is ``schedules/``'s to decide; this part only keeps the rows.
 
 from __future__ import annotations
 
-import json
 import secrets
 import sqlite3
 import string
@@ -19,7 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..vocab.schedule_info import ScheduleInfo
-from .events import Events
+from .ledger import Ledger
+from .payloads import Payloads
 
 _ALPHABET = string.ascii_lowercase + string.digits
 _SELECT = (
@@ -33,11 +33,17 @@ def _info(row: Sequence[Any]) -> ScheduleInfo:
     return ScheduleInfo(*row)
 
 
-class Schedules(Events):
-    """The ledger's schedules part of ``Store`` (see this module's docstring)."""
+class Timetable:
+    """The ``schedules`` table, ``store.timetable``: a schedule's row, added in its first
+    job's submit (``add``), read, removed, and its ticks claimed and recorded. What a
+    schedule keeps of its template's payload is counted by ``payloads``."""
 
-    @staticmethod
-    def _add_schedule(
+    def __init__(self, ledger: Ledger, payloads: Payloads) -> None:
+        self.ledger = ledger
+        self.payloads = payloads
+
+    def add(
+        self,
         db: sqlite3.Connection,
         template: str,
         every: str,
@@ -54,30 +60,8 @@ class Schedules(Events):
             "VALUES(?,?,?,?,?,?,?,?)",
             (schedule_id, uid, owner, every, template, now, next_run, template),
         )
-        Schedules._pin_template(db, template, +1, now)
+        self.payloads.pin_template(db, template, +1, now)
         return schedule_id
-
-    @staticmethod
-    def _pin_template(db: sqlite3.Connection, template: str, delta: int, now: float) -> None:
-        """Count the template's blobs in use (+1) or not any more (-1) by one schedule."""
-        row = db.execute("SELECT files FROM jobs WHERE id=?", (template,)).fetchone()
-        hashes = sorted(set(json.loads((row[0] if row else None) or "{}").values()))
-        for digest in hashes:
-            db.execute(
-                "UPDATE blob_refs SET refs = refs + ?, "
-                "unused_since = CASE WHEN refs + ? <= 0 THEN ? ELSE NULL END WHERE hash=?",
-                (delta, delta, now, digest),
-            )
-
-    @staticmethod
-    def _pin_all_templates(db: sqlite3.Connection) -> None:
-        """``collect_leftovers`` counts blobs again from the jobs: add the schedules'."""
-        db.execute(
-            "INSERT INTO blob_refs(hash, refs, size, uid) SELECT f.value, COUNT(*), 0, "
-            "MIN(j.uid) FROM schedules s JOIN jobs j ON j.id = s.template, "
-            "json_each(j.files) f WHERE 1 GROUP BY f.value "
-            "ON CONFLICT(hash) DO UPDATE SET refs = refs + excluded.refs, unused_since = NULL"
-        )
 
     def schedules(self, uid: int | None = None) -> list[ScheduleInfo]:
         """Every schedule (``uid``: only that user's), the next to run first.
@@ -86,18 +70,22 @@ class Schedules(Events):
         [ScheduleInfo(id='s1x2y3z4', every='1h', template='ab12cd', ...)]
         """
         where, args = ("WHERE s.uid=?", (uid,)) if uid is not None else ("", ())
-        rows = self.db.execute(f"{_SELECT} {where} ORDER BY s.next_run, s.id", args).fetchall()
+        rows = self.ledger.db.execute(
+            f"{_SELECT} {where} ORDER BY s.next_run, s.id", args
+        ).fetchall()
         return [_info(r) for r in rows]
 
     def schedule(self, schedule_id: str) -> ScheduleInfo | None:
         """One schedule, or None when there is no such one."""
-        row = self.db.execute(f"{_SELECT} WHERE s.id=?", (schedule_id,)).fetchone()
+        row = self.ledger.db.execute(f"{_SELECT} WHERE s.id=?", (schedule_id,)).fetchone()
         return _info(row) if row is not None else None
 
     def schedule_count(self, uid: int | None = None) -> int:
         """How many schedules there are (``uid``: of that user)."""
         where, args = ("WHERE uid=?", (uid,)) if uid is not None else ("", ())
-        return int(self.db.execute(f"SELECT COUNT(*) FROM schedules {where}", args).fetchone()[0])
+        return int(
+            self.ledger.db.execute(f"SELECT COUNT(*) FROM schedules {where}", args).fetchone()[0]
+        )
 
     def remove_schedule(
         self, schedule_id: str, *, uid: int | None = None, now: float | None = None
@@ -106,19 +94,19 @@ class Schedules(Events):
         the schedule as it was, removed or not (None: no such one), read in the same
         transaction, so whoever asks can say why it stayed."""
         now = time.time() if now is None else now
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             row = db.execute(f"{_SELECT} WHERE s.id=?", (schedule_id,)).fetchone()
             if row is None:
                 return None
             found = _info(row)
             if uid is None or found.uid == uid:
-                self._pin_template(db, found.template, -1, now)
+                self.payloads.pin_template(db, found.template, -1, now)
                 db.execute("DELETE FROM schedules WHERE id=?", (schedule_id,))
         return found
 
     def due_schedules(self, now: float) -> list[ScheduleInfo]:
         """The schedules whose next tick is at ``now`` or before, the longest due first."""
-        rows = self.db.execute(
+        rows = self.ledger.db.execute(
             f"{_SELECT} WHERE s.next_run <= ? ORDER BY s.next_run, s.id", (now,)
         ).fetchall()
         return [_info(r) for r in rows]
@@ -129,7 +117,7 @@ class Schedules(Events):
         """Take the tick that came by moving ``next_run`` on to ``following``, only if it is
         still due at ``now``: ``(claimed, state of the schedule's last run)``; not claimed
         when another process took this tick (or the schedule is gone)."""
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             claimed = db.execute(
                 "UPDATE schedules SET next_run=? WHERE id=? AND next_run <= ?",
                 (following, schedule_id, now),
@@ -145,7 +133,7 @@ class Schedules(Events):
 
     def record_schedule_run(self, schedule_id: str, job_id: str) -> None:
         """A claimed tick made the run ``job_id``: it is the schedule's last run now."""
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             db.execute(
                 "UPDATE schedules SET last_job=?, runs = runs + 1 WHERE id=?",
                 (job_id, schedule_id),
@@ -153,5 +141,5 @@ class Schedules(Events):
 
     def record_schedule_skip(self, schedule_id: str) -> None:
         """A claimed tick made no run (the last one still goes)."""
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             db.execute("UPDATE schedules SET skipped = skipped + 1 WHERE id=?", (schedule_id,))

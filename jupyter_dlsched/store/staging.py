@@ -12,16 +12,47 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..vocab.schema import _SOURCE_ID
+from .events import EventLog
+from .ledger import Ledger
 from .queue import Queue
 
 
-class Staging(Queue):
-    """The ledger's staging part of ``Store`` (see this module's docstring)."""
+class DataCache:
+    """Staged inputs and the data cache, ``store.cache``: the ``job_inputs``, ``stagings``
+    and ``cache_entries`` tables. A job's inputs are added with it (``add_inputs``, in the
+    submit's transaction), bound to a cache entry once staged; a staging that fails fails
+    its waiting jobs through ``Store.fail_staging``, which holds the part that moves a
+    job's state."""
+
+    def __init__(self, ledger: Ledger, event_log: EventLog, queue: Queue) -> None:
+        self.ledger = ledger
+        self.event_log = event_log
+        self.queue = queue
 
     _REFERENCED = (
         "EXISTS(SELECT 1 FROM job_inputs ji JOIN jobs j ON j.id = ji.job_id "
         "WHERE ji.key = c.key AND j.state IN ('queued','running','preempted'))"
     )
+
+    @staticmethod
+    def add_inputs(
+        db: sqlite3.Connection, rows: Sequence[tuple[str, str, str, str, float]]
+    ) -> None:
+        """Record new jobs' ``(job id, name, source, source id, added)`` inputs, inside the
+        submit's transaction."""
+        db.executemany(
+            "INSERT INTO job_inputs(job_id, name, source, source_id, added) VALUES(?,?,?,?,?)",
+            rows,
+        )
+
+    @staticmethod
+    def copy_inputs(db: sqlite3.Connection, job_id: str, new_id: str, now: float) -> None:
+        """A requeue's new job ``new_id`` needs what ``job_id`` needed (staged anew)."""
+        db.execute(
+            "INSERT INTO job_inputs(job_id, name, source, source_id, added) "
+            "SELECT ?, name, source, source_id, ? FROM job_inputs WHERE job_id=?",
+            (new_id, now, job_id),
+        )
 
     def waiting_inputs(
         self, db: sqlite3.Connection, source: str | None = None
@@ -68,13 +99,13 @@ class Staging(Queue):
     def staging(self, source_id: str) -> sqlite3.Row | None:
         if not isinstance(source_id, str) or not _SOURCE_ID.match(source_id):
             return None
-        rows = self.db.execute("SELECT * FROM stagings WHERE source_id=?", (source_id,))
+        rows = self.ledger.db.execute("SELECT * FROM stagings WHERE source_id=?", (source_id,))
         return rows.fetchone()
 
     def claim_staging(self, source_id: str, attempt: int, lease_ttl: float) -> float | None:
         """Take an armed staging for this process (one claimant wins); returns the claim time."""
         now = time.time()
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             claimed = db.execute(
                 "UPDATE stagings SET stager_pid=?, host=?, lease_expires=?, started=? "
                 "WHERE source_id=? AND attempt=? AND stager_pid IS NULL AND lease_expires >= ?",
@@ -98,7 +129,7 @@ class Staging(Queue):
         The waiting jobs' reasons are rewritten here (``words`` of their inputs'
         progress), so every view shows the progress without waiting for a tick.
         """
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             kept = db.execute(
                 "UPDATE stagings SET lease_expires=?, done_bytes=?, total_bytes=?, rate=?, note=? "
                 "WHERE source_id=? AND stager_pid=?",
@@ -108,9 +139,8 @@ class Staging(Queue):
                 by_job: dict[str, list[sqlite3.Row]] = {}
                 for row in self.waiting_inputs(db, source_id):
                     by_job.setdefault(row["job_id"], []).append(row)
-                db.executemany(
-                    "UPDATE jobs SET waiting=? WHERE id=?",
-                    [(words(rows), job_id) for job_id, rows in by_job.items()],
+                self.queue.set_waiting_words(
+                    db, [(words(rows), job_id) for job_id, rows in by_job.items()]
                 )
         return bool(kept)
 
@@ -132,7 +162,7 @@ class Staging(Queue):
         claim or the entry it found was evicted meanwhile (stage again).
         """
         now = time.time()
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             if not self._holds_staging(db, source_id):
                 return None
             if entry is not None:
@@ -167,9 +197,11 @@ class Staging(Queue):
             db.execute(
                 "UPDATE cache_entries SET hits=hits+?, last_used=? WHERE key=?", (hits, now, key)
             )
-            self._count(db, hits=hits, misses=1 if entry is not None else 0)
+            self.ledger.count(db, hits=hits, misses=1 if entry is not None else 0)
             for r in rows:
-                self._event(db, r["job_id"], r["state"], r["state"], reason(r["name"]), now=now)
+                self.event_log.record(
+                    db, r["job_id"], r["state"], r["state"], reason(r["name"]), now=now
+                )
             db.execute(
                 "UPDATE stagings SET stager_pid=NULL, lease_expires=NULL, note=NULL "
                 "WHERE source_id=?",
@@ -177,44 +209,33 @@ class Staging(Queue):
             )
         return [r["job_id"] for r in rows]
 
-    def fail_staging(
-        self, source_id: str, *, since: float, reason: Callable[[str], str]
-    ) -> list[str]:
-        """Fail the waiting jobs (submitted before ``since``) that need this source."""
-        now = time.time()
-        with self.transaction() as db:
-            if not self._holds_staging(db, source_id):
-                return []
-            rows = db.execute(
-                "SELECT DISTINCT ji.job_id, ji.name FROM job_inputs ji "
-                "JOIN jobs j ON j.id = ji.job_id WHERE ji.source_id=? AND ji.key IS NULL "
-                "AND ji.added <= ? AND j.state IN ('queued','preempted')",
-                (source_id, since),
-            ).fetchall()
-            failed: list[str] = []
-            for r in rows:
-                if r["job_id"] in failed:
-                    continue
-                self.transition_in(
-                    db,
-                    r["job_id"],
-                    "failed",
-                    reason(r["name"]),
-                    now=now,
-                    finished=now,
-                    position=None,
-                    waiting=None,
-                )
-                failed.append(r["job_id"])
-            db.execute(
-                "UPDATE stagings SET stager_pid=NULL, lease_expires=NULL WHERE source_id=?",
-                (source_id,),
-            )
-        return failed
+    def give_up_staging(
+        self, db: sqlite3.Connection, source_id: str, *, since: float
+    ) -> list[tuple[str, str]] | None:
+        """End this process's staging of a source that failed, inside ``db``'s open
+        transaction: ``(job id, input name)`` of the waiting jobs (submitted before
+        ``since``) that needed it, each job once, for the caller to fail
+        (``Store.fail_staging``); None when this process no longer holds the staging."""
+        if not self._holds_staging(db, source_id):
+            return None
+        rows = db.execute(
+            "SELECT DISTINCT ji.job_id, ji.name FROM job_inputs ji "
+            "JOIN jobs j ON j.id = ji.job_id WHERE ji.source_id=? AND ji.key IS NULL "
+            "AND ji.added <= ? AND j.state IN ('queued','preempted')",
+            (source_id, since),
+        ).fetchall()
+        db.execute(
+            "UPDATE stagings SET stager_pid=NULL, lease_expires=NULL WHERE source_id=?",
+            (source_id,),
+        )
+        first: dict[str, str] = {}
+        for job_id, name in rows:
+            first.setdefault(job_id, name)
+        return list(first.items())
 
     def release_staging(self, source_id: str) -> None:
         """Give a claimed staging back unfinished (it is armed again by the next tick)."""
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             db.execute(
                 "UPDATE stagings SET stager_pid=NULL, lease_expires=NULL "
                 "WHERE source_id=? AND stager_pid=?",
@@ -239,39 +260,39 @@ class Staging(Queue):
             )
 
     def cache_entry(self, key: str) -> sqlite3.Row | None:
-        return self.db.execute("SELECT * FROM cache_entries WHERE key=?", (key,)).fetchone()
+        return self.ledger.db.execute("SELECT * FROM cache_entries WHERE key=?", (key,)).fetchone()
 
     def cache_entries(self) -> list[dict[str, Any]]:
         """Every cache entry, least recently used first, with ``in_use`` (unfinished jobs)."""
-        rows = self.db.execute(
+        rows = self.ledger.db.execute(
             f"SELECT c.*, {self._REFERENCED} AS in_use FROM cache_entries c ORDER BY last_used"
         )
         return [{**dict(r), "in_use": bool(r["in_use"])} for r in rows]
 
     def drop_cache_entry(self, key: str) -> bool:
         """Forget an entry no unfinished job uses (False if one does, or it is gone)."""
-        with self.transaction() as db:
+        with self.ledger.transaction() as db:
             dropped = db.execute(
                 f"DELETE FROM cache_entries AS c WHERE key=? AND NOT {self._REFERENCED}", (key,)
             ).rowcount
             if dropped:
-                self._count(db, evictions=1)
+                self.ledger.count(db, evictions=1)
         return bool(dropped)
 
     def cache_counters(self) -> dict[str, int]:
         """Hits, misses and evictions since the ledger was created."""
-        counters = self.get_meta("cache_counters", {}) or {}
+        counters = self.ledger.get_meta("cache_counters", {}) or {}
         return {k: int(counters.get(k, 0)) for k in ("hits", "misses", "evictions")}
 
     def active_stagings(self) -> list[sqlite3.Row]:
         """Stagings a stager works on now (or is about to), with their progress."""
-        return self.db.execute(
+        return self.ledger.db.execute(
             "SELECT * FROM stagings WHERE lease_expires IS NOT NULL ORDER BY started"
         ).fetchall()
 
     def job_data_paths(self, job_id: str) -> dict[str, str]:
         """``name -> local path`` of a job's staged inputs."""
-        rows = self.db.execute(
+        rows = self.ledger.db.execute(
             "SELECT ji.name, c.path FROM job_inputs ji JOIN cache_entries c ON c.key = ji.key "
             "WHERE ji.job_id=?",
             (job_id,),

@@ -34,7 +34,7 @@ class History:
     def series(self, store: Any, since: float) -> tuple[dict[int, list[tuple[float, float]]], str]:
         """Utilisation lines per GPU since ``since``, and where they came from."""
         lines: dict[int, list[tuple[float, float]]] = {}
-        for row in store.samples(since):
+        for row in store.usage.samples(since):
             source = str(row.get("source", ""))
             if source.startswith("gpu:") and row.get("util") is not None:
                 try:

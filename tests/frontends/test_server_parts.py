@@ -115,7 +115,7 @@ def test_the_sampler_keeps_only_the_retention_window(tmp_path: Path) -> None:
         now[0] += 61  # one prune per minute at most
 
     # samples at 1000, 1061, ..., 1549; the last prune dropped everything before 1549 - 120
-    assert sorted({row["time"] for row in store.samples()}) == [1488.0, 1549.0]
+    assert sorted({row["time"] for row in store.usage.samples()}) == [1488.0, 1549.0]
     assert sampler.samples_taken == 10
 
 
@@ -131,7 +131,7 @@ def test_a_simulated_gpu_is_sampled_as_the_memory_allocated_and_marked_so() -> N
 def test_long_history_is_thinned_per_source_so_every_source_stays(home: Path) -> None:
     state = ServerState(Scheduler(home, loop=False), sample_interval=1, history_retention=86400)
     readings = [pool_rows(a_pool(), now=1000.0 + t) for t in range(1000)]
-    state.store.add_samples([row for reading in readings for row in reading])
+    state.store.usage.add_samples([row for reading in readings for row in reading])
 
     everything = state.samples(0, 5000, None, max_rows=300)
     gpus = state.samples(0, 5000, "gpu", max_rows=300)

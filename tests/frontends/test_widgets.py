@@ -196,7 +196,7 @@ def test_the_history_plot_uses_the_ledgers_samples_when_there_are_some(sched):
     now = time.time()
     assert board.history.series(sched.store, now - 600)[1] == "dashboard"
     assert board.plot.value[:4] == b"\x89PNG"
-    sched.store.add_samples(
+    sched.store.usage.add_samples(
         [(now - 60, "gpu:0", 40.0, 1, 2, None), (now - 30, "gpu:0", 80.0, 1, 2, None)]
     )
     lines, source = board.history.series(sched.store, now - 600)

@@ -302,7 +302,7 @@ def test_a_start_rewrites_no_place_behind_it_and_the_places_read_stay_1_to_n(
     engine = agent.sched
     assert engine is not None
     s = Scheduler.of_engine(engine)
-    write = engine.store.set_queue_positions
+    write = engine.store.queue.set_queue_positions
     written: list[str] = []
 
     def counted(db: Any, rows: Any) -> None:
@@ -310,7 +310,7 @@ def test_a_start_rewrites_no_place_behind_it_and_the_places_read_stay_1_to_n(
         written.extend(job_id for _, _, job_id in rows)
         write(db, rows)
 
-    monkeypatch.setattr(engine.store, "set_queue_positions", counted)
+    monkeypatch.setattr(engine.store.queue, "set_queue_positions", counted)
 
     def ranks() -> dict[str, float]:
         rows = s.store.db.execute(
@@ -399,7 +399,7 @@ def test_places_kept_back_are_written_in_parts_and_a_failed_part_is_tried_again(
     assert engine is not None
     engine._positions_at_once = 0  # every moved place waits for flush_positions
     s = Scheduler.of_engine(engine)
-    write = engine.store.set_queue_positions
+    write = engine.store.queue.set_queue_positions
     parts: list[int] = []
 
     def failing_second(db: Any, rows: Any) -> None:
@@ -419,7 +419,7 @@ def test_places_kept_back_are_written_in_parts_and_a_failed_part_is_tried_again(
         assert len(engine._positions) == 40  # kept back, none written yet
         assert {s.info(h.id).position for h in low} == {None}
 
-        monkeypatch.setattr(engine.store, "set_queue_positions", failing_second)
+        monkeypatch.setattr(engine.store.queue, "set_queue_positions", failing_second)
         with pytest.raises(OSError):
             engine.flush_positions(force=True)
         assert parts == [7, 7]
@@ -432,7 +432,7 @@ def test_places_kept_back_are_written_in_parts_and_a_failed_part_is_tried_again(
         assert not engine._positions
         assert [s.info(h.id).position for h in low] == list(range(1, 41))
     finally:
-        monkeypatch.setattr(engine.store, "set_queue_positions", write)
+        monkeypatch.setattr(engine.store.queue, "set_queue_positions", write)
         leave_nothing_running(s, agent)
 
 

@@ -202,7 +202,7 @@ def test_a_killed_stager_is_replaced_and_its_partial_copy_removed(
     job = sched.submit(read_input, "ds", stage_in={"ds": str(source)})
 
     def stager() -> Any:
-        rows = sched.store.active_stagings()
+        rows = sched.store.cache.active_stagings()
         return rows[0] if rows and rows[0]["stager_pid"] and rows[0]["done_bytes"] else None
 
     first = wait_for(stager)
@@ -210,7 +210,7 @@ def test_a_killed_stager_is_replaced_and_its_partial_copy_removed(
     sched.configure_cache(max_rate="1GB")
     result = job.result(timeout=60)
     assert result["digest"] == folder_digest(source)
-    assert sched.store.staging(first["source_id"])["attempt"] == 2
+    assert sched.store.cache.staging(first["source_id"])["attempt"] == 2
     cache = Path(sched.cache_info()["folder"])
     assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []
 
@@ -318,4 +318,4 @@ def test_a_ledger_from_before_staging_opens_and_its_jobs_have_no_inputs(tmp_path
     store = Store(home)
     assert store.get("oldjob22").stage_in == {}
     assert store.job_data_paths("oldjob22") == {}
-    assert store.waiting_inputs(store.db) == []
+    assert store.cache.waiting_inputs(store.db) == []

@@ -20,7 +20,9 @@ def queued(store: Store, backend: str = "local") -> str:
 
 def ranked(store: Store, ranks: dict[str, float | None]) -> None:
     with store.transaction() as db:
-        store.set_queue_positions(db, [(rank, None, job_id) for job_id, rank in ranks.items()])
+        store.queue.set_queue_positions(
+            db, [(rank, None, job_id) for job_id, rank in ranks.items()]
+        )
 
 
 def test_places_read_are_1_to_n_in_rank_order_whatever_the_ranks(tmp_path: Path) -> None:

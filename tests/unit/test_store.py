@@ -122,7 +122,7 @@ def test_migrating_to_held_grants_clears_leases_left_on_finished_jobs(tmp_path):
     assert store.get_meta("schema_version") == len(store_mod.MIGRATIONS)
     assert store.get("leftjob1").lease_expires is None
     with store.transaction() as db:
-        assert store.held_grants(db, "local") == 0
+        assert store.queue.held_grants(db, "local") == 0
 
 
 def test_migrating_to_run_times_keeps_what_is_known_of_finished_jobs(tmp_path):
@@ -152,10 +152,12 @@ def test_a_ledger_from_a_newer_version_is_refused(tmp_path):
 
 def test_samples_are_kept_and_pruned(tmp_path):
     store = Store(tmp_path / "h")
-    store.add_samples([(10.0, "gpu0", 50.0, 1, 2, None), (20.0, "gpu0", 70.0, 1, 2, {"j": 1})])
-    assert [s["util"] for s in store.samples(since=0)] == [50.0, 70.0]
-    assert store.prune_samples(older_than=15.0) == 1
-    assert [s["data"] for s in store.samples()] == [{"j": 1}]
+    store.usage.add_samples(
+        [(10.0, "gpu0", 50.0, 1, 2, None), (20.0, "gpu0", 70.0, 1, 2, {"j": 1})]
+    )
+    assert [s["util"] for s in store.usage.samples(since=0)] == [50.0, 70.0]
+    assert store.usage.prune_samples(older_than=15.0) == 1
+    assert [s["data"] for s in store.usage.samples()] == [{"j": 1}]
 
 
 def test_a_list_read_as_json_is_each_jobs_info_to_json(tmp_path):
@@ -178,7 +180,7 @@ def test_a_list_read_as_json_is_each_jobs_info_to_json(tmp_path):
     store.transition(ended.id, "failed", finished=3.0, reason="ValueError: no", exit_code=1)
     waiting = [queued_job(store, gpus=2) for _ in range(12)]
     with store.transaction() as db:
-        store.set_queue_positions(db, [(-i, None, j.id) for i, j in enumerate(waiting)])
+        store.queue.set_queue_positions(db, [(-i, None, j.id) for i, j in enumerate(waiting)])
     for kwargs in ({}, {"newest_first": True, "limit": 5, "offset": 3}, {"states": ["queued"]}):
         rows, infos = store.job_rows(**kwargs), [info_to_json(j) for j in store.jobs(**kwargs)]
         assert rows == infos and encode({"jobs": rows}) == encode({"jobs": infos})

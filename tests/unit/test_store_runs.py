@@ -215,7 +215,7 @@ def test_a_monitor_hands_its_leases_back_with_a_time_past(store):
 
 def test_the_beat_renews_one_holders_leases_only(store):
     lease = store.claim(allocated_job(store), TTL)
-    other = Lease(lease.job, lease.pid + 1, lease.host, store=store)
+    other = Lease(lease.job, lease.pid + 1, lease.host, store=store.runs)
     with pytest.raises(ValueError, match="one holder"):
         Lease.renew_all([lease, other], 300.0)
 
@@ -322,10 +322,10 @@ def test_a_launched_job_is_not_cancelled_as_unlaunched(store):
 
 def test_a_waiting_reason_is_said_only_while_the_job_waits(store):
     job = queued_job(store)
-    store.set_waiting_reason(job.id, "SLURM: Priority")
+    store.queue.set_waiting_reason(job.id, "SLURM: Priority")
     assert store.get(job.id).waiting == "SLURM: Priority"
     running = allocated_job(store)
-    store.set_waiting_reason(running.id, "SLURM: Priority")
+    store.queue.set_waiting_reason(running.id, "SLURM: Priority")
     assert store.get(running.id).waiting is None
 
 
@@ -405,7 +405,7 @@ def on_gpu(store, gpu=0):
 
 def holding(store):
     with store.transaction() as db:
-        return [r["id"] for r in store.snapshot_running(db, "local")]
+        return [r["id"] for r in store.queue.snapshot_running(db, "local")]
 
 
 def test_a_success_held_past_its_end_keeps_its_grant_until_it_is_released(store):
@@ -422,7 +422,7 @@ def test_a_success_held_past_its_end_keeps_its_grant_until_it_is_released(store)
     assert [j.id for j in store.jobs(holding=True, states=["succeeded"])] == [lease.job.id]
     other.finish(RunEnd("succeeded"), 160.0)
     with store.transaction() as db:
-        assert store.held_grants(db, "local") == 1
+        assert store.queue.held_grants(db, "local") == 1
     assert store.holding_attempts() == [(lease.job.id, 1)]
     assert lease.renew_held(400.0)
     assert not lease.renew(500.0)  # the run's own renewal: it no longer runs
@@ -446,7 +446,7 @@ def test_only_a_success_holds_its_grant_past_its_end(store):
 def test_a_held_grant_is_released_only_by_the_process_that_holds_it(store):
     lease = on_gpu(store)
     lease.finish(RunEnd("succeeded"), 150.0, hold=True)
-    other = Lease(lease.job, lease.pid + 1, lease.host, store=store)
+    other = Lease(lease.job, lease.pid + 1, lease.host, store=store.runs)
     assert not other.release() and not other.renew_held(400.0)
     assert holding(store) == [lease.job.id]
 
@@ -456,12 +456,12 @@ def test_a_held_grant_whose_lease_lapsed_is_released_by_the_reaper(store):
     lease.finish(RunEnd("succeeded"), 150.0, hold=True)
     with store.transaction() as db:
         assert tick.reap(store, db, "local", 170.0) == []  # not yet: held until 180 s
-        assert store.held_grants(db, "local") == 1
-        waiting, expired, _, _ = store.tick_inputs("local", 190.0)
+        assert store.queue.held_grants(db, "local") == 1
+        waiting, expired, _, _ = store.queue.tick_inputs("local", 190.0)
     assert expired  # the tick's cue that there is something to reap
     with store.transaction() as db:
         assert tick.reap(store, db, "local", 190.0) == []  # nothing to end: it succeeded
-        assert store.held_grants(db, "local") == 0
+        assert store.queue.held_grants(db, "local") == 0
     after = store.get(lease.job.id)
     assert (after.state, after.lease_expires, after.reason) == ("succeeded", None, "")
 
