@@ -31,7 +31,7 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -419,19 +419,31 @@ class Containment:
             self.cgroup = None
 
 
-def sweep_cgroups(home: str | os.PathLike[str], running: Iterable[tuple[str, int]]) -> int:
+def sweep_cgroups(
+    home: str | os.PathLike[str], running: Callable[[], Iterable[tuple[str, int]]]
+) -> int:
     """Remove this pool's job cgroups that no running attempt owns (a crashed supervisor's),
-    killing what is left in them; ``running``: (job id, attempt) of the running jobs.
-    Returns how many were removed."""
-    keep = {f"{PREFIX}{home_token(home)}-{job}-{attempt}" for job, attempt in running}
+    killing what is left in them; ``running()``: (job id, attempt) of the running jobs, read
+    after the cgroups are listed: a supervisor creates its job's cgroup only once its claim
+    is in the ledger, so each cgroup listed is either in that read or no longer running
+    (read first, a claim and its cgroup could both come between the read and the listing,
+    and the job's new cgroup was removed under it). Returns how many were removed."""
     mine = f"{PREFIX}{home_token(home)}-"
-    removed = 0
+    found: list[tuple[Path, str, str]] = []
     for parent, kind in Cgroup.parents():
         try:
-            names = [e.name for e in os.scandir(parent) if e.is_dir() and e.name.startswith(mine)]
+            found += [
+                (parent, kind, e.name)
+                for e in os.scandir(parent)
+                if e.is_dir() and e.name.startswith(mine)
+            ]
         except OSError:
             continue
-        for name in names:
-            if name not in keep and Cgroup(parent / name, kind).remove():
-                removed += 1
+    if not found:
+        return 0
+    keep = {f"{mine}{job}-{attempt}" for job, attempt in running()}
+    removed = 0
+    for parent, kind, name in found:
+        if name not in keep and Cgroup(parent / name, kind).remove():
+            removed += 1
     return removed

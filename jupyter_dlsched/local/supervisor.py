@@ -135,7 +135,7 @@ def _supervise(
     # a shared pool's supervisor (root) also gives the job a cgroup of its own
     box = Containment.create(job.id, job.attempts, home, cgroup=as_owner and os.geteuid() == 0)
     if box.cgroup is not None:
-        sweep_cgroups(home, store.holding_attempts())  # crashed supervisors'
+        sweep_cgroups(home, store.holding_attempts)  # crashed supervisors'
     try:
         folder = store.make_spool(job_id, owner=owner)
         private.clear_files(folder, ("result.pkl", "error.json", "error.pkl", STOP_FILE))

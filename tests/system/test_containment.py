@@ -337,6 +337,36 @@ def test_a_crashed_supervisors_cgroup_is_removed_by_the_next_one(team, team_user
             stale.rmdir()
 
 
+def test_a_sweep_never_removes_the_cgroup_of_a_job_claimed_while_it_sweeps(tmp_path):
+    """A supervisor's sweep read the running attempts, then listed the cgroups: a job
+    claimed in between (its supervisor creating its cgroup right after the claim) had its
+    new cgroup removed under it, and its process failed to enter it ("cannot enter the
+    job's cgroup")."""
+    from jupyter_dlsched.local.containment import PREFIX, Cgroup, home_token, sweep_cgroups
+
+    if not Cgroup.parents():
+        pytest.skip("needs root and a cgroup hierarchy")
+    [(parent, _kind), *_] = Cgroup.parents()
+    mine = f"{PREFIX}{home_token(tmp_path)}-"
+    stale, claimed = parent / f"{mine}deadbeef-1", parent / f"{mine}newjob-1"
+    stale.mkdir()
+
+    def running() -> list[tuple[str, int]]:
+        # what the ledger says at the moment of the read; the next claim and its cgroup
+        # come just after it
+        claimed.mkdir()
+        return []
+
+    try:
+        assert sweep_cgroups(tmp_path, running) == 1
+        assert not stale.exists()
+        assert claimed.exists()
+    finally:
+        for path in (stale, claimed):
+            if path.exists():
+                path.rmdir()
+
+
 def test_the_service_unit_delegates_a_cgroup_subtree():
     dlsched = os.path.join(os.path.dirname(sys.executable), "dlsched")
     unit = subprocess.run(
