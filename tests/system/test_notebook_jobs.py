@@ -198,7 +198,8 @@ def test_a_time_limit_stops_the_notebook_and_its_kernel_and_keeps_what_ran(home,
         parameters=None,
     )
     with Scheduler(home, grace=2.0) as s:
-        h = s.submit_notebook(source, cpus=0.5, time_limit="8s")
+        # long enough for a kernel to start and run the first cell on a loaded machine
+        h = s.submit_notebook(source, cpus=0.5, time_limit="20s")
         h.wait(timeout=240)
         info = h.info()
         assert info.state == "timeout", info
@@ -252,7 +253,8 @@ def test_a_cancelled_notebook_keeps_the_cells_that_finished(home, tmp_path):
             return outputs_text(nb.cells[1]).strip() == "first"
 
         wait_for(first_cell_saved, timeout=120)
-        assert s.info(h.id).progress["metrics"]["cell"] == "1/3"
+        # the progress line comes through the ledger, just after the copy is saved
+        wait_for(lambda: (s.info(h.id).progress or {}).get("metrics", {}).get("cell") == "1/3")
         s.cancel(h.id)
         h.wait(timeout=120)
         info = h.info()

@@ -327,7 +327,7 @@ def test_a_start_rewrites_no_place_behind_it_and_the_places_read_stay_1_to_n(
         holders = [s.submit_command(["sleep", "600"], gpus=1, cpus=1) for _ in range(2)]
         s.tick(now=time.time())
         low = s.map(nap, range(40), gpus=1, cpus=1, priority="low")
-        time.sleep(0.2)
+        _until_places_due(agent)  # so that this tick places the whole line
         first = s.tick(now=time.time())
         assert first is not None and first.placed
         engine.flush_positions(force=True)
@@ -338,7 +338,7 @@ def test_a_start_rewrites_no_place_behind_it_and_the_places_read_stay_1_to_n(
         before = ranks()
         s.cancel(holders[0].id)
         _until_free(s, holders[0].id)
-        time.sleep(0.2)
+        _until_places_due(agent)  # so that this tick places the whole line
         started = s.tick(now=time.time())  # the first in line starts; every place moves up
         assert started is not None and started.placed
         assert s.info(low[0].id).state == "running"
@@ -351,7 +351,7 @@ def test_a_start_rewrites_no_place_behind_it_and_the_places_read_stay_1_to_n(
         kept = ranks()
         later = s.map(nap, range(3), gpus=1, cpus=1, priority="low")
         urgent = s.submit(nap, -1, gpus=1, cpus=1, priority="high")
-        time.sleep(0.2)
+        _until_places_due(agent)  # so that this tick places the whole line
         placed = s.tick(now=time.time())
         assert placed is not None and placed.placed and not placed.starts
         engine.flush_positions(force=True)
