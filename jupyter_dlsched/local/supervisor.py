@@ -39,7 +39,7 @@ from .ending import Outcome, describe_status, read_report, record_end, record_re
 from .jobproc import Launch, cores_for, job_environment, start_ranks, world_size
 from .logcap import LogKeeper
 from .preload import learn
-from .usage import Tree, Usage, gpu_over_grant
+from .usage import Tree, Usage, gpu_over_grant, own_memory
 from .wake import LastWord, decide_after, tell_agent
 from .warm import WarmProcess
 
@@ -432,7 +432,8 @@ def _monitor(
             next_usage = now + USAGE_SECONDS
             box.reap()  # processes of the job re-parented here that have exited
             processes = tree.now()
-            used = outcome.usage.sample(processes, gpus=job.gpus > 0)
+            outcome.usage.sample(processes, gpus=job.gpus > 0)
+            used = own_memory(processes) if job.mem else 0
             if job.mem and used > job.mem:
                 stop(
                     "oom",

@@ -95,6 +95,26 @@ class Tree:
         return list(self.known.values())
 
 
+def own_memory(tree: list[psutil.Process]) -> int:
+    """The memory the job's processes hold of their own (their unique set sizes): what a
+    memory limit counts. A job forked from a warm process shares the modules that process
+    imported ahead (torch: ~150 MiB of RSS) until it writes to them; those pages are the
+    pool's, not the job's, and a job that never imports torch must not be stopped for them.
+    Where a process's USS cannot be read, its RSS counts."""
+    total = 0
+    for p in tree:
+        try:
+            total += p.memory_full_info().uss
+        except psutil.AccessDenied:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                continue
+        except psutil.Error:
+            continue
+    return total
+
+
 def _rss(tree: list[psutil.Process]) -> int:
     total = 0
     for p in tree:

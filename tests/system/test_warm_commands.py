@@ -168,3 +168,36 @@ def test_dlsched_submit_of_a_python_script_runs_it_warm(home, project):
     seen = report(logs.stdout)
     assert seen["warm"] is True and seen["fresh"] is False, seen
     assert seen["argv"] == ["train.py", "--lr", "0.1"] and seen["cwd"] == str(project)
+
+
+#: a module that holds 96 MiB of its own once imported (what torch's import costs in RSS)
+FAT = "HELD = bytearray(96 * 2**20)\nHELD[:: 4096] = b'x' * (len(HELD) // 4096)\n"
+
+
+def test_a_memory_limit_counts_the_jobs_own_memory_not_what_its_warm_process_imported_ahead(
+    home, project, monkeypatch
+):
+    """A job forked from the warm launcher shares what the launcher imported ahead (torch:
+    ~150 MiB of RSS). The limit counted that too: a script using a few MiB, with
+    ``--mem 64MiB``, failed "out of memory: used 160 MiB, limit 64 MiB" once torch was
+    preloaded. What the job allocates itself still counts."""
+    modules = project / "modules"
+    modules.mkdir()
+    (modules / "fat.py").write_text(FAT)
+    monkeypatch.setenv("PYTHONPATH", str(modules))
+    monkeypatch.setenv("DLSCHED_PRELOAD", "numpy,fat")  # the pool's agent starts with them
+    (project / "small.py").write_text(
+        "import sys, time\nprint('fat' in sys.modules, flush=True)\ntime.sleep(3)\n"
+    )
+    (project / "big.py").write_text(
+        "import time\nheld = bytearray(128 * 2**20)\nheld[::4096] = b'x' * (len(held) // 4096)\n"
+        "time.sleep(30)\n"
+    )
+    with Scheduler(home) as s:
+        small = s.submit_command([sys.executable, "small.py"], mem="64MiB")
+        info = small.wait(timeout=120)
+        assert small.logs().splitlines()[0] == "True"  # it ran warm, beside the fat module
+        assert info.state == "succeeded", (info.reason, small.logs())
+        big = s.submit_command([sys.executable, "big.py"], mem="64MiB")
+        info = big.wait(timeout=120)
+    assert info.state == "failed" and (info.reason or "").startswith("out of memory: used ")
