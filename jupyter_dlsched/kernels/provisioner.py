@@ -34,7 +34,7 @@ from ..inside.runtime import JOB_ID_ENV
 from ..vocab.errors import DlschedError
 from ..vocab.schema import TERMINAL
 from ..vocab.units import parse_duration
-from . import control
+from . import control, spares
 
 PROVISIONER_NAME = "dlsched-gpu"
 #: the IPython extension that reports a GPU kernel's cell activity to its lease
@@ -283,7 +283,9 @@ class GpuKernelProvisioner(LocalProvisioner):
         if self._in_job:
             return await super().launch_kernel(cmd, **kwargs)
         try:
-            info = await super().launch_kernel(cmd, **kwargs)
+            info = self._hand_to_spare(cmd, kwargs)
+            if info is None:
+                info = await super().launch_kernel(cmd, **kwargs)
         except BaseException:
             self._release()  # the kernel could not be started: its GPUs go back now
             raise
@@ -293,7 +295,43 @@ class GpuKernelProvisioner(LocalProvisioner):
             "kernel.json",
             {"pid": self.pid, "server_pid": os.getpid(), "started": time.time()},
         )
+        self._next_spare(cmd, kwargs)
         return info
+
+    # -- warm kernels (spares.py) -----------------------------------------------------------
+
+    def _spare_key(self, cmd: list[str], kwargs: dict[str, Any]) -> tuple[str, str] | None:
+        if not spares.enabled() or kwargs.get("independent"):
+            return None
+        if kwargs.get("stdout") is not None or kwargs.get("stderr") is not None:
+            return None  # a spare's output goes where the server's goes, as by default
+        return spares.key_of(str(getattr(self.parent, "kernel_name", "") or "?"), cmd)
+
+    def _kernel_env(self, kwargs: dict[str, Any]) -> dict[str, str]:
+        # what jupyter_client's launcher gives a kernel it spawns
+        return {**(kwargs.get("env") or os.environ), "JPY_PARENT_PID": str(os.getpid())}
+
+    def _hand_to_spare(self, cmd: list[str], kwargs: dict[str, Any]) -> KernelConnectionInfo | None:
+        """The waiting spare becomes this kernel: None when there is none to use."""
+        key = self._spare_key(cmd, kwargs)
+        if key is None:
+            return None
+        env = self._kernel_env(kwargs)
+        spare = spares.take(key, env, self.log)
+        cwd = kwargs.get("cwd") or os.getcwd()  # where a spawned kernel would run
+        if spare is None or not spares.hand_over(spare, cmd[3:], env, str(cwd)):
+            return None
+        self.process = spare.process
+        self.pid = spare.process.pid
+        self.pgid = spare.process.pid  # a session (and group) of its own, as spawned kernels
+        self.cwd = cwd
+        self.log.info("GPU kernel %s: the spare kernel pid %s took it", self.kernel_id, self.pid)
+        return self.connection_info
+
+    def _next_spare(self, cmd: list[str], kwargs: dict[str, Any]) -> None:
+        key = self._spare_key(cmd, kwargs)
+        if key is not None:
+            spares.ensure(key, self._kernel_env(kwargs), self.log)
 
     def _release(self) -> None:
         if self.folder is not None:
