@@ -300,7 +300,7 @@ class GpuKernelProvisioner(LocalProvisioner):
 
     # -- warm kernels (spares.py) -----------------------------------------------------------
 
-    def _spare_key(self, cmd: list[str], kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    def _spare_key(self, cmd: list[str], kwargs: dict[str, Any]) -> spares.Key | None:
         if not spares.enabled() or kwargs.get("independent"):
             return None
         if kwargs.get("stdout") is not None or kwargs.get("stderr") is not None:
@@ -319,7 +319,9 @@ class GpuKernelProvisioner(LocalProvisioner):
         env = self._kernel_env(kwargs)
         spare = spares.take(key, env, self.log)
         cwd = kwargs.get("cwd") or os.getcwd()  # where a spawned kernel would run
-        if spare is None or not spares.hand_over(spare, cmd[3:], env, str(cwd)):
+        if spare is None or not spares.hand_over(
+            spare, spares.kernel_argv(key, cmd), env, str(cwd)
+        ):
             return None
         self.process = spare.process
         self.pid = spare.process.pid

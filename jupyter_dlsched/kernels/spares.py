@@ -10,9 +10,9 @@ behind it. The spare is a ``Popen`` like a spawned kernel's, in a session of its
 the provisioner polls, signals, interrupts and kills it as ``LocalProvisioner`` does.
 
 A spare is used only where it is the process the kernelspec would have started: the same
-``python -m ipykernel_launcher`` command, the same environment but for what changes from
-one kernel to the next (``PER_KERNEL``); otherwise the kernel is spawned as before and the
-spare replaced. ``DLSCHED_PRELOAD=none`` in the Jupyter server's environment turns spares
+``python [options] -m ipykernel_launcher`` command, the same environment but for what
+changes from one kernel to the next (``PER_KERNEL``); otherwise the kernel is spawned as
+before and the spare replaced. ``DLSCHED_PRELOAD=none`` in the Jupyter server's environment turns spares
 off; ``DLSCHED_PRELOAD=a,b`` pins what they import.
 """
 
@@ -29,6 +29,8 @@ from typing import Any
 from . import control
 from .spare import EXIT_DROPPED, pinned
 
+#: a kernelspec's name and its Python with that Python's options (``-X ...``)
+Key = tuple[str, tuple[str, ...]]
 #: variables that differ from one kernel of a kernelspec to the next: everything else in a
 #: kernel's environment must be what its spare started with
 PER_KERNEL = frozenset(
@@ -58,7 +60,7 @@ def enabled() -> bool:
 class Spare:
     """One waiting spare: its process and the environment it started with."""
 
-    key: tuple[str, str]
+    key: Key
     process: subprocess.Popen[bytes]
     env: dict[str, str]
 
@@ -75,22 +77,29 @@ class Spare:
 
 
 _lock = threading.Lock()
-_spares: dict[tuple[str, str], Spare] = {}
-_failures: dict[tuple[str, str], int] = {}
+_spares: dict[Key, Spare] = {}
+_failures: dict[Key, int] = {}
 
 
-def key_of(kernelspec: str, cmd: list[str]) -> tuple[str, str] | None:
-    """``(kernelspec, python)`` for an ipykernel command line; None for any other kernel."""
-    if len(cmd) >= 3 and cmd[1:3] == ["-m", "ipykernel_launcher"]:
-        return kernelspec, cmd[0]
+def key_of(kernelspec: str, cmd: list[str]) -> Key | None:
+    """``(kernelspec, (python, *its options))`` for a ``python [OPTIONS] -m
+    ipykernel_launcher ...`` command line; None for any other kernel."""
+    for at in range(1, len(cmd) - 1):
+        if cmd[at : at + 2] == ["-m", "ipykernel_launcher"]:
+            return kernelspec, tuple(cmd[:at])
     return None
+
+
+def kernel_argv(key: Key, cmd: list[str]) -> list[str]:
+    """What ipykernel_launcher's own ``sys.argv[1:]`` would be."""
+    return cmd[len(key[1]) + 2 :]
 
 
 def comparable(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in PER_KERNEL}
 
 
-def take(key: tuple[str, str], env: dict[str, str], log: Any) -> Spare | None:
+def take(key: Key, env: dict[str, str], log: Any) -> Spare | None:
     """The waiting spare of ``key`` when it can become a kernel with ``env``; else None
     (a spare started with another environment is let go)."""
     with _lock:
@@ -127,20 +136,20 @@ def hand_over(spare: Spare, argv: list[str], env: dict[str, str], cwd: str | Non
     return True
 
 
-def ensure(key: tuple[str, str], env: dict[str, str], log: Any) -> None:
+def ensure(key: Key, env: dict[str, str], log: Any) -> None:
     """Start the spare of ``key`` unless one waits (or its spares keep failing)."""
     if not enabled():
         return
     with _lock:
         if key in _spares or _failures.get(key, 0) >= MAX_FAILURES:
             return
-        kernelspec, python = key
+        kernelspec, python = key[0], list(key[1])
         folder = control.base_folder() / "spares"
         folder.mkdir(mode=0o700, exist_ok=True)
         spare_env = {**comparable(env), "CUDA_VISIBLE_DEVICES": ""}  # no GPU while it waits
         try:
             process = subprocess.Popen(
-                [python, str(SPARE_SCRIPT), str(folder), kernelspec, str(DELAY)],
+                [*python, str(SPARE_SCRIPT), str(folder), kernelspec, str(DELAY)],
                 stdin=subprocess.PIPE,
                 env=spare_env,
                 cwd=folder,
@@ -193,8 +202,9 @@ def waiting(base: Path | None = None) -> list[dict[str, Any]]:
         try:
             data = json.loads(path.read_text())
             process = psutil.Process(int(data["pid"]))
-            # the pid of a spare that ended may be another process's by now
-            if abs(process.create_time() - float(data["started"])) > 5:
+            # the pid of a spare that ended may be another process's by now: one started
+            # after the spare wrote its file
+            if process.create_time() > float(data["started"]) + 1:
                 continue
             data["rss"] = process.memory_info().rss
         except (OSError, ValueError, KeyError, TypeError, psutil.Error):
