@@ -158,13 +158,20 @@ class GpuKernelProvisioner(LocalProvisioner):
         limit = duration_or_none(self.wait_limit, "wait_limit")
         deadline = None if limit is None else time.time() + limit
         said = None
-        pause = 0.01
+        pause, asked_at, waited_from = 0.01, 0.0, time.time()
         try:
             while True:
                 grant = control.read(self.folder, "grant.json")
                 if grant is not None and grant.get("job_id") == self.job_id:
                     self.log.info("GPU lease %s granted: %s", self.job_id, grant.get("env"))
                     return grant
+                # the grant file is read every 10 ms while a grant is likely (the first
+                # 2 s: it comes in about 0.1 s), the queue (an agent round trip) 4 times a
+                # second: a grant polled at a growing pause was seen 5-60 ms late
+                if time.monotonic() - asked_at < max(0.25, pause):
+                    await asyncio.sleep(pause)
+                    continue
+                asked_at = time.monotonic()
                 info = await asyncio.to_thread(sched.info, self.job_id)
                 if info.state in TERMINAL:
                     how = f" ({info.reason})" if info.reason else ""
@@ -183,8 +190,9 @@ class GpuKernelProvisioner(LocalProvisioner):
                         "cancelled. Try again later or install the kernelspec with a longer "
                         "--wait-limit"
                     )
-                # a grant usually comes within 0.1 s; a long wait is read twice a second
-                pause = min(0.5, pause * 1.5)
+                # a long wait is read twice a second
+                if time.time() - waited_from > 2.0:
+                    pause = min(0.5, pause * 1.5)
                 await asyncio.sleep(pause)
         except (asyncio.CancelledError, KeyboardInterrupt):
             await asyncio.to_thread(self._cancel_quietly)
