@@ -134,7 +134,7 @@ class Spare:
         parent = os.getppid()
         try:
             self.parent: int | None = os.pidfd_open(parent)
-        except OSError:
+        except (OSError, AttributeError):  # no pidfds (an old kernel or Python): EOF tells
             self.parent = None
         self._learnt_at = 0.0
 
@@ -186,6 +186,26 @@ class Spare:
         if cuda_touched():
             self.drop(name, "importing it initialised CUDA")
         self._note(name)
+
+    def import_kernel(self) -> None:
+        """What every kernel imports; a spare that cannot is no use (exit status 1: the
+        provisioner spawns this kernelspec's kernels, after a few tries)."""
+        for name in KERNEL_MODULES:
+            # what a kernel's start prints on the way (debugpy's warning about frozen
+            # modules) goes to its notebook, whose output it is not yet: not the server's log
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    importlib.import_module(name)
+            except Exception as error:
+                print(
+                    f"[dlsched] spare kernel of {self.kernelspec}: cannot import {name} "
+                    f"({type(error).__name__}: {error})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.forget()
+                os._exit(1)
+            self._note(name)
 
     def _note(self, name: str) -> None:
         top = name.partition(".")[0]
@@ -280,11 +300,7 @@ def main(argv: list[str]) -> int:
     try:
         message = spare.wait(delay)  # a kernel starting beside it gets the CPU first
         if message is None:
-            # what a kernel's start prints on the way (debugpy's warning about frozen
-            # modules) goes to its notebook, whose output it is not yet: not to the server's log
-            with contextlib.redirect_stderr(io.StringIO()):
-                for name in KERNEL_MODULES:
-                    spare.import_ahead(name, None)
+            spare.import_kernel()
             spare.learn()
             spare.write_state()
             while message is None:

@@ -233,3 +233,35 @@ def test_a_spare_kernel_ends_with_its_server_even_on_kill_9(pool: Scheduler) -> 
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_module_that_fails_to_import_ahead_is_dropped_and_named(tmp_path: Path) -> None:
+    """The spare process alone: it imports what kernels learnt; one that raises is dropped
+    (never tried again), named on stderr, and the spare exits for the next one to start."""
+    from jupyter_dlsched.kernels import spare
+
+    base, modules = tmp_path / "dlsched-kernels", tmp_path / "modules"
+    (base / "spares").mkdir(parents=True)
+    modules.mkdir()
+    (modules / "breaks_on_import.py").write_text("raise RuntimeError('no such device')\n")
+    learnt = {"breaks_on_import": str(modules / "breaks_on_import.py")}
+    (base / spare.IMPORTS_FILE).write_text(json.dumps(learnt))
+    env = {k: v for k, v in os.environ.items() if k != "DLSCHED_PRELOAD"}
+    env["PYTHONPATH"] = os.pathsep.join([str(modules), env.get("PYTHONPATH", "")])
+    process = subprocess.Popen(
+        [sys.executable, str(spares.SPARE_SCRIPT), str(base / "spares"), "gpu", "0"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    process.wait(timeout=120)  # its stdin open: it is let go on end of file
+    assert process.stderr is not None and process.stdin is not None
+    err = process.stderr.read()
+    process.stdin.close()
+    assert process.returncode == spare.EXIT_DROPPED, err
+    assert "breaks_on_import is no longer imported ahead" in err
+    assert "RuntimeError: no such device" in err
+    assert (base / spare.DROPPED_FILE).read_text().split() == ["breaks_on_import"]
+    assert spare.wanted(base) == []
+    assert list((base / "spares").iterdir()) == []  # no state file left behind
