@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import control
-from .spare import EXIT_DROPPED, pinned
+from .spare import EXIT_DROPPED, KERNEL_MODULES, pinned
 
 #: a kernelspec's name and its Python with that Python's options (``-X ...``)
 Key = tuple[str, tuple[str, ...]]
@@ -214,19 +214,14 @@ def waiting(base: Path | None = None) -> list[dict[str, Any]]:
 
 
 def words(spares: list[dict[str, Any]]) -> str:
-    """``spare GPU kernels: 1 (python3-1gpu), torch imported ahead, 412.0 MiB; ...``."""
+    """``spare GPU kernels: 1 (python3-1gpu) waiting with ipykernel, torch imported, 244.0
+    MiB (DLSCHED_PRELOAD=none turns them off)``: what every kernel imports is "ipykernel"."""
     from ..vocab.units import format_size
 
     names = ", ".join(sorted({str(s.get("kernelspec")) for s in spares}))
-    learnt = sorted(
-        {
-            m
-            for s in spares
-            for m in s.get("modules") or []
-            if m not in ("ipykernel", "jupyter_dlsched")
-        }
-    )
-    ahead = ", ".join(learnt) or "nothing learnt yet"
+    every = {name.partition(".")[0] for name in KERNEL_MODULES}
+    learnt = sorted({m for s in spares for m in s.get("modules") or [] if m not in every})
+    ahead = ", ".join(["ipykernel", *learnt])
     size = format_size(sum(int(s.get("rss") or 0) for s in spares))
     return (
         f"spare GPU kernels: {len(spares)} ({names}) waiting with {ahead} imported, {size} "
