@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..client.data import data_words
+from ..kernels import spares
 from ..nbjobs.record import read_record
 from ..vocab import words
 from ..vocab.history import history_table, period_words, totals_by_owner
@@ -22,8 +23,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         s.tick()
         status = s.status()
         pool = s.pool()
+    waiting = spares.waiting()
     if args.json:
-        _print_json({**status, "pool": pool.to_json()})
+        _print_json({**status, "pool": pool.to_json(), "spare_kernels": waiting})
         return EXIT_OK
     counts = status["counts"]
     gpus = status["gpus"]
@@ -37,6 +39,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(data_words(status["data"]))
     if status.get("pool", {}).get("mode") == "user":
         print(_preload_words(status))
+    if waiting:
+        print(spares.words(waiting))
     print(pool)
     return EXIT_OK
 

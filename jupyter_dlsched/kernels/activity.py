@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import control
+from . import control, spare
 
 
 class CellActivity:
@@ -26,6 +26,7 @@ class CellActivity:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.cells = 0
+        self.imports = KernelImports(folder.parent)
 
     def _write(self, busy: bool) -> None:
         try:
@@ -56,6 +57,48 @@ class CellActivity:
 
     def post_run_cell(self, *args: Any) -> None:
         self._write(False)
+        self.imports.note()
+
+
+class KernelImports:
+    """What cells imported: the top-level modules beyond the kernel's start, each with the
+    file it came from, added to ``imports.json`` of the kernels' folder, where the spare
+    kernels (``spare.py``) find what to import ahead of the next kernel."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.before = _top_level()
+        self._seen = len(sys.modules)
+
+    def note(self) -> None:
+        if len(sys.modules) == self._seen or spare.pinned() is not None:
+            return  # nothing imported since (or the list is pinned: nothing is learnt)
+        self._seen = len(sys.modules)
+        new = {}
+        for name in sorted(_top_level() - self.before):
+            if name in sys.stdlib_module_names or name.startswith("_") or name in _NEVER:
+                continue
+            origin = getattr(getattr(sys.modules.get(name), "__spec__", None), "origin", None)
+            if isinstance(origin, str) and os.path.isabs(origin):
+                new[name] = origin
+        self.before |= set(new)
+        if not new:
+            return
+        known = control.read(self.base, spare.IMPORTS_FILE) or {}
+        added = {n: f for n, f in new.items() if n not in known}
+        if added and len(known) < 4 * spare.MAX_LEARNT:
+            try:
+                control.write(self.base, spare.IMPORTS_FILE, {**known, **added})
+            except OSError:
+                pass  # nothing is learnt from this kernel
+
+
+#: never imported ahead: the notebook itself, and what every kernel has anyway
+_NEVER = {"__main__", "jupyter_dlsched", "IPython", "ipykernel"}
+
+
+def _top_level() -> set[str]:
+    return {name.partition(".")[0] for name in list(sys.modules)}
 
 
 def _in_process_group() -> bool:

@@ -18,6 +18,10 @@ file                written by       says
 ``suspended.json``  the lease        the kernel was suspended: its pid, GPUs, memory held
 ``restored.json``   the lease        the next lease restored the kernel (its job id)
 ==================  ===============  ==========================================================
+
+Beside the kernels' folders, in the base folder: ``imports.json`` (what GPU kernels
+imported, written by ``activity.py``, imported ahead by the spare kernels), ``spares/``
+(each waiting spare's ``<pid>.json``, ``spare.py``) and ``imports.dropped``.
 """
 
 from __future__ import annotations
@@ -40,13 +44,19 @@ GRANT_ENV = (
 )
 
 
-def runtime_folder(kernel_id: str) -> Path:
-    """A new (or this kernel's existing) private control folder."""
+def base_folder() -> Path:
+    """The private folder that holds every kernel's control folder, the spare kernels'
+    state (``spares/``) and the modules GPU kernels imported (``imports.json``)."""
     from jupyter_core.paths import jupyter_runtime_dir
 
     base = Path(jupyter_runtime_dir()) / "dlsched-kernels"
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    folder = base / kernel_id
+    return base
+
+
+def runtime_folder(kernel_id: str) -> Path:
+    """A new (or this kernel's existing) private control folder."""
+    folder = base_folder() / kernel_id
     folder.mkdir(mode=0o700, exist_ok=True)
     return folder
 

@@ -34,7 +34,7 @@ from ..inside.runtime import JOB_ID_ENV
 from ..vocab.errors import DlschedError
 from ..vocab.schema import TERMINAL
 from ..vocab.units import parse_duration
-from . import control
+from . import control, spares
 
 PROVISIONER_NAME = "dlsched-gpu"
 #: the IPython extension that reports a GPU kernel's cell activity to its lease
@@ -158,13 +158,20 @@ class GpuKernelProvisioner(LocalProvisioner):
         limit = duration_or_none(self.wait_limit, "wait_limit")
         deadline = None if limit is None else time.time() + limit
         said = None
-        pause = 0.01
+        pause, asked_at, waited_from = 0.01, 0.0, time.time()
         try:
             while True:
                 grant = control.read(self.folder, "grant.json")
                 if grant is not None and grant.get("job_id") == self.job_id:
                     self.log.info("GPU lease %s granted: %s", self.job_id, grant.get("env"))
                     return grant
+                # the grant file is read every 10 ms while a grant is likely (the first
+                # 2 s: it comes in about 0.1 s), the queue (an agent round trip) 4 times a
+                # second: a grant polled at a growing pause was seen 5-60 ms late
+                if time.monotonic() - asked_at < max(0.25, pause):
+                    await asyncio.sleep(pause)
+                    continue
+                asked_at = time.monotonic()
                 info = await asyncio.to_thread(sched.info, self.job_id)
                 if info.state in TERMINAL:
                     how = f" ({info.reason})" if info.reason else ""
@@ -183,8 +190,9 @@ class GpuKernelProvisioner(LocalProvisioner):
                         "cancelled. Try again later or install the kernelspec with a longer "
                         "--wait-limit"
                     )
-                # a grant usually comes within 0.1 s; a long wait is read twice a second
-                pause = min(0.5, pause * 1.5)
+                # a long wait is read twice a second
+                if time.time() - waited_from > 2.0:
+                    pause = min(0.5, pause * 1.5)
                 await asyncio.sleep(pause)
         except (asyncio.CancelledError, KeyboardInterrupt):
             await asyncio.to_thread(self._cancel_quietly)
@@ -283,7 +291,9 @@ class GpuKernelProvisioner(LocalProvisioner):
         if self._in_job:
             return await super().launch_kernel(cmd, **kwargs)
         try:
-            info = await super().launch_kernel(cmd, **kwargs)
+            info = self._hand_to_spare(cmd, kwargs)
+            if info is None:
+                info = await super().launch_kernel(cmd, **kwargs)
         except BaseException:
             self._release()  # the kernel could not be started: its GPUs go back now
             raise
@@ -293,7 +303,45 @@ class GpuKernelProvisioner(LocalProvisioner):
             "kernel.json",
             {"pid": self.pid, "server_pid": os.getpid(), "started": time.time()},
         )
+        self._next_spare(cmd, kwargs)
         return info
+
+    # -- warm kernels (spares.py) -----------------------------------------------------------
+
+    def _spare_key(self, cmd: list[str], kwargs: dict[str, Any]) -> spares.Key | None:
+        if not spares.enabled() or kwargs.get("independent"):
+            return None
+        if kwargs.get("stdout") is not None or kwargs.get("stderr") is not None:
+            return None  # a spare's output goes where the server's goes, as by default
+        return spares.key_of(str(getattr(self.parent, "kernel_name", "") or "?"), cmd)
+
+    def _kernel_env(self, kwargs: dict[str, Any]) -> dict[str, str]:
+        # what jupyter_client's launcher gives a kernel it spawns
+        return {**(kwargs.get("env") or os.environ), "JPY_PARENT_PID": str(os.getpid())}
+
+    def _hand_to_spare(self, cmd: list[str], kwargs: dict[str, Any]) -> KernelConnectionInfo | None:
+        """The waiting spare becomes this kernel: None when there is none to use."""
+        key = self._spare_key(cmd, kwargs)
+        if key is None:
+            return None
+        env = self._kernel_env(kwargs)
+        spare = spares.take(key, env, self.log)
+        cwd = kwargs.get("cwd") or os.getcwd()  # where a spawned kernel would run
+        if spare is None or not spares.hand_over(
+            spare, spares.kernel_argv(key, cmd), env, str(cwd)
+        ):
+            return None
+        self.process = spare.process
+        self.pid = spare.process.pid
+        self.pgid = spare.process.pid  # a session (and group) of its own, as spawned kernels
+        self.cwd = cwd
+        self.log.info("GPU kernel %s: the spare kernel pid %s took it", self.kernel_id, self.pid)
+        return self.connection_info
+
+    def _next_spare(self, cmd: list[str], kwargs: dict[str, Any]) -> None:
+        key = self._spare_key(cmd, kwargs)
+        if key is not None:
+            spares.ensure(key, self._kernel_env(kwargs), self.log)
 
     def _release(self) -> None:
         if self.folder is not None:

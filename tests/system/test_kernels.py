@@ -23,7 +23,7 @@ from jupyter_client import KernelManager
 
 from jupyter_dlsched.cli.reports import progress_words as cli_progress_words
 from jupyter_dlsched.client.scheduler import Scheduler
-from jupyter_dlsched.kernels import control
+from jupyter_dlsched.kernels import control, spares
 from jupyter_dlsched.kernels.kernelspecs import GpuKernelRequest, install
 from jupyter_dlsched.kernels.provisioner import KernelLeaseError
 from jupyter_dlsched.widgets.format import progress_words
@@ -45,6 +45,7 @@ def pool(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
         yield s
         for job in s.jobs(state=("queued", "running")):
             s.cancel(job.id)
+    spares.stop_all()  # the spare kernels this test's starts left waiting
 
 
 class Kernel:
