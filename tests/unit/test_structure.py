@@ -4,6 +4,7 @@ layer imports only what is below it."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import jupyter_dlsched
@@ -119,16 +120,23 @@ def import_statements(
     return found
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once for every rule (the package does not change while
+    the rules read it)."""
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
 def import_graph(in_functions: bool = False, type_only: bool = False) -> Graph:
     """Module → the package's modules it imports (the module a ``from`` names, or its
-    submodule when the imported name is one)."""
+    submodule when the imported name is one). Built once per kind: read, never changed."""
     paths = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
     graph: Graph = {}
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
-        tree = ast.parse(path.read_text(), str(path))
-        for node in import_statements(tree.body, in_functions, type_only):
+        for node in import_statements(parsed(path).body, in_functions, type_only):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
                 continue
@@ -299,7 +307,7 @@ def modules_opening_transactions() -> dict[str, list[int]]:
         name = module_name(path)
         if layer(name, ("store",)):
             continue
-        lines = transaction_openers(ast.parse(path.read_text(), str(path)))
+        lines = transaction_openers(parsed(path))
         if lines:
             found[name.removeprefix(f"{ROOT}.")] = lines
     return found
