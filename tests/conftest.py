@@ -77,6 +77,46 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("DLSCHED_AGENT_IDLE", "20")
 
 
+#: The files that take longest (seconds of a whole run, heaviest first). ``make test`` hands
+#: whole files to its workers in collection order (``--dist loadfile``): one of these
+#: collected last kept one worker busy for minutes after the others had finished, so they
+#: are collected first. A file missing here only runs in its usual place.
+HEAVY_FILES = (
+    "tests/system/test_ray.py",
+    "tests/system/test_gpu_check.py",
+    "tests/system/test_team_guard.py",
+    "tests/system/test_notebook_jobs.py",
+    "tests/frontends/browser/daily/test_daily_use_3.py",
+    "tests/system/test_queue_head.py",
+    "tests/system/test_agent.py",
+    "tests/system/test_containment.py",
+    "tests/system/test_torch.py",
+    "tests/frontends/browser/daily/test_daily_use_2.py",
+    "tests/frontends/browser/test_cell_line.py",
+    "tests/frontends/test_kernels_cli.py",
+    "tests/system/test_daily_use.py",
+    "tests/frontends/test_torch_notebook.py",
+    "tests/system/test_kernels.py",
+    "tests/system/test_warm_job.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The heaviest files first (``HEAVY_FILES``); the rest in their order. The same order in
+    every worker, as xdist requires."""
+    rank = {name: i for i, name in enumerate(HEAVY_FILES)}
+    root = Path(str(config.rootpath))
+
+    def weight(item: pytest.Item) -> int:
+        try:
+            name = Path(str(item.path)).relative_to(root).as_posix()
+        except ValueError:
+            return len(HEAVY_FILES)
+        return rank.get(name, len(HEAVY_FILES))
+
+    items.sort(key=weight)  # stable: each file's own order is kept
+
+
 class OtherUser:
     """A real second Unix user; ``python`` runs Python as that user, ``run`` the bare system
     interpreter (for attacks that need nothing of ours)."""
