@@ -137,7 +137,7 @@ class ElasticPolicy(RankedGrowth, PolicyGate):
         elastic_running = [j for j in running if j.min_gpus is not None]
         ranks = None
         if elastic_running or any(q.max_gpus is not None for q in queued):
-            ranks = self._ranks(queued)
+            ranks = self._ranks(queued, elastic_running)
         claimed: list[Grower] = []
         if ranks is not None:
             claimed = self._claim(queued, ranks, elastic_running, capacity, now)

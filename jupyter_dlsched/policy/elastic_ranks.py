@@ -100,11 +100,17 @@ class RankedGrowth:
         """Whether ``new`` GPUs run a job ``new / old`` times as fast as ``old`` do."""
         return self.speedup.ratio(old, new) >= new / old - 1e-9
 
-    def _ranks(self, queued: Sequence[QueuedJob]) -> list[float] | None:
-        """The waiting jobs' ranks, sorted, for a policy that grows by rank; else ``None``."""
+    def _ranks(
+        self, queued: Sequence[QueuedJob], elastic_running: Sequence[RunningJob]
+    ) -> list[float] | None:
+        """The waiting jobs' ranks, sorted, for a policy that grows by rank and knows every
+        job's remaining time (a replay); else ``None``: live jobs are shared out as usual."""
         if not getattr(self._policy, "grows_by_rank", False):
             return None
-        return sorted(self._policy.queued_rank(q) for q in queued)  # type: ignore[attr-defined]
+        if any(j.remaining is None for j in elastic_running):
+            return None
+        ranks = sorted(self._policy.queued_rank(q) for q in queued)  # type: ignore[attr-defined]
+        return None if ranks and math.isinf(ranks[-1]) else ranks
 
     def _claim(
         self,

@@ -104,3 +104,14 @@ def test_a_better_ranked_running_job_grows_before_a_worse_ranked_one_starts():
     # a shorter waiting job starts on the idle GPU instead
     d = policy([waiting("s", 1, remaining=600.0)], [e], pool(2, e.placement), 1000.0)
     assert [s.job_id for s in d.starts] == ["s"] and d.resizes == []
+
+
+def test_without_remaining_times_srtf_shares_idle_gpus_as_every_policy_does():
+    # live jobs: nothing knows how long they run, so idle GPUs are water-filled
+    policy = ElasticPolicy(get_policy("srtf"))
+    jobs = [
+        QueuedJob("a", 0, 0.0, Request(gpus=1, cpus=0), max_gpus=8),
+        QueuedJob("b", 1, 0.0, Request(gpus=1, cpus=0), max_gpus=8),
+    ]
+    d = policy(jobs, [], pool(4), 0.0)
+    assert {s.job_id: len(s.placement.gpus) for s in d.starts} == {"a": 2, "b": 2}
