@@ -1,16 +1,17 @@
 """Elastic jobs against rigid ones: every policy replayed on the Philly slices both ways.
 
     python benchmarks/sim_elastic.py [--trace PATH] [--elastic 0.5:4] [--speedup linear]
-        [--speedup amdahl:0.05] [--part second] [--json out.json]
+        [--speedup amdahl:0.05] [--part second] [--slice 0e4a51/16] [--json out.json]
 
 For each published slice (virtual cluster ed69ec on 8 GPUs, 103959 on 24,
-second half by default, as in ``sim_policies.py``) and each policy, the same
+second half by default, as in ``sim_policies.py``; ``--slice CLUSTER/GPUS``,
+repeated, replays others instead) and each policy, the same
 jobs are replayed rigid and with a share of them elastic between 1 GPU and
 their request × MAXFACTOR (``--elastic SHARE:MAXFACTOR``, the same spelling as
 ``dlsched sim``), under each speedup model. A resize costs the same 30 s as a
 preemption's restart and no job is resized within 300 s of its last start or
 resize. Printed: average JCT, the change against the same policy rigid
-(target: at least 25 % lower), utilisation as useful work (the trace's GPUs ×
+(target: at least 25 % lower), the 99th percentile JCT both ways, utilisation as useful work (the trace's GPUs ×
 durations over GPUs × makespan, as ``dlsched sim`` reports it), GPU time held
 (restart time and the extra GPU time of sub-linear speedup included) and
 resizes per elastic job.
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--elastic", default="0.5:4", help="SHARE:MAXFACTOR (default 0.5:4)")
     parser.add_argument("--speedup", action="append", help="linear, amdahl:F, table:... (repeat)")
     parser.add_argument("--part", default="second", choices=("first", "second", "all"))
+    parser.add_argument("--slice", action="append", help="CLUSTER/GPUS (repeat; default both)")
     parser.add_argument("--json", type=Path, help="also write every row here")
     args = parser.parse_args()
     share, factor = parse_elastic(args.elastic)
@@ -77,16 +79,20 @@ def main() -> None:
         f"1 GPU to {factor:g} x request; resize every {RESIZE_EVERY:g} s, {RESTART:g} s each"
     )
     report: dict[str, Any] = {"elastic": args.elastic, "part": args.part, "slices": {}}
-    for cluster, gpus in SLICES:
+    slices = SLICES
+    if args.slice:
+        slices = [(c, int(g)) for c, _, g in (text.partition("/") for text in args.slice)]
+    for cluster, gpus in slices:
         jobs = split(list(load_philly(args.trace, cluster=[cluster], max_gpus=gpus)), args.part)
         elastic = make_elastic(jobs, share, factor)
         n = sum(1 for j in elastic if j.elastic)
         print(f"\n### {cluster} on {gpus} GPUs, {args.part} half ({len(jobs)} jobs, {n} elastic)\n")
         print(
-            "| policy | speedup | rigid avg JCT h | elastic avg JCT h | change | rigid util "
-            "| elastic util | elastic GPU time held | resizes / elastic job | target |"
+            "| policy | speedup | rigid avg JCT h | elastic avg JCT h | change | rigid p99 h "
+            "| elastic p99 h | rigid util | elastic util | elastic GPU time held "
+            "| resizes / elastic job | target |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         rows = []
         for policy in POLICIES:
             rigid = row(jobs, policy, gpus, None)
@@ -96,7 +102,8 @@ def main() -> None:
                 met = "met" if change <= -TARGET else "**missed**"
                 print(
                     f"| {policy} | {model} | {rigid['avg_jct'] / 3600:.2f} | "
-                    f"{flex['avg_jct'] / 3600:.2f} | {change:+.1%} | {rigid['utilisation']:.1%} | "
+                    f"{flex['avg_jct'] / 3600:.2f} | {change:+.1%} | {rigid['p99_jct'] / 3600:.1f} | "
+                    f"{flex['p99_jct'] / 3600:.1f} | {rigid['utilisation']:.1%} | "
                     f"{flex['utilisation']:.1%} | {flex['held']:.1%} | "
                     f"{flex['resizes_per_elastic_job']:.2f} | {met} |",
                     flush=True,

@@ -19,7 +19,10 @@ restart — up to its maximum and back down. ``ElasticPolicy`` wraps any policy
    ties), up to their maximum. A job starting now takes them for free; a
    running job only when the time it saves beats ``margin`` × its restart
    cost (a blind estimate: a job is expected to run at least as long again as
-   it has run, and at least ``resize_every``).
+   it has run, and at least ``resize_every``; an oracle's true remaining time).
+   Under a policy that ranks by remaining work (``srtf``) idle GPUs go in its
+   rank order instead, and borrowed GPUs are lent only to a better-ranked job
+   (``jupyter_dlsched.policy.elastic_ranks``).
 4. **Hysteresis.** No job is resized within ``resize_every`` seconds of its
    last start or resize: its borrowed GPUs are not lent and it does not grow
    until then, and the policy asks to be woken when that time comes.
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..vocab.resources import Capacity, Placement
 from .base import (
@@ -52,25 +55,13 @@ from .base import (
     narrowed,
     passes_through,
 )
+from .elastic_ranks import Grower, RankedGrowth, placed
 from .speedup import Speedup, parse_speedup
 
 RESIZE_EVERY = 300.0
 
 
-@dataclass
-class _Grower:
-    """One elastic job that may take idle GPUs in this decision."""
-
-    id: str
-    seq: int
-    size: int
-    most: int
-    placement: Placement
-    running: RunningJob | None  # None: starting now, so growing costs nothing
-    owner: str = ""
-
-
-class ElasticPolicy(PolicyGate):
+class ElasticPolicy(RankedGrowth, PolicyGate):
     """``policy`` with elastic jobs handled (see the module's docstring).
 
     ``resize_every``: seconds between two resizes of one job (default 300);
@@ -142,12 +133,24 @@ class ElasticPolicy(PolicyGate):
         now: float,
     ) -> Decisions:
         lent: dict[int, RunningJob] = {}  # borrowed GPU -> the elastic job holding it
-        view = capacity
         unlock = math.inf  # when the next locked elastic job may be resized
         elastic_running = [j for j in running if j.min_gpus is not None]
+        ranks = None
+        if elastic_running or any(q.max_gpus is not None for q in queued):
+            ranks = self._ranks(queued, elastic_running)
+        claimed: list[Grower] = []
+        if ranks is not None:
+            claimed = self._claim(queued, ranks, elastic_running, capacity, now)
+        for grower in claimed:  # held for the growth: the wrapped policy does not see them
+            assert grower.running is not None
+            held = set(grower.placement.gpus) - set(grower.running.placement.gpus)
+            capacity = capacity.take(_part(grower.placement, held))
+        view = capacity
         for job in elastic_running:
             low, size = int(job.min_gpus or 1), len(job.placement.gpus)
             if job.stopping or size <= low and size >= int(job.max_gpus or size):
+                continue
+            if any(g.id == job.id for g in claimed) or not self._lends(job, ranks, now):
                 continue
             if now - job.started < self.resize_every:
                 unlock = min(unlock, job.started + self.resize_every)
@@ -167,6 +170,7 @@ class ElasticPolicy(PolicyGate):
         starting = _starting(queued, decisions.starts)
         if (
             not lent
+            and not claimed
             and not elastic_running
             and not any(q.max_gpus is not None for q in starting.values())
         ):
@@ -186,8 +190,20 @@ class ElasticPolicy(PolicyGate):
             decisions.resizes.append(
                 Resize(job_id, placement, f"shrunk to {_gpus(len(keep))} for waiting work")
             )
+        by_rank = ranks is not None
+        policy = self._policy
         growers = [
-            _Grower(s.job_id, q.seq, len(s.placement.gpus), q.max_gpus, s.placement, None, q.owner)
+            Grower(
+                s.job_id,
+                q.seq,
+                len(s.placement.gpus),
+                q.max_gpus,
+                s.placement,
+                None,
+                q.owner,
+                policy.queued_rank(q) if by_rank else 0.0,  # type: ignore[attr-defined]
+                q.remaining if by_rank else None,
+            )
             for s in starts
             if (q := starting[s.job_id]).max_gpus is not None
         ]
@@ -195,6 +211,7 @@ class ElasticPolicy(PolicyGate):
             if (
                 job.id in taken
                 or job.id in stopped
+                or any(g.id == job.id for g in claimed)
                 or job.stopping
                 or now - job.started < self.resize_every
                 or len(job.placement.gpus) >= int(job.max_gpus or 0)
@@ -202,8 +219,16 @@ class ElasticPolicy(PolicyGate):
                 continue
             size = len(job.placement.gpus)
             growers.append(
-                _Grower(
-                    job.id, job.seq, size, int(job.max_gpus or size), job.placement, job, job.owner
+                Grower(
+                    job.id,
+                    job.seq,
+                    size,
+                    int(job.max_gpus or size),
+                    job.placement,
+                    job,
+                    job.owner,
+                    policy.running_rank(job, now) if by_rank else 0.0,  # type: ignore[attr-defined]
+                    job.remaining_at(now) if by_rank else None,
                 )
             )
         starting_gpus: dict[str, float] = {}
@@ -211,11 +236,20 @@ class ElasticPolicy(PolicyGate):
             owner = starting[s.job_id].owner if s.job_id in starting else ""
             starting_gpus[owner] = starting_gpus.get(owner, 0.0) + len(s.placement.gpus)
         budget = _gpu_budget(self._policy, running, starting_gpus)
-        grown = self._grow(growers, room, now, budget)
+        deferred: set[str] = set()
+        if ranks is not None:
+            grown, deferred = self._grow_by_rank(growers, room, ranks, now, budget)
+            grown += claimed
+        else:
+            grown = self._grow(growers, room, now, budget)
         by_id = {grower.id: grower for grower in grown}
         decisions.starts = [
-            Start(s.job_id, by_id[s.job_id].placement) if s.job_id in by_id else s for s in starts
+            Start(s.job_id, by_id[s.job_id].placement) if s.job_id in by_id else s
+            for s in starts
+            if s.job_id not in deferred
         ]
+        for job_id in deferred:
+            decisions.waiting[job_id] = "waiting: its GPUs go to elastic jobs with less work left"
         for grower in grown:
             if grower.running is not None:
                 decisions.resizes.append(
@@ -263,11 +297,11 @@ class ElasticPolicy(PolicyGate):
 
     def _grow(
         self,
-        growers: list[_Grower],
+        growers: list[Grower],
         room: Capacity,
         now: float,
         budget: dict[str, float] | None = None,
-    ) -> list[_Grower]:
+    ) -> list[Grower]:
         """Share the whole GPUs free in ``room`` among ``growers``; those that grew.
 
         ``budget``: the GPUs each owner with a per-user limit may still take (a shared
@@ -300,22 +334,7 @@ class ElasticPolicy(PolicyGate):
             if unworthy:
                 growers = [g for g in growers if g not in unworthy]
                 continue
-            grown = []
-            for g in sorted(growers, key=lambda g: g.seq):
-                extra = sizes[g.id] - g.size
-                if extra <= 0:
-                    continue
-                first = g.placement.gpus[0] if g.placement.gpus else None
-                group = next((c.group for c in room.gpus if c.index == first), None)
-                free.sort(key=lambda c: (c.group != group, c.index))
-                cards, free = free[:extra], free[extra:]
-                placement = replace(
-                    g.placement,
-                    gpus=g.placement.gpus + tuple(c.index for c in cards),
-                    gpu_mem=g.placement.gpu_mem + tuple(c.mem_free for c in cards),
-                )
-                grown.append(replace(g, size=sizes[g.id], placement=placement))
-            return grown
+            return placed(growers, sizes, room, free)
         return []
 
     def _at_minimum(self, job: RunningJob, now: float) -> RunningJob:
@@ -337,8 +356,12 @@ class ElasticPolicy(PolicyGate):
 
     def _worth(self, job: RunningJob, old: int, new: int, now: float) -> bool:
         """Whether growing ``job`` from ``old`` to ``new`` GPUs saves more than it costs."""
-        age = job.attained_at(now) / max(1, old)
-        expected = max(self.resize_every, age)  # seconds still to run at ``old`` GPUs
+        # an oracle's remaining time where the policy reads it; else the blind estimate
+        left = job.remaining_at(now) if getattr(self._policy, "oracle", False) else None
+        if left is None:
+            age = job.attained_at(now) / max(1, old)
+            left = max(self.resize_every, age)  # seconds still to run at ``old`` GPUs
+        expected = left
         saved = expected * (1.0 - 1.0 / self.speedup.ratio(old, new))
         return saved > self.margin * self._restart_cost
 

@@ -54,6 +54,9 @@ class SrtfPolicy(RankedPolicy):
     margin_counts_queue = True
     #: it reads every job's true remaining run time: the simulator labels its rows "(oracle)"
     oracle = True
+    #: its ranks are remaining GPU-seconds: elastic jobs get idle GPUs in rank order
+    #: (``jupyter_dlsched.policy.elastic_ranks``), not shared out by water-filling
+    grows_by_rank = True
 
     def queue_key(self, job: QueuedJob) -> tuple[float, int]:
         return (self.queued_rank(job), job.seq)
