@@ -65,13 +65,17 @@ def test_a_scheduled_cell_survives_a_restart_and_comes_back_with_attach(simulate
     nb = new_notebook()
     client = client_for(nb, tmp_path)
     saved = tmp_path / "restart.ipynb"
+    go = tmp_path / "go"
     with client.setup_kernel():
         run(client, nb, "%load_ext jupyter_dlsched")
         cell = run(
             client,
             nb,
             "%%schedule --name survivor --cpus 0.5 --out answer\n"
-            "import time\ntime.sleep(6)\nanswer = 6 * 7\n",
+            # it runs on until the new kernel has attached to it (a fixed sleep ran out
+            # first on a loaded machine, and the attach showed only the summary)
+            f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n"
+            "answer = 6 * 7\n",
         )
         job_id = re.search(r"attach (\w+)", data_of(cell, "text/plain")).group(1)
         # while other cells run, the status line moves on and its plain summary with it
@@ -90,6 +94,7 @@ def test_a_scheduled_cell_survives_a_restart_and_comes_back_with_attach(simulate
         run(client, nb, "%load_ext jupyter_dlsched")
         attach = run(client, nb, f"%dlsched attach {job_id}")
         assert WIDGET in attach.outputs[0]["data"]  # a live line
+        go.touch()
         waited = run(client, nb, f"%dlsched wait {job_id}")
         answer = run(client, nb, "answer")
 
