@@ -93,23 +93,28 @@ class Forking:
         """
         while self._spares:
             spare = best(self._spares, self._learnt)
+            if spare.rank(self._learnt)[0] >= 2 and self._hand_on(job):
+                return
             self._spares.remove(spare)
             # the next spare waits until this job is under way (two forks at once compete
             # for the same cores and pages); a refill already pending is not pushed back, or
             # a queue draining fast would never get its spares back
             now = time.monotonic()
-            in_hand = any(s.rank(self._learnt)[0] == 0 for s in self._spares)
+            # (one with what was learnt is in hand, or comes back after its job)
+            in_hand = any(s.rank(self._learnt)[0] <= 1 for s in self._spares) or any(
+                s.learnt >= self._learnt for s in self._lent.values()
+            )
             delay = WARM_REFILL_DELAY if self._learnt and in_hand else SPARE_DELAY
             if self._spare_after <= now:
                 self._spare_after = now + delay
             else:
                 self._spare_after = min(self._spare_after, now + delay)
-            if spare.send(job.id):
-                spare.told(LENT)
-                spare.jobs += 1
+            if spare.lend(job):
                 self._lent[spare.pid] = spare  # for its next job, when it says it waits
                 return
             self._forget(spare)  # it has gone: the next one, or one forked for this job
+        if self._learnt and self._hand_on(job):
+            return
         try:
             pid = self._fork()
         except OSError as error:
@@ -117,6 +122,16 @@ class Forking:
             return  # relaunched after RELAUNCH_AFTER, or reaped when its claim lapses
         if pid == 0:
             self._become_supervisor(job.id, None)
+
+    def _hand_on(self, job: JobInfo) -> bool:
+        """Give ``job`` to a lent spare whose job has ended, when no spare in hand has what
+        was learnt: it is handed over when that spare says it waits again (``take_back``),
+        in the time it takes its supervisor to come back, not the seconds of an import."""
+        for spare in self._lent.values():
+            if spare.returning(self._store, self._learnt, REUSE):
+                spare.queued = job
+                return True
+        return False
 
     def _fork(self) -> int:
         """``os.fork()`` with the ledger connection closed first (it reopens on next use).
@@ -184,9 +199,15 @@ class Forking:
             return
         if again and not self._stopping:
             spare.back()
-            self._spares.append(spare)
             self._learnt = max(self._learnt, spare.learnt)
+            queued, spare.queued = spare.queued, None
+            if queued is not None and spare.lend(queued):
+                self._lent[spare.pid] = spare
+                return
+            self._spares.append(spare)
             self.tend_spares()
+            if queued is not None:
+                self.fork_supervisor(queued)  # it had gone: another takes it
         else:
             self._forget(spare)
 
@@ -224,10 +245,14 @@ class Forking:
         except (KeyError, ValueError):
             pass
         spare.close()
+        queued, spare.queued = spare.queued, None
+        if queued is not None and not self._stopping:
+            self.fork_supervisor(queued)  # it does not come back: another takes it
 
     def close_spares(self) -> None:
         """Let go of every spare (each exits; a job one runs is not affected)."""
         for spare in self._spares + list(self._lent.values()):
+            spare.queued = None  # launched again by the next agent (``RELAUNCH_AFTER``)
             self._forget(spare)
 
     def sweep_lent(self) -> None:
@@ -296,7 +321,7 @@ class Forking:
                     learnt, modules = (0, []) if self.shared else wanted(store, uid, self.home)
                     fresh = False
                     if modules:
-                        _say(pipe, f"w{learnt}")
+                        _say(pipe, f"w{learnt} {runs}")
                         before = len(sys.modules)
                         warm_up(modules, self.home)
                         fresh = len(sys.modules) != before
@@ -311,7 +336,7 @@ class Forking:
                         store.data_version()  # opened again, before the job is known
                         if line:
                             rehearse(store, line)  # the pages its next start touches, now
-                    _say(pipe, f"r{learnt}")
+                    _say(pipe, f"r{learnt} {runs}")
                     order = waiting.readline().decode().strip()
                     if not order:
                         code = 0  # the agent has gone (or exited): nothing to supervise

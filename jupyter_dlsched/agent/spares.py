@@ -3,13 +3,16 @@
 A spare imports what this user's jobs were learnt to import (``local/preload.py``) before
 it forks the process for its next job, and that takes as long as the job's own import
 would (a second or two for torch). Each spare says on its channel where it stands:
-``w<n>`` (importing what was learnt, ``n`` the size of the learnt set it read) and
-``r<n>`` (its process is forked ahead: it takes a job at once), so that
+``w<n> <runs>`` (importing what was learnt, ``n`` the size of the learnt set it read,
+after ``runs`` jobs) and ``r<n> <runs>`` (its process is forked ahead: it takes a job at
+once), so that
 
-* a job goes to a spare that is ready with everything learnt; else to the one that has
-  been importing longest (the job waits for that import, which began before the job:
-  never slower than importing it in the job); a spare forked before the last learning
-  comes last (its job imports what it lacks itself);
+* a job goes to a spare that is ready with everything learnt; else to one whose job has
+  just ended (the job is handed to it when it says it waits again: a client that submits
+  the moment its last job ended is quicker than that job's supervisor coming back); else
+  to the one that has been importing longest (the job waits for that import, which began
+  before the job: never slower than importing it in the job); a spare forked before the
+  last learning comes last (its job imports what it lacks itself);
 * a spare that lacks what was learnt since it got ready is told to import it
   (``WARM``) as soon as any spare says there is more;
 * while more than ``SPARES`` wait, the one of least use goes: one that lacks what was
@@ -27,6 +30,9 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+from ..vocab.schema import TERMINAL, JobInfo
 
 #: the line that tells a waiting spare to import what was learnt since it got ready
 WARM = "warm"
@@ -49,11 +55,14 @@ class Spare:
     #: the size of the learnt set it last said it holds (or imports)
     learnt: int = 0
     state: str = FORKED
-    #: jobs it has run: of two spares alike, the one that has run none goes first
+    #: jobs handed to it: of two spares alike, the one that has run none goes first
     jobs: int = 0
+    #: the job it runs (``LENT``), and the one it takes next when it says it waits again
+    job: str | None = None
+    queued: JobInfo | None = None
     since: float = field(default_factory=time.monotonic)
     _partial: bytes = b""
-    #: what it said while lent (its job ended, the agent not told yet): applied when it is
+    #: what it said once its job ended, before the agent was told: applied when it is
     _early: tuple[str, int] | None = None
 
     def rank(self, learnt: int) -> tuple[int, float]:
@@ -71,13 +80,35 @@ class Spare:
         self.state, self.since = state, time.monotonic()
         self._early = None
 
+    def lend(self, job: JobInfo) -> bool:
+        """Hand it ``job``; False when it has gone."""
+        if not self.send(job.id):
+            return False
+        self.told(LENT)
+        self.jobs += 1
+        self.job = job.id
+        return True
+
     def back(self) -> None:
         """Its job has ended and it waits again (what it said meanwhile counts now)."""
         early = self._early
         self.told(BACK)
+        self.job = None
         if early is not None:
             self.told(early[0])
             self.learnt = early[1]
+
+    def returning(self, store: Any, learnt: int, reuse: int) -> bool:
+        """Lent, with everything learnt, for another job after this one, which has ended:
+        it is about to wait again (one read of the ledger)."""
+        if self.state != LENT or self.queued is not None or self.job is None:
+            return False
+        if self.learnt < learnt or self.jobs >= reuse:
+            return False
+        try:
+            return store.get(self.job).state in TERMINAL
+        except Exception:
+            return False
 
     def send(self, line: str) -> bool:
         """Write one line to the spare; False when it has gone."""
@@ -88,7 +119,8 @@ class Spare:
         return True
 
     def hear(self) -> bool:
-        """Read what the spare said (``w<n>``, ``r<n>``); False once its channel is closed."""
+        """Read what the spare said; False once its channel is closed. What it said before
+        it ran every job handed to it is no news (it reads the next one then)."""
         try:
             data = self.channel.recv(256)
         except BlockingIOError:
@@ -100,10 +132,13 @@ class Spare:
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         for line in lines:
-            word, number = line[:1], line[1:]
-            if word not in (b"w", b"r") or not number.isdigit():
+            word, _, rest = line.partition(b" ")
+            kind, number = word[:1], word[1:]
+            if kind not in (b"w", b"r") or not number.isdigit() or not rest.isdigit():
                 continue
-            state = WARMING if word == b"w" else READY
+            if int(rest) != self.jobs:
+                continue
+            state = WARMING if kind == b"w" else READY
             if self.state == LENT:
                 self._early = (state, int(number))
             else:
