@@ -184,6 +184,7 @@ def main() -> None:
         f"| job | setting | first job | p50 of jobs 3-{args.jobs - 1} | learnt |\n"
         "|---|---|---|---|---|"
     )
+    each = []
     for kind, job in (("function", "function"), ("command", "`python train.py`")):
         for label, preload in (("default (learns)", None), ("DLSCHED_PRELOAD=none", "none")):
             times, learnt = one_setting(preload, args.jobs, kind)
@@ -191,8 +192,15 @@ def main() -> None:
             print(
                 f"| {job} | {label} | {times[0] * 1000:.0f} ms "
                 f"| {statistics.median(later) * 1000:.0f} ms "
-                f"| {learnt.removeprefix('preload ')} |"
+                f"| {learnt.removeprefix('preload ')} |",
+                flush=True,
             )
+            each.append((f"{job}, {label}", times))
+    # where the p50 comes from: each job's time
+    print(f"\n| job, setting | {' | '.join(str(n + 1) for n in range(args.jobs))} |")
+    print(f"|---|{'---|' * args.jobs}")
+    for name, times in each:
+        print(f"| {name}, ms | {' | '.join(f'{t * 1000:.0f}' for t in times)} |")
     kernel_rows(args.kernels)
 
 

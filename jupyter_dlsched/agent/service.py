@@ -59,6 +59,7 @@ from .reads import QUEUED_READS
 from .refusals import CountedRefusals
 from .requests import Requests
 from .scrape import ScrapeEndpoint
+from .spares import Spare
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -138,12 +139,14 @@ class Agent(CountedRefusals, Requests, Forking):
         self._dirty = True
         self._stopping = False
         self._address: str | bytes | None = None
-        #: a supervisor forked ahead of time: (pid, the pipe its job id is written to)
-        self._spares: list[tuple[int, int]] = []
-        #: supervisors handed a job through their pipe: pid → the pipe, kept to hand them
-        #: the next job when they say they wait for one (``Forking.take_back``)
-        self._lent: dict[int, int] = {}
+        #: supervisors forked ahead of time, waiting for a job (``spares.py``)
+        self._spares: list[Spare] = []
+        #: supervisors handed a job through their channel, by pid: kept to hand them the
+        #: next job when they say they wait for one (``Forking.take_back``)
+        self._lent: dict[int, Spare] = {}
         self._spare_after = 0.0
+        #: the most modules a spare said were learnt (spares that read fewer lack some)
+        self._learnt = 0
         #: this ledger's Ray driver, started while a Ray job waits or runs
         self.ray = RayKeeper(self.home, lambda: self._store, self.shared)
         self._names: dict[int, tuple[str, bool, float]] = {}
@@ -312,9 +315,7 @@ class Agent(CountedRefusals, Requests, Forking):
         self._stopping = True
 
     def close(self) -> None:
-        for pipe in [pipe for _, pipe in self._spares] + list(self._lent.values()):
-            os.close(pipe)  # the spare reads the end of its pipe and exits
-        self._spares, self._lent = [], {}
+        self.close_spares()  # each reads the end of its channel and exits
         bound = self.conns.listener is not None
         self.conns.close_all()
         if self.scrape is not None:
@@ -341,6 +342,8 @@ class Agent(CountedRefusals, Requests, Forking):
             for key, mask in self.selector.select(timeout):
                 if scrape is not None and scrape.owns(key.data):
                     scrape.event(key.data, mask)
+                elif isinstance(key.data, Spare):
+                    self.spare_said(key.data)
                 else:
                     self.conns.event(key.data, mask)
             now = time.monotonic()

@@ -72,14 +72,23 @@ def meta_key(uid: int) -> str:
 def learnt(store: Store, uid: int, home: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """What ``uid``'s jobs imported that this process has not: ``(name, file)`` pairs, the
     file each was imported from in the job."""
+    return wanted(store, uid, home)[1]
+
+
+def wanted(
+    store: Store, uid: int, home: str | os.PathLike[str]
+) -> tuple[int, list[tuple[str, str]]]:
+    """``learnt``, and how many modules were learnt in all: a number that only grows, which
+    a spare supervisor tells the pool agent, so that spares that read fewer are told to
+    import what they lack (``agent/spares.py``)."""
     if pinned() is not None:
-        return []
+        return 0, []
     known = store.get_meta(meta_key(uid)) or {}
     if not isinstance(known, dict):
-        return []
+        return 0, []
     dropped = _dropped(Path(home))
     names = [(n, f) for n, f in known.items() if isinstance(f, str) and n not in dropped]
-    return [(n, f) for n, f in names if n not in sys.modules][:MAX_LEARNT]
+    return len(known), [(n, f) for n, f in names[:MAX_LEARNT] if n not in sys.modules]
 
 
 def warm_up(modules: Iterable[tuple[str, str]], home: str | os.PathLike[str]) -> None:
