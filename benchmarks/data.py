@@ -128,6 +128,12 @@ def main() -> None:
                         args.repeat,
                     )),
                 ))  # fmt: skip
+                rows.append((
+                    "`%%schedule --wait --out s` cell reading a torch tensor of the notebook, "
+                    "cell run -> done",
+                    f"{args.sizes_mib} MiB",
+                    best(schedule_cell(s, size, torch, args.repeat)),
+                ))  # fmt: skip
             folder = buffers.buffer_folder(s.home)
             before = {p.name for p in folder.iterdir()} if folder.exists() else set()
             shared = x + 1  # bytes no earlier row wrote
@@ -155,6 +161,35 @@ def main() -> None:
         # the files are kept a day for a requeue: in memory, where nobody would find them
         shutil.rmtree(buffers.buffer_folder(home), ignore_errors=True)
     print_table(rows, args)
+
+
+def schedule_cell(s: Any, size: int, torch: Any, repeat: int) -> list[float]:
+    """Seconds a ``%%schedule`` cell takes, in an IPython shell (a kernel's, without the
+    messaging), to run on a ``size``-byte float32 tensor of the notebook and bring back its
+    sum: new bytes each time (one element changed), as a notebook's tensor after a step."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import jupyter_dlsched as dls
+    from jupyter_dlsched.widgets.live import refresher
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "jupyter_dlsched")
+    dls.set_default_scheduler(s)
+    shell.user_ns["big"] = big = torch.ones(size // 4)
+    took = []
+    try:
+        for n in range(repeat):
+            big[0] = n + 2.0
+            expected = float(big.sum())  # float32: what the job's sum must give too
+            start = time.perf_counter()
+            shell.run_cell_magic("schedule", "--cpus 0.25 --wait --out s", "s = float(big.sum())")
+            took.append(time.perf_counter() - start)
+            if shell.user_ns.get("s") != expected:
+                raise RuntimeError(f"the cell's sum came back as {shell.user_ns.get('s')!r}")
+    finally:
+        refresher.stop_all()
+        del shell.user_ns["big"]
+    return took
 
 
 def stop_agent(home: Path) -> None:
