@@ -194,8 +194,10 @@ def waiting(base: Path | None = None) -> list[dict[str, Any]]:
     import psutil
 
     if base is None:
-        from jupyter_core.paths import jupyter_runtime_dir
-
+        try:
+            from jupyter_core.paths import jupyter_runtime_dir
+        except ImportError:  # no Jupyter in this environment (a shell user's): no kernels
+            return []
         base = Path(jupyter_runtime_dir()) / "dlsched-kernels"
     found = []
     for path in sorted((base / "spares").glob("*.json")):
