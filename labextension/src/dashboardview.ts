@@ -21,6 +21,8 @@ import { JOB_RANK } from './jobline';
 import { IRendermime, WIDGET_MIME, WidgetComms, widgetLives } from './kernelwidgets';
 
 export const DASHBOARD_MIME = 'application/vnd.dlsched.dashboard+json';
+/** How soon a panel whose kernel did not answer looks again, if the kernel is idle by then. */
+const ASK_AGAIN_MS = 3000;
 
 /** The words over a snapshot, by what happened to the widget's kernel. */
 export const SNAPSHOT_NOTES = {
@@ -92,12 +94,34 @@ export class DashboardOutput extends Panel implements IRenderMime.IRenderer {
       this._note.textContent = SNAPSHOT_NOTES[found === 'busy' ? 'busy' : 'missing'];
     }
     this._lookWhenIdle = found === 'busy';
+    if (this._lookWhenIdle) {
+      // No answer in time, but maybe not busy: right after a page load, or on a loaded
+      // machine, an idle kernel can be slow to answer, and no 'idle' status would ever come
+      // to ask again. Ask again soon if the kernel then says it is idle.
+      window.clearTimeout(this._retry);
+      this._retry = window.setTimeout(() => this._askIfIdle(), ASK_AGAIN_MS);
+    }
+  }
+
+  private _askIfIdle(): void {
+    const kernel = this._options.sessionContext?.session?.kernel;
+    if (this.isDisposed || !this._lookWhenIdle || this._widgetView) {
+      return;
+    }
+    if (kernel?.status === 'idle') {
+      this._lookWhenIdle = false;
+      void this._look();
+    } else {
+      // busy: its 'idle' status will ask (one question waits in a busy kernel, not many)
+      this._retry = window.setTimeout(() => this._askIfIdle(), ASK_AGAIN_MS);
+    }
   }
 
   dispose(): void {
     if (this.isDisposed) {
       return;
     }
+    window.clearTimeout(this._retry);
     this._options.sessionContext?.statusChanged.disconnect(this._onKernelStatus, this);
     this._options.sessionContext?.kernelChanged.disconnect(this._onKernelChanged, this);
     super.dispose();
@@ -214,6 +238,7 @@ export class DashboardOutput extends Panel implements IRenderMime.IRenderer {
   private _reason: '' | 'restarted' = '';
   private _looking: Promise<boolean | 'busy'> | null = null;
   private _lookWhenIdle = false;
+  private _retry = 0;
   private _widgetView: IRenderMime.IRenderer | null = null;
 }
 
