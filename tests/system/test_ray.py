@@ -387,8 +387,8 @@ def test_preempted_job_checkpoints_then_resumes_after_the_urgent_one(
 
 
 def test_cancel_stops_the_ray_task(sched: Scheduler) -> None:
-    h = sched.submit(time.sleep, 60)
-    pid = until(lambda: h.info().job_pid)
+    h = sched.submit(time.sleep, 600)
+    pid = until(lambda: h.info().job_pid, timeout=180)  # a Ray worker's start, loaded machine
     assert h.cancel()
     with pytest.raises(concurrent.futures.CancelledError):
         h.result(timeout=30)
