@@ -256,7 +256,12 @@ class RankedPreemption:
             plan.take(planned)
             _reserve(now_room, planned)
             planned_for[job.id] = "waiting for preempted jobs to stop"
-        while h < len(holders):
+        if isinstance(plan, GangRoom):
+            # nothing is placed after the last holders: the plan is not read again, and
+            # their devices (whole GPUs, apart from each other's) are free in it unless
+            # a planned job took them, so they are tested without being taken back
+            displaced.extend(r for _, r in holders[h:] if not _fits(plan, r.placement))
+        while h < len(holders) and not isinstance(plan, GangRoom):
             _keep_or_displace(holders[h][1], plan, displaced)
             h += 1
         for r in displaced:
@@ -322,13 +327,30 @@ def _place_sparing(
     """
     if plan.place(request) is None:
         return None
+    whole = request.whole_gpus
     trial = plan.copy()
     taken: list[Placement] = []
-    for _, r in holders[h:]:
-        if _fits(trial, r.placement):
-            trial.take(r.placement)
-            taken.append(r.placement)
-    whole = request.whole_gpus
+    if isinstance(plan, GangRoom):
+        # whole GPUs only, so the holders' devices are disjoint and taking one holder's
+        # leaves another's as free as in ``plan``: the walk below would hand back every
+        # holder past the point where fewer than ``whole`` GPUs are left without trying
+        # to place there, so the trial takes only the holders before that point
+        spare = plan.whole - whole
+        for _, r in holders[h:]:
+            n = len(r.placement.gpus)
+            if n > spare:
+                if _fits(plan, r.placement):
+                    break
+                continue
+            if _fits(plan, r.placement):
+                trial.take(r.placement)
+                taken.append(r.placement)
+                spare -= n
+    else:
+        for _, r in holders[h:]:
+            if _fits(trial, r.placement):
+                trial.take(r.placement)
+                taken.append(r.placement)
     while True:
         if trial.whole >= whole:
             spot = trial.place(request)
