@@ -468,25 +468,28 @@ class GangRoom:
         for i, mem in zip(placement.gpus, placement.gpu_mem, strict=False):
             g = gpus[i]
             step = steps.get(id(g))
-            if step is not None and step[1] == mem:
-                gpus[i] = step[2]
-                continue
-            state = (g.index, g.mem_total, g.mem_free - sign * mem, g.jobs + sign, g.group)
-            known = _GPU_STATES
-            card = known.get(state)
-            if card is None:
-                if len(known) > 100_000:
-                    known.clear()
-                    _GPU_TAKEN.clear()
-                    _GPU_RETURNED.clear()
-                card = known[state] = GpuFree(*state)
-            # the entry holds ``g`` itself, so its id names no other card while it is kept
-            if len(steps) > 100_000:
-                steps.clear()
-            steps[id(g)] = (g, mem, card)
-            gpus[i] = card
+            gpus[i] = step[2] if step is not None and step[1] == mem else _step(g, mem, sign)
         self.whole -= sign * len(placement.gpus)
         self._capacity = None
+
+
+def _step(g: GpuFree, mem: int, sign: int) -> GpuFree:
+    """The card ``g`` becomes when ``mem`` of it is granted (``sign`` 1) or returned (-1)."""
+    state = (g.index, g.mem_total, g.mem_free - sign * mem, g.jobs + sign, g.group)
+    known = _GPU_STATES
+    card = known.get(state)
+    if card is None:
+        if len(known) > 100_000:
+            known.clear()
+            _GPU_TAKEN.clear()
+            _GPU_RETURNED.clear()
+        card = known[state] = GpuFree(*state)
+    steps = _GPU_TAKEN if sign > 0 else _GPU_RETURNED
+    if len(steps) > 100_000:
+        steps.clear()
+    # the entry holds ``g`` itself, so its id names no other card while it is kept
+    steps[id(g)] = (g, mem, card)
+    return card
 
 
 # A plan grants and returns the same few states of each GPU over and over: share the objects.

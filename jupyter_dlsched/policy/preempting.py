@@ -224,18 +224,29 @@ class RankedPreemption:
         for r in running:
             if r.stopping:
                 plan.give_back(r.placement)
-        for _, _, r in victims:
-            plan.give_back(r.placement)
         holders = sorted(((-v[0], -v[1]), v[2]) for v in victims)
+        h = 0
+        if room is GangRoom and ordered:
+            # holders ranked no worse than the first waiting job take their devices back
+            # before anything is placed, so nothing can have taken them (whole GPUs, apart
+            # from each other's): they stay in the plan, counted as free until that moment
+            best = -math.inf if ordered[0].id in promoted else self.queued_rank(ordered[0])
+            while h < len(holders) and holders[h][0][0] <= best:
+                h += 1
+        held = sum(len(r.placement.gpus) for _, r in holders[:h])
+        kept = {id(r) for _, r in holders[:h]}
+        for _, _, r in victims:
+            if id(r) not in kept:
+                plan.give_back(r.placement)
         started: set[str] = set()
         displaced: list[RunningJob] = []
         planned_for: dict[str, str] = {}
-        h = 0
         blocked = False
         lean = smallest > 0
         for job in ordered:
-            if lean and plan.whole < smallest:
+            if lean and plan.whole + held < smallest:
                 break
+            held = 0
             rank = -math.inf if job.id in promoted else self.queued_rank(job)
             while h < len(holders) and holders[h][0][0] <= rank:
                 _keep_or_displace(holders[h][1], plan, displaced)
