@@ -95,6 +95,31 @@ class RankedPreemption:
             guarded.append((item[0] + margin, item[1], r) if margin else item)
         return guarded, (None if until == math.inf else until)
 
+    def _guarded_victims(
+        self, running: Sequence[RunningJob], now: float, ordered: Sequence[QueuedJob], pool: int
+    ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
+        """``_guard`` over ``rank_running``'s victims, without its wake-up time.
+
+        A job inside its minimum run time is no victim whatever its rank, so only the
+        others are ranked: with a long ``min_run`` (``gittins``) most running jobs are.
+        """
+        min_run = float(getattr(self, "min_run", 0.0))
+        if min_run <= 0:
+            victims, _ = self.rank_running(running, now)
+            return self._guard(victims, now, ordered, pool)
+        until = math.inf
+        past: list[RunningJob] = []
+        for r in running:
+            if r.preemptible and not r.stopping:
+                free_at = r.started + min_run
+                if now < free_at:
+                    until = min(until, free_at)
+                    continue
+            past.append(r)
+        victims, _ = self.rank_running(past, now)
+        victims, _ = self._guard(victims, now, ordered, pool)
+        return victims, (None if until == math.inf else until)
+
     def rank_running(
         self, running: Sequence[RunningJob], now: float
     ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
