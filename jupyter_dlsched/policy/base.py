@@ -464,19 +464,37 @@ class GangRoom:
         # the arithmetic of Capacity.take / give_back, on the granted GPUs only
         if placement.shared or placement.cpus or placement.mem:
             raise ValueError("GangRoom holds whole GPUs only; use Room for shares, cores, memory")
-        gpus, known = self.gpus, _GPU_STATES
+        gpus, steps = self.gpus, _GPU_TAKEN if sign > 0 else _GPU_RETURNED
         for i, mem in zip(placement.gpus, placement.gpu_mem, strict=False):
             g = gpus[i]
-            state = (g.index, g.mem_total, g.mem_free - sign * mem, g.jobs + sign, g.group)
-            card = known.get(state)
-            if card is None:
-                if len(known) > 100_000:
-                    known.clear()
-                card = known[state] = GpuFree(*state)
-            gpus[i] = card
+            step = steps.get(id(g))
+            gpus[i] = step[2] if step is not None and step[1] == mem else _step(g, mem, sign)
         self.whole -= sign * len(placement.gpus)
         self._capacity = None
 
 
+def _step(g: GpuFree, mem: int, sign: int) -> GpuFree:
+    """The card ``g`` becomes when ``mem`` of it is granted (``sign`` 1) or returned (-1)."""
+    state = (g.index, g.mem_total, g.mem_free - sign * mem, g.jobs + sign, g.group)
+    known = _GPU_STATES
+    card = known.get(state)
+    if card is None:
+        if len(known) > 100_000:
+            known.clear()
+            _GPU_TAKEN.clear()
+            _GPU_RETURNED.clear()
+        card = known[state] = GpuFree(*state)
+    steps = _GPU_TAKEN if sign > 0 else _GPU_RETURNED
+    if len(steps) > 100_000:
+        steps.clear()
+    # the entry holds ``g`` itself, so its id names no other card while it is kept
+    steps[id(g)] = (g, mem, card)
+    return card
+
+
 # A plan grants and returns the same few states of each GPU over and over: share the objects.
 _GPU_STATES: dict[tuple[int, int, int, int, int | None], GpuFree] = {}
+# and the card each shared state becomes when a grant of some memory is taken or given back,
+# by the id of the card before: one lookup instead of building and hashing its state
+_GPU_TAKEN: dict[int, tuple[GpuFree, int, GpuFree]] = {}
+_GPU_RETURNED: dict[int, tuple[GpuFree, int, GpuFree]] = {}

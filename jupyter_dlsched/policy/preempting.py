@@ -95,6 +95,31 @@ class RankedPreemption:
             guarded.append((item[0] + margin, item[1], r) if margin else item)
         return guarded, (None if until == math.inf else until)
 
+    def _guarded_victims(
+        self, running: Sequence[RunningJob], now: float, ordered: Sequence[QueuedJob], pool: int
+    ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
+        """``_guard`` over ``rank_running``'s victims, without its wake-up time.
+
+        A job inside its minimum run time is no victim whatever its rank, so only the
+        others are ranked: with a long ``min_run`` (``gittins``) most running jobs are.
+        """
+        min_run = float(getattr(self, "min_run", 0.0))
+        if min_run <= 0:
+            victims, _ = self.rank_running(running, now)
+            return self._guard(victims, now, ordered, pool)
+        until = math.inf
+        past: list[RunningJob] = []
+        for r in running:
+            if r.preemptible and not r.stopping:
+                free_at = r.started + min_run
+                if now < free_at:
+                    until = min(until, free_at)
+                    continue
+            past.append(r)
+        victims, _ = self.rank_running(past, now)
+        victims, _ = self._guard(victims, now, ordered, pool)
+        return victims, (None if until == math.inf else until)
+
     def rank_running(
         self, running: Sequence[RunningJob], now: float
     ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
@@ -224,18 +249,29 @@ class RankedPreemption:
         for r in running:
             if r.stopping:
                 plan.give_back(r.placement)
-        for _, _, r in victims:
-            plan.give_back(r.placement)
         holders = sorted(((-v[0], -v[1]), v[2]) for v in victims)
+        h = 0
+        if room is GangRoom and ordered:
+            # holders ranked no worse than the first waiting job take their devices back
+            # before anything is placed, so nothing can have taken them (whole GPUs, apart
+            # from each other's): they stay in the plan, counted as free until that moment
+            best = -math.inf if ordered[0].id in promoted else self.queued_rank(ordered[0])
+            while h < len(holders) and holders[h][0][0] <= best:
+                h += 1
+        held = sum(len(r.placement.gpus) for _, r in holders[:h])
+        kept = {id(r) for _, r in holders[:h]}
+        for _, _, r in victims:
+            if id(r) not in kept:
+                plan.give_back(r.placement)
         started: set[str] = set()
         displaced: list[RunningJob] = []
         planned_for: dict[str, str] = {}
-        h = 0
         blocked = False
         lean = smallest > 0
         for job in ordered:
-            if lean and plan.whole < smallest:
+            if lean and plan.whole + held < smallest:
                 break
+            held = 0
             rank = -math.inf if job.id in promoted else self.queued_rank(job)
             while h < len(holders) and holders[h][0][0] <= rank:
                 _keep_or_displace(holders[h][1], plan, displaced)
@@ -256,7 +292,12 @@ class RankedPreemption:
             plan.take(planned)
             _reserve(now_room, planned)
             planned_for[job.id] = "waiting for preempted jobs to stop"
-        while h < len(holders):
+        if isinstance(plan, GangRoom):
+            # nothing is placed after the last holders: the plan is not read again, and
+            # their devices (whole GPUs, apart from each other's) are free in it unless
+            # a planned job took them, so they are tested without being taken back
+            displaced.extend(r for _, r in holders[h:] if not _fits(plan, r.placement))
+        while h < len(holders) and not isinstance(plan, GangRoom):
             _keep_or_displace(holders[h][1], plan, displaced)
             h += 1
         for r in displaced:
@@ -322,13 +363,30 @@ def _place_sparing(
     """
     if plan.place(request) is None:
         return None
+    whole = request.whole_gpus
     trial = plan.copy()
     taken: list[Placement] = []
-    for _, r in holders[h:]:
-        if _fits(trial, r.placement):
-            trial.take(r.placement)
-            taken.append(r.placement)
-    whole = request.whole_gpus
+    if isinstance(plan, GangRoom):
+        # whole GPUs only, so the holders' devices are disjoint and taking one holder's
+        # leaves another's as free as in ``plan``: the walk below would hand back every
+        # holder past the point where fewer than ``whole`` GPUs are left without trying
+        # to place there, so the trial takes only the holders before that point
+        spare = plan.whole - whole
+        for _, r in holders[h:]:
+            n = len(r.placement.gpus)
+            if n > spare:
+                if _fits(plan, r.placement):
+                    break
+                continue
+            if _fits(plan, r.placement):
+                trial.take(r.placement)
+                taken.append(r.placement)
+                spare -= n
+    else:
+        for _, r in holders[h:]:
+            if _fits(trial, r.placement):
+                trial.take(r.placement)
+                taken.append(r.placement)
     while True:
         if trial.whole >= whole:
             spot = trial.place(request)

@@ -196,8 +196,7 @@ class RankedPolicy(RankedPreemption):
         if ranks.stopping_gpus == 0 and ranks.worse(self.queued_rank(ordered[0]), now)[0] == 0:
             self._first_fit(queued, ordered, capacity, True, out)
         elif self._first_fit_unless_planned(ordered, ranks, capacity, now, smallest, out):
-            victims, _ = self.rank_running(running, now)
-            victims, free_at = self._guard(victims, now, ordered, len(capacity.gpus))
+            victims, free_at = self._guarded_victims(running, now, ordered, len(capacity.gpus))
             if self._plan_reaches(ordered, victims, capacity, ranks.stopping_gpus, smallest):
                 room = GangRoom if _indexed(capacity.gpus) else Room
                 self._plan_by_rank(ordered, running, victims, capacity, out, set(), smallest, room)
