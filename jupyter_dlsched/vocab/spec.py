@@ -309,7 +309,9 @@ def _parsed_request(
         if gpu_mem_bytes is None:
             return Request(0.0, None, cpu_count, mem_bytes)
         biggest = max((g.mem_total for g in cap.gpus), default=0)
-        share = min(1.0, gpu_mem_bytes / biggest) if biggest else 0.5
+        # the share of a card its memory is, never below the smallest share a job may ask
+        # for (64 MiB of an 80 GiB card counts as 1/64 of it, as gpus=1/64 would)
+        share = max(MIN_SHARE, min(1.0, gpu_mem_bytes / biggest)) if biggest else 0.5
         # a request for a whole card's memory is a whole GPU
         return Request(share if share < 1.0 else 1.0, gpu_mem_bytes, cpu_count, mem_bytes)
     allowed = (

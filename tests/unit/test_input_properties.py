@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from jupyter_dlsched.client.scheduler import Scheduler
@@ -104,6 +104,7 @@ requests = st.lists(field_values, max_size=4).map(dict)
 
 
 @given(requests)
+@example({"gpu_mem": 64 * 2**20})  # found: 64 MiB of a 16 GiB card was a 1/256 share
 def test_a_request_is_valid_within_bounds_or_refused_naming_one_field(kwargs):
     try:
         spec = build_spec(capacity=POOL, now=1.8e9, **kwargs)
