@@ -22,7 +22,8 @@ from ..vocab import private
 from ..vocab.errors import SpecError
 from .shapes import RayReply, RayRequest, SubmitRequest
 
-#: Seconds before a Ray driver that did not come up is started again.
+#: Seconds before a Ray driver that did not come up is started again. One that came up and
+#: died is started again at once, once in this time: a driver dying in a loop waits too.
 RAY_DRIVER_RETRY = 30.0
 #: Bytes of ray-driver.log before it is moved aside to ray-driver.log.1.
 RAY_LOG_MAX = 4 << 20
@@ -62,6 +63,8 @@ class RayKeeper:
         self.shared = shared
         self._started = 0.0  # time.monotonic() the Ray driver was last started
         self._pid: int | None = None  # and its process
+        self._served = False  # and whether it came up (was seen serving)
+        self._quick = 0.0  # time.monotonic() of the last start at once after a dying driver
         self._wanted = False  # a client asked for a driver that is not started yet
         self._stopping: int | None = None  # the driver of a cluster switched away from
         self._log_from = 0  # where its messages begin in ray-driver.log
@@ -146,12 +149,18 @@ class RayKeeper:
         if self.shared or (not force and not self.store.count_active("ray")):
             return False
         if driver_alive(self.home):
+            self._served = True
             return True
         if self._pid is not None and process_exists(self._pid):
             return False  # the last one started has not bound its socket yet, or is exiting
-        if time.monotonic() - self._started < RAY_DRIVER_RETRY and not force:
-            return False  # the last one failed: its log says why
-        self._started = time.monotonic()
+        now = time.monotonic()
+        at_once = self._served and now - self._quick >= RAY_DRIVER_RETRY
+        if now - self._started < RAY_DRIVER_RETRY and not (force or at_once):
+            return False  # the last one failed (its log says why), or died twice in a row
+        if at_once and not force:
+            self._quick = now
+        self._started = now
+        self._served = False
         path = self.home / "ray-driver.log"
         if path.exists() and path.stat().st_size > RAY_LOG_MAX:
             path.replace(path.with_name("ray-driver.log.1"))

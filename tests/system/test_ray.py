@@ -84,25 +84,63 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespac
         shutil.rmtree(temp, ignore_errors=True)
 
 
+def notebook_env(home: Path) -> dict[str, str]:
+    """The environment of a notebook on this cluster: its address, the ray backend."""
+    return {
+        "DLSCHED_HOME": str(home),
+        "DLSCHED_SIMULATE_GPUS": "2x16GiB",
+        "DLSCHED_BACKEND": "ray",
+        "DLSCHED_RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+    }
+
+
 @pytest.fixture
 def ray_env(cluster: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The environment of a notebook on this cluster: its address, the ray backend."""
-    monkeypatch.setenv("DLSCHED_HOME", str(tmp_path / "dlsched"))
-    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "2x16GiB")
-    monkeypatch.setenv("DLSCHED_BACKEND", "ray")
-    monkeypatch.setenv("DLSCHED_RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    """A state folder of the test's own, in a notebook's environment on this cluster."""
+    for name, value in notebook_env(tmp_path / "dlsched").items():
+        monkeypatch.setenv(name, value)
     return tmp_path / "dlsched"
 
 
+@pytest.fixture(scope="module")
+def pool(cluster: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
+    """One pool agent and its Ray driver for the module's tests that change neither (a
+    driver's start costs seconds of CPU): each test finds the queue empty."""
+    home = tmp_path_factory.mktemp("ray-pool") / "dlsched"
+    patch = pytest.MonkeyPatch()
+    for name, value in notebook_env(home).items():
+        patch.setenv(name, value)
+    try:
+        with Scheduler(home=home) as s:
+            yield s
+    finally:
+        stop_pool(home)
+        patch.undo()
+
+
+def empty_queue(s: Scheduler) -> None:
+    for job in s.jobs(state=["queued", "running", "preempted"]):
+        s.cancel(job.id)
+    until(lambda: all(j.state in TERMINAL for j in s.jobs()), timeout=30)
+
+
 @pytest.fixture
-def sched(ray_env: Path) -> Iterator[Scheduler]:
-    """A scheduler whose Ray jobs the pool agent's Ray driver runs (the default)."""
+def sched(pool: Scheduler, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scheduler]:
+    """A scheduler whose Ray jobs the pool agent's Ray driver runs (the default); the
+    module's pool, left with an empty queue."""
+    for name, value in notebook_env(pool.home).items():
+        monkeypatch.setenv(name, value)
+    yield pool
+    empty_queue(pool)
+
+
+@pytest.fixture
+def fresh_sched(ray_env: Path) -> Iterator[Scheduler]:
+    """As ``sched``, on a pool and driver of the test's own (for tests that change them)."""
     try:
         with Scheduler(home=ray_env) as s:
             yield s
-            for job in s.jobs(state=["queued", "running", "preempted"]):
-                s.cancel(job.id)
-            until(lambda: all(j.state in TERMINAL for j in s.jobs()), timeout=30)
+            empty_queue(s)
     finally:
         stop_pool(ray_env)
 
@@ -367,11 +405,13 @@ def test_fractional_gpus_share_one_card(sched: Scheduler, tmp_path: Path) -> Non
 
 
 def test_preempted_job_checkpoints_then_resumes_after_the_urgent_one(
-    sched: Scheduler, tmp_path: Path
+    fresh_sched: Scheduler, tmp_path: Path
 ) -> None:
-    sched.close()
+    fresh_sched.close()
     with Scheduler(
-        home=sched.home, policy="priority", policy_params={"preempt": True, "preempt_grace": 30}
+        home=fresh_sched.home,
+        policy="priority",
+        policy_params={"preempt": True, "preempt_grace": 30},
     ) as s:
         low = s.submit(
             train_until_preempted, str(tmp_path / "ckpt"), cpus=2, priority="low", preemptible=True
@@ -556,7 +596,7 @@ def test_failing_rank_fails_the_distributed_job_with_its_traceback(sched: Schedu
 
 
 def test_big_arguments_travel_through_rays_object_store_not_the_ledger(
-    sched: Scheduler, ray_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sched: Scheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import numpy as np
 
@@ -570,7 +610,7 @@ def test_big_arguments_travel_through_rays_object_store_not_the_ledger(
     # mapped from Ray's object store without a copy, read-only as Ray hands out arrays
     assert not writeable and shared
     assert len(sched.store.read_file(h.id, "payload.pkl") or b"") < 64 * 1024
-    folder = buffers.buffer_folder(ray_env)
+    folder = buffers.buffer_folder(sched.home)
     assert [p.stat().st_size for p in folder.iterdir()] == [x.nbytes]  # written once
 
     # a gang's ranks are not Ray workers: they map the copy written on their node
@@ -599,8 +639,9 @@ def test_a_tensor_from_rays_object_store_may_be_trained_in_place(
 
 
 def test_a_driver_that_cannot_join_says_why_and_clients_of_the_old_cluster_are_refused(
-    sched: Scheduler, ray_env: Path
+    fresh_sched: Scheduler, ray_env: Path
 ) -> None:
+    sched = fresh_sched
     from jupyter_dlsched.agent.protocol import AgentUnavailable
     from jupyter_dlsched.vocab.errors import SpecError
 
