@@ -365,8 +365,16 @@ def test_begin_becomes_slurms_begin(sched: Scheduler) -> None:
     assert f"EligibleTime={eligible}" in scontrol(slurm_id(sched, h.id))
 
 
-def test_a_job_slurm_refuses_fails_with_slurms_words_and_no_retry(sched: Scheduler) -> None:
-    with Scheduler(home=sched.home, backend="slurm", extra="--constraint=nosuch", poll=0.5) as s:
+def test_a_job_slurm_refuses_fails_with_slurms_words_and_no_retry(
+    cluster: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a home of its own: a scheduler of the same home without ``extra`` (the fixture's) could
+    # submit the job first, and SLURM would accept it
+    monkeypatch.delenv("DLSCHED_SIMULATE_GPUS", raising=False)
+    monkeypatch.setenv("DLSCHED_BACKEND", "slurm")
+    home = tmp_path / "refused"
+    monkeypatch.setenv("DLSCHED_HOME", str(home))
+    with Scheduler(home=home, backend="slurm", extra="--constraint=nosuch", poll=0.5) as s:
         h = s.submit_command(["true"], retries=2)
         until(lambda: h.state in TERMINAL, timeout=60)
         info = h.info()
