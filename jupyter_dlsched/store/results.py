@@ -97,8 +97,9 @@ def settle(spool: Path, folder: Path, name: str) -> int:
     whole at every moment (an array already mapped keeps its pages). Buffers of a job
     that left no result are deleted."""
     moved = 0
-    kept = (spool / "result.pkl").exists()
-    for entry in _entries(folder, name):
+    entries = _entries(folder, name)
+    kept = bool(entries) and (spool / "result.pkl").exists()
+    for entry in entries:
         if kept:
             target = spool / str(settled_name(entry))
             partial = target.with_name(f"{target.name}.part")
@@ -135,8 +136,12 @@ def _entries(folder: Path, name: str) -> list[str]:
 
 
 def discard(folder: Path, name: str) -> None:
-    """Delete the buffers of the result named ``name`` from the buffer ``folder``."""
-    _unlink_where(folder, lambda n: n.startswith(f"{name}.") and parse_name(n) is not None)
+    """Delete the buffers of the result named ``name`` from the buffer ``folder`` (a run
+    that ended without a result: what it wrote is nobody's). A shared pool's service
+    deletes only in a folder of the user its name says (``dlsched-<uid>-<pool>``)."""
+    _unlink_where(
+        folder, lambda n: n.startswith(f"{name}.") and parse_name(n) is not None, owned=True
+    )
 
 
 def clear(spool: Path, folder: Path | None, job_id: str) -> None:
@@ -146,15 +151,21 @@ def clear(spool: Path, folder: Path | None, job_id: str) -> None:
     without following a link."""
     _unlink_where(spool, lambda n: n.startswith("result.") and n != "result.pkl")
     if folder is not None:
-        _unlink_where(folder, lambda n: (parse_name(n) or ("",))[0] == job_id)
+        _unlink_where(folder, lambda n: (parse_name(n) or ("",))[0] == job_id, owned=True)
 
 
-def _unlink_where(folder: Path, doomed: Callable[[str], bool]) -> None:
+def _unlink_where(folder: Path, doomed: Callable[[str], bool], owned: bool = False) -> None:
+    """Unlink the entries ``doomed`` names; ``owned``: only in a folder of this process's
+    user or of the user its name says (a buffer folder, ``dlsched-<uid>-<pool>``)."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
         return
     try:
+        owner = os.fstat(fd).st_uid
+        parts = folder.name.split("-")
+        if owned and owner != os.geteuid() and (len(parts) != 3 or parts[1] != str(owner)):
+            return
         for entry in os.listdir(fd):
             if doomed(entry):
                 try:

@@ -21,7 +21,7 @@ from .buffers import buffer_folder
 from .job_reads import JobReads
 from .jobs import Lifecycle
 from .ledger import Ledger
-from .results import result_bytes, result_name
+from .results import discard, result_bytes, result_name
 
 #: A run's renewal: the job still runs, held by this process (on this attempt, if the
 #: lease names one).
@@ -409,6 +409,8 @@ class Runs:
         to, why, ruled = end_of_run(job, end, now)
         if to == "succeeded" and job.kind != "command":
             columns.setdefault("result_bytes", self._result_bytes(job))
+        elif job.kind != "command":  # what a run killed while it wrote its result left
+            discard(buffer_folder(self.ledger.home, job.uid), result_name(job.id, job.attempts))
         self.lifecycle.transition_in(
             db, job.id, to, why, expect=["running"], now=now, **{**ruled, **columns}
         )

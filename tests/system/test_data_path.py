@@ -141,6 +141,33 @@ def test_a_job_killed_while_writing_its_result_leaves_no_file_in_memory(pool):
     wait_for(lambda: result_files(pool) == [], timeout=30, what=lambda: result_files(pool))
 
 
+def test_a_job_killed_with_its_supervisor_while_writing_its_result_leaves_no_file(
+    home, tmp_path, monkeypatch
+):
+    """kill -9 of the job and of its supervisor half way through the result: nobody is
+    left to settle or delete it; the run is found lost, and its files go with that."""
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+
+    def dies_half_way(n):
+        from jupyter_dlsched.store import buffers as inside
+
+        real = inside.write_buffer
+
+        def write_then_die(folder, raw, name=None):
+            real(folder, raw, name)
+            os.kill(os.getppid(), 9)  # the job's supervisor
+            os.kill(os.getpid(), 9)
+
+        inside.write_buffer = write_then_die
+        return np.ones(n), np.ones(n)
+
+    with Scheduler(home, lease_ttl=3.0, grace=1.0) as s:
+        h = s.submit(dies_half_way, 2 * MIB // 8, cpus=0.25)
+        wait_for(lambda: result_files(s), timeout=60)
+        wait_for(lambda: s.info(h.id).state not in ("queued", "running"), timeout=60)
+        wait_for(lambda: result_files(s) == [], timeout=30, what=lambda: result_files(s))
+
+
 def test_a_new_agent_settles_a_kept_results_files_and_deletes_the_others(
     home, tmp_path, monkeypatch
 ):
