@@ -14,9 +14,12 @@ buffer folder, or from the spool once it has moved (``buffers.loads(..., moved=s
 at every moment one whole copy exists. A result that does not fit in the buffer folder is
 written into the spool folder directly (``result.<n>``, as ``settle`` leaves it).
 
-An agent that starts keeps a result's files in memory only for a job whose attempt may
-still write or settle them (``running``); those of a result kept (``succeeded``) are
-settled there and then; the rest (a job killed while it wrote them) are deleted.
+A run that ends without its result (failed, lost, cancelled, to be retried) has what it
+wrote deleted when its end is recorded (``Runs.finish_run``, ``discard``), so a job
+killed with its supervisor leaves nothing once it is found lost. An agent that starts
+keeps a result's files in memory only for a job whose attempt may still write or settle
+them (``running``); those of a result kept (``succeeded``) are settled there and then;
+the rest are deleted.
 
 A shared pool's jobs write their result's buffers into the spool folder directly: the
 service would have to open a user's file with root's rights to settle them.
