@@ -98,22 +98,22 @@ def settle(spool: Path, folder: Path, name: str) -> int:
     job's ``spool`` folder (``result.<n>``); bytes moved. Each is copied under a temporary
     name, renamed whole, and only then removed from memory: a reader finds one of them
     whole at every moment (an array already mapped keeps its pages). Buffers of a job
-    that left no result are deleted."""
+    that left no result are deleted. Never raises: one that cannot be moved (the disk is
+    full) stays in memory, where the reader maps it, until the next agent starts."""
     moved = 0
     entries = _entries(folder, name)
     kept = bool(entries) and (spool / "result.pkl").exists()
     for entry in entries:
-        if kept:
-            target = spool / str(settled_name(entry))
-            partial = target.with_name(f"{target.name}.part")
-            try:
+        target = spool / str(settled_name(entry))
+        partial = target.with_name(f"{target.name}.part")
+        try:
+            if kept:
                 _copy(folder / entry, partial)
                 os.replace(partial, target)
-            except OSError:
-                partial.unlink(missing_ok=True)
-                continue  # left in memory: the reader maps it there (the disk is full)
-            moved += target.stat().st_size
-        (folder / entry).unlink(missing_ok=True)
+                moved += target.stat().st_size
+            (folder / entry).unlink(missing_ok=True)
+        except OSError:
+            partial.unlink(missing_ok=True)
     return moved
 
 
