@@ -299,7 +299,8 @@ class Watching:
 
     def _load_result(self, job_id: str, info: JobInfo | None = None) -> Any:
         """The value a job that succeeded returned (``info``: its final row, if read); its big
-        buffers are mapped from the files beside it (``store/buffers.py``), not copied."""
+        buffers are mapped from their files (``store/results.py``: in the buffer folder, or
+        moved beside it into the spool folder), not copied."""
         from ..store.buffers import loads
 
         if job_id in self._inline.results:
@@ -311,7 +312,7 @@ class Watching:
         data = self.store.read_spool_file(job_id, "result.pkl")
         if data is None:
             raise FileNotFoundError(self.store.spool(job_id) / "result.pkl")
-        return loads(data)
+        return loads(data, moved=self.store.spool(job_id))
 
     def _job_exception(self, info: JobInfo) -> BaseException:
         if info.id in self._inline.errors:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..inside.runtime import DATA_ENV_PREFIX, run_payload
 from ..store import JobInfo, Store
+from ..store.results import result_name
 from ..vocab import private
 from .containment import Containment
 from .preload import note_imports, top_level_modules
@@ -159,6 +160,9 @@ class Launch:
     #: where a one-process function job says its result is written (``RESULT_REPORT``), so
     #: its supervisor records the end before the process is torn down; -1: it does not say
     result_fd: int = -1
+    #: the owner's buffer folder, where a pool of one's own's job writes its result's big
+    #: buffers (``store/results.py``); None: beside the result in the spool folder
+    results: Path | None = None
 
 
 def start_ranks(launch: Launch) -> list[int]:
@@ -265,7 +269,9 @@ def _run_job(launch: Launch, supervisor: int, pgid: int = 0, rank: int = 0) -> N
         for entry in reversed(context.get("sys_path") or []):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        code = run_python(folder, payload, rank)
+        results = launch.results
+        named = result_name(job.id, job.attempts)
+        code = run_python(folder, payload, rank, (results, named) if results else None)
         if code == 0 and world_size(job) == 1:
             report = launch.result_fd
     except BaseException:
@@ -388,18 +394,23 @@ def run_command_warm(folder: Path, script: Script, rank: int = 0) -> int:
             note_imports(folder, before)
 
 
-def run_python(folder: Path, data: bytes, rank: int = 0) -> int:
+def run_python(
+    folder: Path, data: bytes, rank: int = 0, results: tuple[Path, str] | None = None
+) -> int:
     """Run a function job's payload; its exit status. Rank 0 notes what the job imported
-    (``preload.py``: the next jobs find it imported)."""
+    (``preload.py``: the next jobs find it imported). ``results``: the buffer folder its
+    result's big buffers go to, and the name they start with (``store/results.py``)."""
     before = top_level_modules()
     try:
-        return _run_python(folder, data, rank)
+        return _run_python(folder, data, rank, results)
     finally:
         if rank == 0:
             note_imports(folder, before)
 
 
-def _run_python(folder: Path, data: bytes, rank: int) -> int:
+def _run_python(
+    folder: Path, data: bytes, rank: int, results: tuple[Path, str] | None = None
+) -> int:
     from ..store.buffers import dumps
 
     try:
@@ -416,13 +427,29 @@ def _run_python(folder: Path, data: bytes, rank: int) -> int:
     if rank != 0:
         return 0  # a distributed job's result is rank 0's
     try:
-        data = dumps(result, _result_folder(folder), named="result")
+        written = _dump_into_memory(result, results) if results is not None else None
+        data = written or dumps(result, _result_folder(folder), named="result")
     except Exception as error:
         wrapped = TypeError(f"the job's result could not be pickled: {error}")
         _write_error(folder, wrapped, rank)
         return 1
     private.write_file(folder / "result.pkl", data)
     return 0
+
+
+def _dump_into_memory(result: Any, results: tuple[Path, str]) -> bytes | None:
+    """``result`` pickled, its big buffers written into the owner's buffer folder under
+    ``results``' name; None where they do not fit there (or cannot be written: the spool
+    folder takes them instead, as it takes a shared pool's), nothing of them left."""
+    from ..store.buffers import DataTooLarge, dumps
+    from ..store.results import discard
+
+    folder, named = results
+    try:
+        return dumps(result, folder, named=named)
+    except (DataTooLarge, OSError):  # (a folder planted in the way is an OSError too)
+        discard(folder, named)  # what was written before the rest failed
+        return None
 
 
 def _write_error(folder: Path, error: BaseException, rank: int = 0) -> None:

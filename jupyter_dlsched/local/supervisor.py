@@ -30,6 +30,9 @@ from typing import Any
 from ..inside.runtime import STOP_FILE
 from ..machine.mps import MpsDaemons
 from ..store import JobInfo, Lease, RunEnd, Store
+from ..store.buffers import buffer_folder
+from ..store.results import clear as clear_result
+from ..store.results import result_name, settle
 from ..store.settings import Settings
 from ..vocab import private
 from ..vocab.errors import IllegalTransition, JobNotFound, LedgerUnavailable, UnsafeStateFolder
@@ -139,6 +142,10 @@ def _supervise(
     try:
         folder = store.make_spool(job_id, owner=owner)
         private.clear_files(folder, ("result.pkl", "error.json", "error.pkl", STOP_FILE))
+        # a pool of one's own's job writes its result's buffers into memory (results.py)
+        results = buffer_folder(Path(home)) if owner is None and job.kind != "command" else None
+        if job.attempts > 1:
+            clear_result(folder, results, job.id)  # an earlier attempt's
         log_fd = private.open_append(folder / "log", owner)
     except (UnsafeStateFolder, OSError) as error:
         # a link, FIFO or folder the job's owner planted: the job fails, and says why
@@ -165,7 +172,9 @@ def _supervise(
     # the job's output reaches its log through a pipe this supervisor empties, within a cap
     # and never into the disk's last reserve (logcap.py)
     keeper = LogKeeper(log_fd, folder)
-    launch = Launch(folder, job, env, context, payload, cores, keeper.job_end, owner, box, report_w)
+    launch = Launch(
+        folder, job, env, context, payload, cores, keeper.job_end, owner, box, report_w, results
+    )
     started = None
     if warm is not None and warm.fits(job, payload):
         started = warm.start(launch)
@@ -230,6 +239,8 @@ def _supervise(
         learn(store, folder, os.getuid())  # what the job imported, for the next ones
     store.close()
     decide_after(home, job_id, agent, word)
+    if results is not None:  # the result leaves memory for the spool folder, on disk
+        settle(folder, results, result_name(job.id, job.attempts))
     return 0
 
 

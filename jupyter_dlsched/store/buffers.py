@@ -14,7 +14,8 @@ copy, and a job that writes into its argument changes its own pages only.
 
 The ledger counts, per file, the unfinished jobs (and the ``requeue`` window) that need
 it, as it does for its blobs (``store/payloads.py``), and deletes it after; an agent that
-starts removes files nobody names (a submission killed half way).
+starts removes files nobody names (a submission killed half way). A job's result is
+written by name, not by content, and has a life of its own (``results.py``).
 
 >>> data = dumps({"x": numpy.zeros(2**20)}, folder)  # doctest: +SKIP
 >>> loads(data)["x"].base  # doctest: +SKIP
@@ -44,6 +45,7 @@ from ..vocab.errors import DlschedError, SpecError, UnsafeStateFolder
 from ..vocab.private import check_file, secure_folder
 from ..vocab.tracebacks import Carrier, SourcePickler
 from ..vocab.units import format_size
+from .results import parse_name, settled_name
 
 #: where buffer folders go when ``/dev/shm`` is small or missing
 BUFFERS_ENV = "DLSCHED_BUFFERS"
@@ -357,11 +359,14 @@ def buffer_files(data: bytes) -> dict[str, int]:
     return files
 
 
-def loads(data: bytes, buffers: Mapping[str, Any] | None = None) -> Any:
+def loads(
+    data: bytes, buffers: Mapping[str, Any] | None = None, *, moved: Path | None = None
+) -> Any:
     """What ``dumps`` pickled, each out-of-band buffer mapped from its file (no copy).
 
     ``buffers``: each buffer by its file's path, brought another way (a Ray job's, through
-    Ray's object store: its node need not see this machine's files).
+    Ray's object store: its node need not see this machine's files). ``moved``: the job's
+    spool folder, where a result's buffers go from the buffer folder (``results.settle``).
     """
     found = manifest(data)
     if found is None:
@@ -370,7 +375,7 @@ def loads(data: bytes, buffers: Mapping[str, Any] | None = None) -> Any:
     size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "big")
     body = memoryview(data)[len(MAGIC) + 4 + size :]
     if buffers is None:
-        maps = [map_buffer(folder / digest, n) for digest, n in names]
+        maps = [map_buffer(folder / digest, n, moved) for digest, n in names]
     else:
         missing = [d for d, _ in names if str(folder / d) not in buffers]
         if missing:
@@ -379,12 +384,16 @@ def loads(data: bytes, buffers: Mapping[str, Any] | None = None) -> Any:
     return pickle.loads(body, buffers=maps)
 
 
-def map_buffer(path: Path, size: int) -> mmap.mmap:
+def map_buffer(path: Path, size: int, moved: Path | None = None) -> mmap.mmap:
     """``path`` mapped copy-on-write, checked first: a regular file of ours that nobody
-    else can write, of the size the pickle says (a file planted or cut is refused)."""
+    else can write, of the size the pickle says (a file planted or cut is refused); a
+    result's buffer gone from there is looked for where it moved to (``loads``)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
+        settled = settled_name(path.name) if moved is not None else None
+        if moved is not None and settled is not None:
+            return map_buffer(moved / settled, size)
         raise DlschedError(
             f"the job's data file {path} is gone (removed, or the machine restarted); "
             "submit the job again"
@@ -397,25 +406,6 @@ def map_buffer(path: Path, size: int) -> mmap.mmap:
         return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
-
-
-def result_bytes(folder: Path) -> int | None:
-    """The bytes of the result a job left in its spool ``folder``: ``result.pkl`` and the
-    ``result.<n>`` files of its buffers (``dumps(..., named="result")``); None without
-    one. Only their sizes are read (``lstat``): a shared pool's service opens no file of a
-    user's."""
-    sizes = {}
-    try:
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                name, _, index = entry.name.partition(".")
-                if name == "result" and (index == "pkl" or index.isdigit()):
-                    st = entry.stat(follow_symlinks=False)
-                    if stat.S_ISREG(st.st_mode):
-                        sizes[entry.name] = st.st_size
-    except OSError:
-        return None
-    return sum(sizes.values()) if "result.pkl" in sizes else None
 
 
 def folder_owner(folder: Path) -> int | None:
@@ -457,11 +447,18 @@ def file_size(path: str, uid: int) -> int:
     return st.st_size
 
 
-def sweep(home: Path, kept: set[str], before: float) -> tuple[int, int]:
+def sweep(
+    home: Path,
+    kept: set[str],
+    before: float,
+    results: Callable[[Path, str, bool], bool] | None = None,
+) -> tuple[int, int]:
     """Delete the files of this pool's buffer folders (every user's under the default
     root, and this process's own) that no job names and that were last written before
     ``before`` (a submission killed half way left them; one writing now is newer);
-    ``(files, bytes)`` deleted."""
+    ``(files, bytes)`` deleted. A result's buffers (``results.py``) are asked of
+    ``results(folder, name, ours)``: True leaves the file alone (a job still writes it, or
+    it was settled just now; ``ours``: the folder is this process's user's)."""
     own = buffer_folder(home)
     pool = own.name.rsplit("-", 1)[1]
     folders = {own, buffer_folder(home, in_home=True)}
@@ -481,9 +478,15 @@ def sweep(home: Path, kept: set[str], before: float) -> tuple[int, int]:
             if owner not in (os.geteuid(), folder_owner(folder)):
                 continue
             for name in os.listdir(fd):
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # gone meanwhile (a result's other buffers, settled with it)
                 if str(folder / name) in kept or st.st_mtime >= before:
                     continue
+                if parse_name(name) is not None and results is not None:
+                    if results(folder, name, owner == os.geteuid()):
+                        continue
                 os.unlink(name, dir_fd=fd)
                 count, size = count + 1, size + st.st_size
         except OSError:

@@ -9,9 +9,11 @@ import json
 import os
 import sqlite3
 import time
+from pathlib import Path
 
 from .buffers import FILE_PREFIX, remove_files, sweep
 from .ledger import Ledger, _keep_or_default, payload_keep
+from .results import parse_name, result_name, settle
 
 
 class Payloads:
@@ -171,8 +173,28 @@ class Payloads:
             count, size = freed.fetchone()
             db.execute(f"DELETE {leftover}")
             purged, purged_bytes = self._purge_payloads(db, now - keep)
-        swept, swept_bytes = sweep(self.ledger.home, files, started)
+        swept, swept_bytes = sweep(self.ledger.home, files, started, self._kept_result)
         return int(count) + purged + swept, int(size) + purged_bytes + swept_bytes
+
+    def _kept_result(self, folder: Path, name: str, ours: bool) -> bool:
+        """Whether the sweep leaves a result's buffer file alone (``results.py``): one of a
+        running job's attempt (it may still be written or settled); one of a result kept
+        (the job succeeded on that attempt) is settled into the job's spool folder now, by
+        the folder's own user (a shared pool's service opens no file of a user's, and
+        leaves it to the user's reads). Any other (the job was killed while writing it, or
+        ran again since) goes."""
+        parsed = parse_name(name)
+        if parsed is None:
+            return False
+        job_id, attempt, _ = parsed
+        row = self.ledger.db.execute(
+            "SELECT state, attempts FROM jobs WHERE id=?", (job_id,)
+        ).fetchone()
+        if row is None or row[1] != attempt or row[0] not in ("running", "succeeded"):
+            return False
+        if row[0] == "succeeded" and ours:
+            settle(self.ledger.spool_root / job_id, folder, result_name(job_id, attempt))
+        return True
 
     @staticmethod
     def _buffer_file_sizes(db: sqlite3.Connection) -> set[str]:

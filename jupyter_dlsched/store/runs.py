@@ -17,10 +17,11 @@ from typing import Any, cast
 from ..vocab.errors import IllegalTransition
 from ..vocab.resources import Placement
 from ..vocab.schema import HELD_GRANT, WAITING, JobInfo, RunEnd, end_of_run
-from .buffers import result_bytes
+from .buffers import buffer_folder
 from .job_reads import JobReads
 from .jobs import Lifecycle
 from .ledger import Ledger
+from .results import discard, result_bytes, result_name
 
 #: A run's renewal: the job still runs, held by this process (on this attempt, if the
 #: lease names one).
@@ -407,11 +408,22 @@ class Runs:
             job = dataclasses.replace(job, resize_to=asked[0] if asked else None)
         to, why, ruled = end_of_run(job, end, now)
         if to == "succeeded" and job.kind != "command":
-            columns.setdefault("result_bytes", result_bytes(self.lifecycle.spool(job.id)))
+            columns.setdefault("result_bytes", self._result_bytes(job))
+        elif job.kind != "command":  # what a run killed while it wrote its result left
+            discard(buffer_folder(self.ledger.home, job.uid), result_name(job.id, job.attempts))
         self.lifecycle.transition_in(
             db, job.id, to, why, expect=["running"], now=now, **{**ruled, **columns}
         )
         return to
+
+    def _result_bytes(self, job: JobInfo) -> int | None:
+        """The bytes of the result the job's attempt left, its buffers in its owner's
+        buffer folder or already in its spool folder (``results.py``)."""
+        return result_bytes(
+            self.lifecycle.spool(job.id),
+            buffer_folder(self.ledger.home, job.uid),
+            result_name(job.id, job.attempts),
+        )
 
     def set_live_usage(self, job_id: str, pid: int, cpu: float, rss: int) -> None:
         """What a running job uses now (CPU percent of one core, bytes resident), written by

@@ -75,7 +75,16 @@ def test_a_job_that_writes_into_its_argument_changes_nobody_elses_copy(pool):
     assert float(x.sum()) == x.size
 
 
-def test_a_big_result_comes_back_mapped_and_its_pickle_is_small(pool):
+def result_files(s: Scheduler) -> list[str]:
+    """The result buffers in the user's buffer folder (``store/results.py``)."""
+    return [p.name for p in data_files(s) if p.name.startswith("result-")]
+
+
+def test_a_big_result_is_written_into_memory_then_settled_beside_its_pickle(pool):
+    """A result's big buffers are written into the user's buffer folder (memory), named by
+    the job and attempt, not hashed; once the job has ended they move into its spool
+    folder, where the result is kept, and read the same from there."""
+
     def make(n):
         return np.full(n, 3.0)
 
@@ -83,8 +92,112 @@ def test_a_big_result_comes_back_mapped_and_its_pickle_is_small(pool):
     result = h.result(timeout=120)
     assert result.shape == (8 * MIB // 8,) and float(result[-1]) == 3.0
     spool = pool.store.spool(h.id)
-    assert (spool / "result.pkl").stat().st_size < 64 * 1024
-    assert (spool / "result.0").stat().st_size == 8 * MIB  # beside it, not hashed
+    pickled = (spool / "result.pkl").read_bytes()
+    assert len(pickled) < 64 * 1024
+    # written into memory (the user's buffer folder), not the spool folder
+    assert buffers.manifest(pickled) == (
+        buffers.buffer_folder(pool.home),
+        [(f"result-{h.id}-1.0", 8 * MIB)],
+    )
+    # settled: on disk beside its pickle, nothing of it left in memory
+    wait_for(lambda: result_files(pool) == [] and (spool / "result.0").exists(), timeout=30,
+             what=lambda: (result_files(pool), sorted(os.listdir(spool))))  # fmt: skip
+    assert (spool / "result.0").stat().st_size == 8 * MIB
+    assert float(result[-1]) == 3.0  # the array mapped before the move is whole
+    again = Scheduler(pool.home).get(h.id).result(timeout=30)  # another process, later
+    assert again.shape == (8 * MIB // 8,) and float(again.sum()) == 3.0 * again.size
+    assert pool.info(h.id).result_bytes == 8 * MIB + len(pickled)
+
+
+def test_a_result_that_does_not_fit_in_memory_is_written_beside_its_pickle(
+    home, tmp_path, monkeypatch
+):
+    with small_disk(tmp_path / "small", "4m") as small:
+        monkeypatch.setenv(buffers.BUFFERS_ENV, str(small))
+        with Scheduler(home) as s:
+            h = s.submit(lambda n: np.full(n, 2.0), 8 * MIB // 8, cpus=0.25)
+            assert float(h.result(timeout=120).sum()) == 2.0 * 8 * MIB // 8  # not failed
+            pickled = (s.store.spool(h.id) / "result.pkl").read_bytes()
+            assert buffers.manifest(pickled) == (s.store.spool(h.id), [("result.0", 8 * MIB)])
+            assert result_files(s) == []  # nothing half written left in the small folder
+
+
+def test_a_job_killed_while_writing_its_result_leaves_no_file_in_memory(pool):
+    def dies_half_way(n):
+        from jupyter_dlsched.store import buffers as inside
+
+        real = inside.write_buffer
+
+        def write_then_die(folder, raw, name=None):
+            real(folder, raw, name)  # the first buffer is written whole, then kill -9
+            os.kill(os.getpid(), 9)
+
+        inside.write_buffer = write_then_die
+        return np.ones(n), np.ones(n)
+
+    h = pool.submit(dies_half_way, 2 * MIB // 8, cpus=0.25)
+    with pytest.raises(DlschedError):
+        h.result(timeout=120)
+    wait_for(lambda: result_files(pool) == [], timeout=30, what=lambda: result_files(pool))
+
+
+def test_a_job_killed_with_its_supervisor_while_writing_its_result_leaves_no_file(
+    home, tmp_path, monkeypatch
+):
+    """kill -9 of the job and of its supervisor half way through the result: nobody is
+    left to settle or delete it; the run is found lost, and its files go with that."""
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+
+    def dies_half_way(n):
+        from jupyter_dlsched.store import buffers as inside
+
+        real = inside.write_buffer
+
+        def write_then_die(folder, raw, name=None):
+            real(folder, raw, name)
+            os.kill(os.getppid(), 9)  # the job's supervisor
+            os.kill(os.getpid(), 9)
+
+        inside.write_buffer = write_then_die
+        return np.ones(n), np.ones(n)
+
+    with Scheduler(home, lease_ttl=3.0, grace=1.0) as s:
+        h = s.submit(dies_half_way, 2 * MIB // 8, cpus=0.25)
+        wait_for(lambda: result_files(s), timeout=60)
+        wait_for(lambda: s.info(h.id).state not in ("queued", "running"), timeout=60)
+        wait_for(lambda: result_files(s) == [], timeout=30, what=lambda: result_files(s))
+
+
+def test_a_new_agent_settles_a_kept_results_files_and_deletes_the_others(
+    home, tmp_path, monkeypatch
+):
+    """What a supervisor killed before it settled a result leaves in memory: an agent that
+    starts moves a kept result's files into its spool folder (still read the same) and
+    deletes those of no kept result (a failed job's, an attempt that is not its job's)."""
+    monkeypatch.setenv(buffers.BUFFERS_ENV, str(tmp_path / "buffers"))
+    with Scheduler(home) as s:
+        kept = s.submit(lambda n: (np.full(n, 5.0), np.full(n, 6.0)), 2 * MIB // 8, cpus=0.25)
+        kept.result(timeout=120)
+        failed = s.submit(lambda: 1 / 0, cpus=0.25)
+        with pytest.raises(ZeroDivisionError):
+            failed.result(timeout=120)
+        spool = s.store.spool(kept.id)
+        wait_for(lambda: (spool / "result.1").exists() and result_files(s) == [], timeout=30)
+    stop_agent(home)
+    folder = buffers.buffer_folder(home)
+    # as if its supervisor had been killed before it settled the result
+    for n in (0, 1):
+        os.replace(spool / f"result.{n}", folder / f"result-{kept.id}-1.{n}")
+    for name in (f"result-{failed.id}-1.0", f"result-{kept.id}-2.0"):
+        (folder / name).write_bytes(b"\0" * MIB)
+    for name in os.listdir(folder):
+        os.utime(folder / name, (1, 1))
+    with Scheduler(home) as s:  # a new agent starts
+        s.submit(int, 1, cpus=0.25).result(timeout=120)
+        assert result_files(s) == []
+        assert [(spool / f"result.{n}").stat().st_size for n in (0, 1)] == [2 * MIB] * 2
+        five, six = s.get(kept.id).result(timeout=30)
+        assert (float(five.sum()), float(six.sum())) == (5.0 * five.size, 6.0 * six.size)
 
 
 def test_a_torch_model_arrives_with_its_weights_tied_and_mapped(pool):
@@ -99,7 +212,8 @@ def test_a_torch_model_arrives_with_its_weights_tied_and_mapped(pool):
     tied, total, kind, maps = pool.submit(check, model, cpus=0.25).result(timeout=120)
     assert tied and kind == "Parameter"
     assert torch.equal(total, model[0].weight.detach())  # and it came back as it went
-    assert [str(f) for f in data_files(pool)] == [
+    arguments = [f for f in data_files(pool) if not f.name.startswith("result-")]
+    assert [str(f) for f in arguments] == [
         m for m in maps if m.startswith(str(buffers.buffer_folder(pool.home)))
     ]
 
