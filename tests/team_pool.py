@@ -193,3 +193,34 @@ for label, size in zip(sys.argv[1::2], sys.argv[2::2]):
     out.append({"label": label, "path": path, "state": h.state, "reason": h.info().reason})
 print(json.dumps({"folder": folder, "runs": out}))
 """
+
+
+def script_line(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict:
+    """The next JSON line a user's script (``proc``, text pipes) prints; its stderr if it
+    exits instead. A thread reads the lines: ``select`` on the pipe would wait on a line
+    already read into the pipe's buffer with the one before (two lines printed at once)."""
+    import json
+    import queue
+    import threading
+
+    lines: queue.Queue[str] | None = getattr(proc, "_dlsched_lines", None)
+    if lines is None:
+        lines = queue.Queue()
+        proc._dlsched_lines = lines
+        stdout = proc.stdout
+        assert stdout is not None
+
+        def read(into: queue.Queue[str] = lines) -> None:
+            for line in stdout:
+                into.put(line)
+            into.put("")  # the end
+
+        threading.Thread(target=read, daemon=True).start()
+    try:
+        line = lines.get(timeout=timeout)
+    except queue.Empty:
+        line = ""
+    if not line:
+        proc.kill()
+        raise AssertionError(f"no line from the user's script: {proc.stderr.read()}")  # type: ignore[union-attr]
+    return json.loads(line)

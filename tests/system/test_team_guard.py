@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from team_pool import DLSCHED, RUN_ROOT, Service, shared_pool, wait_for
+from team_pool import DLSCHED, RUN_ROOT, Service, script_line, shared_pool, wait_for
 
 
 @pytest.fixture
@@ -52,19 +52,6 @@ def _start(user, service: Service, script: str, *args: str) -> subprocess.Popen[
         cwd="/",
         env=user.client_env(DLSCHED_SOCKET=str(service.socket)),
     )
-
-
-def _line(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict:
-    """The next JSON line ``proc`` prints (its stderr if it exits instead)."""
-    import select
-
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline() if ready else ""
-    if not line:
-        proc.kill()
-        raise AssertionError(f"no line from the user's script: {proc.stderr.read()}")  # type: ignore[union-attr]
-    return json.loads(line)
 
 
 def _end(proc: subprocess.Popen[str]) -> None:
@@ -160,7 +147,7 @@ def test_a_user_flooding_connections_does_not_slow_another_users_requests(servic
     flood = _start(b, service, FLOOD, str(service.socket), "400", "55", "6")
     measuring = None
     try:
-        held = _line(flood)
+        held = script_line(flood)
         # B holds every connection a user may have; the next is refused with the reason
         assert held["held"] == 256, held
         assert f"uid {b.uid} has 256 connections to this pool already" in held["refusal"]
@@ -168,12 +155,12 @@ def test_a_user_flooding_connections_does_not_slow_another_users_requests(servic
         admin = AgentClientRoot(service)
         after_burst = []
         for _ in range(6):
-            _line(flood)  # a burst of 55 connections in a second has just been made
+            script_line(flood)  # a burst of 55 connections in a second has just been made
             started = time.perf_counter()
             admin.call("ping")
             after_burst.append(time.perf_counter() - started)
-        flooded = _line(flood)
-        times = sorted(_line(measuring))
+        flooded = script_line(flood)
+        times = sorted(script_line(measuring))
     finally:
         _end(flood)
         if measuring is not None:
@@ -230,13 +217,13 @@ def test_at_the_descriptor_limit_the_service_refuses_new_connections_and_serves_
     holders = [_start(user, service, HOLD, str(service.socket), "1000") for user in (a, b)]
     holders.append(_start(other_user, service, HOLD, str(service.socket), "1000"))
     try:
-        held = [_line(h) for h in holders]
+        held = [script_line(h) for h in holders]
         # 1024 descriptors less a reserve of 64, a quarter of that per user
         assert [h["held"] for h in held] == [240, 240, 240], held
         assert all("has 240 connections to this pool already" in h["refusal"] for h in held)
         # root (an admin, in this process) takes the rest, then the service is full
         mine = _start_root_holder(service)
-        held_root = _line(mine)
+        held_root = script_line(mine)
         holders.append(mine)
         assert held_root["held"] == 240, held_root
         assert "at its limit of 960 connections" in held_root["refusal"]
@@ -249,7 +236,7 @@ def test_at_the_descriptor_limit_the_service_refuses_new_connections_and_serves_
             assert holder.stdin is not None
             holder.stdin.write("ping\n")
             holder.stdin.flush()
-        assert [_line(h)["answered"] for h in holders] == [240, 240, 240, 240]
+        assert [script_line(h)["answered"] for h in holders] == [240, 240, 240, 240]
     finally:
         for holder in holders:
             _end(holder)
@@ -341,8 +328,8 @@ def test_half_sent_attachments_and_unread_replies_are_bounded_per_user(service, 
     partial = _start(b, service, PARTIAL, str(service.socket), "8", str(256 << 20), str(200 << 20))
     unread = _start(b, service, UNREAD, str(service.socket), "8", "2000")
     try:
-        sent = _line(partial, timeout=180)
-        _line(unread, timeout=180)
+        sent = script_line(partial, timeout=180)
+        script_line(unread, timeout=180)
         time.sleep(1)
         grown = _rss(service) - before
         # one message at a time goes on: B's first attachment, and a little of the rest

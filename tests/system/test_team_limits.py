@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from team_pool import Service, shared_pool, wait_for
+from team_pool import Service, script_line, shared_pool, wait_for
 
 from jupyter_dlsched.agent.client import AgentClient
 from jupyter_dlsched.agent.link import AgentLink, RemoteLedger
@@ -54,17 +53,6 @@ def _start(user, service: Service, script: str, *args: str) -> subprocess.Popen[
         cwd="/",
         env=user.client_env(DLSCHED_SOCKET=str(service.socket)),
     )
-
-
-def _line(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict:
-    """The next JSON line ``proc`` prints (its stderr if it exits instead)."""
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline() if ready else ""
-    if not line:
-        proc.kill()
-        raise AssertionError(f"no line from the user's script: {proc.stderr.read()}")  # type: ignore[union-attr]
-    return json.loads(line)
 
 
 #: A's jobs: the first holds both GPUs, the rest wait behind it (one transaction).
@@ -197,16 +185,16 @@ def _eight_reads_and_a_ping(
     reader = _start(a, service, SEND_AT_SIGNAL, sock, "8", json.dumps(request), mark)
     pinger = _start(b, service, PING_AT_MARK, sock, mark)
     try:
-        assert _line(reader) == _line(pinger) == "connected"
+        assert script_line(reader) == script_line(pinger) == "connected"
         assert service.proc is not None and reader.stdin is not None
         os.kill(service.proc.pid, signal.SIGSTOP)
         try:
             reader.stdin.write("go\n")
             reader.stdin.flush()
-            assert _line(reader) == "sent"
+            assert script_line(reader) == "sent"
         finally:
             os.kill(service.proc.pid, signal.SIGCONT)
-        replies, pinged = _line(reader), _line(pinger)
+        replies, pinged = script_line(reader), script_line(pinger)
     finally:
         for proc in (pinger, reader):
             proc.kill()
@@ -259,7 +247,7 @@ def test_idle_connections_to_the_metrics_port_do_not_stop_scrapes(service_factor
     holder = _start(b, service, HOLD_IDLE, host, port, "100")
     answered = 0
     try:
-        assert _line(holder) == 100
+        assert script_line(holder) == 100
         for _ in range(20):
             try:
                 with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as reply:
