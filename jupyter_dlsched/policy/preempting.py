@@ -181,6 +181,18 @@ class RankedPreemption:
             room.take(placement)
         return False
 
+    def _reaches_guarded(
+        self,
+        ordered: Sequence[QueuedJob],
+        ranks: RunningRanks,
+        capacity: Capacity,
+        now: float,
+        smallest: int,
+    ) -> bool:
+        """``_plan_reaches`` over the guarded victims an index keeps (``guarded_worse``),
+        without ranking the running jobs."""
+        return self._first_fit_unless_planned(ordered, ranks, capacity, now, smallest, None)
+
     def _first_fit_unless_planned(
         self,
         ordered: Sequence[QueuedJob],
@@ -188,14 +200,15 @@ class RankedPreemption:
         capacity: Capacity,
         now: float,
         smallest: int,
-        out: Decisions,
+        out: Decisions | None,
     ) -> bool:
         """First fit into ``out``; True (and nothing in ``out``) if planning by rank would differ.
 
         A waiting job that does not fit now is planned when the GPUs free now, those
         of stopping jobs and those of victims ranked worse than it are enough. Those
         can only shrink further down the queue, so the walk ends once they are fewer
-        than the smallest job asks for.
+        than the smallest job asks for. With ``out`` None the victims are those the
+        guard leaves (``guarded_worse``), and nothing is started.
         """
         room = Room(capacity)
         starts: list[Start] = []
@@ -205,7 +218,11 @@ class RankedPreemption:
         for job in ordered:
             rank = self.queued_rank(job)
             if rank != last:
-                last, worse = rank, ranks.worse(rank, now)[1]
+                last = rank
+                if out is not None:
+                    worse = ranks.worse(rank, now)[1]
+                else:
+                    worse = ranks.guarded_worse(rank, now) or 0
             reachable = room.whole + ranks.stopping_gpus + worse
             if reachable < smallest:
                 break
@@ -219,7 +236,8 @@ class RankedPreemption:
                 continue
             room.take(placement)
             starts.append(Start(job.id, placement))
-        out.starts.extend(starts)
+        if out is not None:
+            out.starts.extend(starts)
         return False
 
     def _plan_by_rank(

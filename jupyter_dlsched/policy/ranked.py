@@ -196,8 +196,19 @@ class RankedPolicy(RankedPreemption):
         if ranks.stopping_gpus == 0 and ranks.worse(self.queued_rank(ordered[0]), now)[0] == 0:
             self._first_fit(queued, ordered, capacity, True, out)
         elif self._first_fit_unless_planned(ordered, ranks, capacity, now, smallest, out):
-            victims, free_at = self._guarded_victims(running, now, ordered, len(capacity.gpus))
-            if self._plan_reaches(ordered, victims, capacity, ranks.stopping_gpus, smallest):
+            victims: list[tuple[float, int, RunningJob]] = []
+            if ranks.guard_known:
+                # the index keeps the victims the guard leaves too: rank them only to plan
+                free_at = ranks.protected_until(now)
+                reaches = self._reaches_guarded(ordered, ranks, capacity, now, smallest)
+                if reaches:
+                    victims, _ = self._guarded_victims(running, now, ordered, len(capacity.gpus))
+            else:
+                victims, free_at = self._guarded_victims(running, now, ordered, len(capacity.gpus))
+                reaches = self._plan_reaches(
+                    ordered, victims, capacity, ranks.stopping_gpus, smallest
+                )
+            if reaches:
                 room = GangRoom if _indexed(capacity.gpus) else Room
                 self._plan_by_rank(ordered, running, victims, capacity, out, set(), smallest, room)
             else:
