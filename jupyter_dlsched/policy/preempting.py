@@ -181,18 +181,6 @@ class RankedPreemption:
             room.take(placement)
         return False
 
-    def _reaches_guarded(
-        self,
-        ordered: Sequence[QueuedJob],
-        ranks: RunningRanks,
-        capacity: Capacity,
-        now: float,
-        smallest: int,
-    ) -> bool:
-        """``_plan_reaches`` over the guarded victims an index keeps (``guarded_worse``),
-        without ranking the running jobs."""
-        return self._first_fit_unless_planned(ordered, ranks, capacity, now, smallest, None)
-
     def _first_fit_unless_planned(
         self,
         ordered: Sequence[QueuedJob],
@@ -200,45 +188,57 @@ class RankedPreemption:
         capacity: Capacity,
         now: float,
         smallest: int,
-        out: Decisions | None,
-    ) -> bool:
-        """First fit into ``out``; True (and nothing in ``out``) if planning by rank would differ.
+        out: Decisions,
+        guarded: bool = False,
+    ) -> tuple[bool, bool]:
+        """First fit into ``out``, unless planning by rank may differ: then ``(True, reaches)``
+        and nothing in ``out``.
 
         A waiting job that does not fit now is planned when the GPUs free now, those
         of stopping jobs and those of victims ranked worse than it are enough. Those
         can only shrink further down the queue, so the walk ends once they are fewer
-        than the smallest job asks for. With ``out`` None the victims are those the
-        guard leaves (``guarded_worse``), and nothing is started.
+        than the smallest job asks for. The victims are those the index counts; with
+        ``guarded`` the walk goes on over those the guard leaves (``guarded_worse``,
+        never more), and ``reaches`` is ``_plan_reaches``' answer over them: the two
+        walks are one, since the room is the same in both and the second can only say
+        yes where the first did.
         """
         room = Room(capacity)
         starts: list[Start] = []
-        blocked = False
+        blocked = planned = False
         last: float | None = None
-        worse = 0
+        worse = spared = 0
+        stopping = ranks.stopping_gpus
         for job in ordered:
             rank = self.queued_rank(job)
             if rank != last:
                 last = rank
-                if out is not None:
+                if not planned:
                     worse = ranks.worse(rank, now)[1]
-                else:
-                    worse = ranks.guarded_worse(rank, now) or 0
-            reachable = room.whole + ranks.stopping_gpus + worse
-            if reachable < smallest:
+                if guarded:
+                    spared = ranks.guarded_worse(rank, now) or 0
+            free = room.whole + stopping
+            if free + (spared if planned else worse) < smallest:
                 break
             if blocked and not self.skip:
                 break
             placement = room.place(job.request)
             if placement is None:
-                if job.request.whole_gpus <= reachable:
-                    return True
+                need = job.request.whole_gpus
+                if not planned and need <= free + worse:
+                    if not guarded:
+                        return True, False
+                    planned = True
+                if planned and need <= free + spared:
+                    return True, True
                 blocked = True
                 continue
             room.take(placement)
             starts.append(Start(job.id, placement))
-        if out is not None:
-            out.starts.extend(starts)
-        return False
+        if planned:
+            return True, False
+        out.starts.extend(starts)
+        return False, False
 
     def _plan_by_rank(
         self,
