@@ -76,22 +76,28 @@ class RankedPreemption:
         min_run = float(getattr(self, "min_run", 0.0))
         if min_run <= 0 and float(getattr(self, "restart_cost", 0.0)) <= 0:
             return victims, None
-        waiting: list[float] | None = None  # ranks of the waiting jobs, built once if asked
+        # ranks of the waiting jobs, where the margin counts those a restart holds back
+        waiting = (
+            sorted(self.queued_rank(j) for j in ordered)
+            if self.margin_counts_queue and ordered and victims
+            else None
+        )
+        n, share, after = len(waiting or ()), max(pool, 1), bisect.bisect_right
+        margin_of = self.rank_margin  # this loop runs over every running job before a plan
         guarded = []
         until = math.inf
         for item in victims:
             r = item[2]
-            free_at = r.started + min_run
-            if min_run > 0 and now < free_at:
-                until = min(until, free_at)
-                continue
-            delayed = 0.0
-            if self.margin_counts_queue and ordered:
-                if waiting is None:
-                    waiting = sorted(self.queued_rank(j) for j in ordered)
-                behind = len(waiting) - bisect.bisect_right(waiting, -item[0])
-                delayed = behind * max(r.request.gpus, 1.0) / max(pool, 1)
-            margin = self.rank_margin(r, delayed)
+            if min_run > 0:
+                free_at = r.started + min_run
+                if now < free_at:
+                    until = min(until, free_at)
+                    continue
+            if waiting is None:
+                margin = margin_of(r, 0.0)
+            else:
+                behind = n - after(waiting, -item[0])
+                margin = margin_of(r, behind * max(r.request.gpus, 1.0) / share)
             guarded.append((item[0] + margin, item[1], r) if margin else item)
         return guarded, (None if until == math.inf else until)
 
@@ -145,24 +151,24 @@ class RankedPreemption:
     def _plan_reaches(
         self,
         ordered: Sequence[QueuedJob],
-        victims: list[tuple[float, int, RunningJob]],
+        holders: list[tuple[tuple[float, int], RunningJob]],
         capacity: Capacity,
         stopping_gpus: int,
         smallest: int,
     ) -> bool:
-        """Whether planning by rank over ``victims`` (as guarded: ``(-(rank - margin), -seq,
-        job)``) would plan some waiting job over victims, so differ from first fit.
+        """Whether planning by rank over the victims ``holders`` (as guarded, in
+        ``_plan_by_rank``'s order: ``((rank - margin, seq), job)`` sorted) would plan some
+        waiting job over victims, so differ from first fit.
 
         The test of ``_first_fit_unless_planned`` with the victims that may really be
         stopped: a job that does not fit now is planned only when the GPUs free now,
         those of stopping jobs and those of victims ranked strictly worse than it are
         enough (``_plan_by_rank`` keeps the others before it places the job).
         """
-        ranked = sorted((-v[0], v[2].request.whole_gpus) for v in victims)
-        ranks = [r for r, _ in ranked]
-        worse_gpus = [0] * (len(ranked) + 1)
-        for i in range(len(ranked) - 1, -1, -1):
-            worse_gpus[i] = worse_gpus[i + 1] + ranked[i][1]
+        ranks = [key[0] for key, _ in holders]
+        worse_gpus = [0] * (len(holders) + 1)
+        for i in range(len(holders) - 1, -1, -1):
+            worse_gpus[i] = worse_gpus[i + 1] + holders[i][1].request.whole_gpus
         room = Room(capacity)
         blocked = False
         for job in ordered:
@@ -250,6 +256,7 @@ class RankedPreemption:
         promoted: set[str],
         smallest: int,
         room: type[Room] | type[GangRoom] = Room,
+        holders: list[tuple[tuple[float, int], RunningJob]] | None = None,
     ) -> None:
         """Choose the jobs that should hold the pool, by rank, then act on the difference.
 
@@ -267,7 +274,8 @@ class RankedPreemption:
         for r in running:
             if r.stopping:
                 plan.give_back(r.placement)
-        holders = sorted(((-v[0], -v[1]), v[2]) for v in victims)
+        if holders is None:
+            holders = ranked_holders(victims)
         h = 0
         if room is GangRoom and ordered:
             # holders ranked no worse than the first waiting job take their devices back
@@ -278,9 +286,12 @@ class RankedPreemption:
                 h += 1
         held = sum(len(r.placement.gpus) for _, r in holders[:h])
         kept = {id(r) for _, r in holders[:h]}
-        for _, _, r in victims:
-            if id(r) not in kept:
-                plan.give_back(r.placement)
+        if isinstance(plan, GangRoom):
+            plan.give_back_all(r.placement for _, _, r in victims if id(r) not in kept)
+        else:
+            for _, _, r in victims:
+                if id(r) not in kept:
+                    plan.give_back(r.placement)
         started: set[str] = set()
         displaced: list[RunningJob] = []
         planned_for: dict[str, str] = {}
@@ -326,6 +337,13 @@ class RankedPreemption:
             for job in ordered:
                 if job.id not in started and job.id not in planned_for:
                     out.waiting[job.id] = describe_shortfall(job.request, now_room.capacity)
+
+
+def ranked_holders(
+    victims: list[tuple[float, int, RunningJob]],
+) -> list[tuple[tuple[float, int], RunningJob]]:
+    """``victims`` (``(-rank, -seq, job)``) best rank first, as ``((rank, seq), job)``."""
+    return sorted(((-v[0], -v[1]), v[2]) for v in victims)
 
 
 def _victims_for(
@@ -433,7 +451,10 @@ def _fits(room: Room | GangRoom, placement: Placement) -> bool:
 
 def _keep_or_displace(job: RunningJob, plan: Room | GangRoom, displaced: list[RunningJob]) -> None:
     """A running job keeps its devices in the plan if nobody better-ranked took them."""
-    if _fits(plan, job.placement):
+    if isinstance(plan, GangRoom):
+        if not plan.keep(job.placement):
+            displaced.append(job)
+    elif _fits(plan, job.placement):
         plan.take(job.placement)
     else:
         displaced.append(job)

@@ -35,7 +35,7 @@ from .base import (
     submit_order,
 )
 from .lane_line import LaneLine, Stretch
-from .preempting import RankedPreemption
+from .preempting import RankedPreemption, ranked_holders
 from .ranks import RunningRanks
 from .shortfall import Shortfalls, describe_shortfall
 
@@ -213,13 +213,15 @@ class RankedPolicy(RankedPreemption):
                     victims, free_at = self._guarded_victims(
                         running, now, ordered, len(capacity.gpus)
                     )
+                holders = ranked_holders(victims)  # sorted once, for both
+                if not guarded:
                     reaches = self._plan_reaches(
-                        ordered, victims, capacity, ranks.stopping_gpus, smallest
+                        ordered, holders, capacity, ranks.stopping_gpus, smallest
                     )
                 if reaches:
                     room = GangRoom if _indexed(capacity.gpus) else Room
                     self._plan_by_rank(
-                        ordered, running, victims, capacity, out, set(), smallest, room
+                        ordered, running, victims, capacity, out, set(), smallest, room, holders
                     )
                 else:
                     # the minimum run time and restart margins protect enough of the victims
