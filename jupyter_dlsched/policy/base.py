@@ -476,11 +476,16 @@ class GangRoom:
 
     def keep(self, placement: Placement) -> bool:
         """Take ``placement`` back if none of its GPUs was granted since; whether it was."""
-        gpus = self.gpus
+        gpus, steps = self.gpus, _GPU_TAKEN
         for i in placement.gpus:
             if gpus[i].jobs:
                 return False
-        self._apply(placement, +1)
+        for i, mem in zip(placement.gpus, placement.gpu_mem, strict=False):
+            g = gpus[i]
+            step = steps.get(id(g))
+            gpus[i] = step[2] if step is not None and step[1] == mem else _step(g, mem, +1)
+        self.whole -= len(placement.gpus)
+        self._capacity = None
         return True
 
     def _apply(self, placement: Placement, sign: int) -> None:

@@ -397,12 +397,13 @@ def _place_sparing(
     worse one keeps running; so their devices count as taken, and the worst are
     handed back one by one until the job fits.
     """
-    if plan.place(request) is None:
+    anywhere = plan.place(request)
+    if anywhere is None:
         return None
     whole = request.whole_gpus
     trial = plan.copy()
     taken: list[Placement] = []
-    if isinstance(plan, GangRoom):
+    if isinstance(plan, GangRoom) and isinstance(trial, GangRoom):
         # whole GPUs only, so the holders' devices are disjoint and taking one holder's
         # leaves another's as free as in ``plan``: the walk below would hand back every
         # holder past the point where fewer than ``whole`` GPUs are left without trying
@@ -414,10 +415,11 @@ def _place_sparing(
                 if _fits(plan, r.placement):
                     break
                 continue
-            if _fits(plan, r.placement):
-                trial.take(r.placement)
+            if trial.keep(r.placement):  # free in the trial as in the plan: disjoint
                 taken.append(r.placement)
                 spare -= n
+        if not taken:
+            return anywhere  # the trial is the plan
     else:
         for _, r in holders[h:]:
             if _fits(trial, r.placement):
