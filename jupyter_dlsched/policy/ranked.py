@@ -14,6 +14,7 @@ and the plan of who is preempted are ``jupyter_dlsched.policy.preempting``.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import islice
 from typing import Any
@@ -333,9 +334,10 @@ def _indexed(gpus: Sequence[Any]) -> bool:
         return seen[1]
     if len(_INDEXED) > 64:
         _INDEXED.clear()
-    answer = all(g.index == i for i, g in enumerate(gpus))
+    answer = all(map(operator.eq, map(_index_of, gpus), range(len(gpus))))
     _INDEXED[id(gpus)] = (gpus, answer)  # holding the GPUs keeps their id theirs
     return answer
 
 
 _INDEXED: dict[int, tuple[Sequence[Any], bool]] = {}
+_index_of = operator.attrgetter("index")
