@@ -66,3 +66,53 @@ def test_guarded_victims_kept_by_the_index_decide_as_guarding_before_each_plan(
     assert kept.jobs == afresh.jobs
     assert kept.policy_calls == afresh.policy_calls
     assert kept.timeline == afresh.timeline
+
+
+_running = st.tuples(
+    st.sampled_from([1, 2, 3]),  # GPUs
+    st.sampled_from([None, 0.0, 10.1, 55.7, 300.0, 4000.3]),  # remaining at its start
+    st.floats(0.0, 100.0),  # started
+    st.booleans(),  # preemptible
+    st.booleans(),  # stopping
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    running_rows=st.lists(_running, min_size=4, max_size=24),
+    queued_rows=st.lists(
+        st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from([5.0, 60.7, 500.0])),
+        min_size=1,
+        max_size=12,
+    ),
+    restart=st.sampled_from([0.0, 7.3, 11.9, 30.0]),  # odd figures: floats rounded on the way
+    min_run=st.sampled_from([0.0, 30.0]),
+    pool=st.sampled_from([7, 13, 24]),
+)
+def test_srtf_guards_its_victims_in_one_pass_as_ranking_then_guarding(
+    running_rows, queued_rows, restart, min_run, pool
+):
+    from jupyter_dlsched.policy.base import QueuedJob, RunningJob
+    from jupyter_dlsched.policy.preempting import RankedPreemption
+    from jupyter_dlsched.policy.srtf import SrtfPolicy
+    from jupyter_dlsched.vocab.resources import Placement, Request
+
+    running = [
+        RunningJob(
+            f"r{i}", i, 0.0, float(started), Request(gpus=g, cpus=0),
+            Placement(gpus=tuple(range(g)), gpu_mem=(0,) * g),
+            preemptible=preemptible, remaining=remaining, stopping=stopping,
+        )
+        for i, (g, remaining, started, preemptible, stopping) in enumerate(running_rows)
+    ]  # fmt: skip
+    policy = SrtfPolicy(restart_cost=restart, min_run=min_run)
+    ordered = sorted(
+        (
+            QueuedJob(f"q{i}", 100 + i, 0.0, Request(gpus=g, cpus=0), remaining=left)
+            for i, (g, left) in enumerate(queued_rows)
+        ),
+        key=policy.queue_key,
+    )
+    fast = policy._guarded_victims(running, 100.3, ordered, pool)
+    slow = RankedPreemption._guarded_victims(policy, running, 100.3, ordered, pool)
+    assert fast == slow
