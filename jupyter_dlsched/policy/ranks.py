@@ -321,10 +321,13 @@ class RemainingRanks(RunningRanks):
             factor = max(asked, 1.0)
             edge = now + rank / factor
             lo = bisect.bisect_left(ends, (edge - _MARGIN, -1))
-            hi = bisect.bisect_left(ends, (edge + _MARGIN, -1))
-            n = len(ends) - hi
-            for _, seq in ends[lo:hi]:  # close to the edge: the policy's formula decides
-                job = self.jobs[seq]
+            # the first end at or past edge + margin: seldom more than a step or two on
+            top, hi, size = edge + _MARGIN, lo, len(ends)
+            while hi < size and ends[hi][0] < top:
+                hi += 1
+            n = size - hi
+            for i in range(lo, hi):  # close to the edge: the policy's formula decides
+                job = self.jobs[ends[i][1]]
                 left = max(0.0, job.remaining - max(0.0, now - job.started))  # type: ignore[operator]
                 if left * factor > rank:
                     n += 1
