@@ -76,22 +76,28 @@ class RankedPreemption:
         min_run = float(getattr(self, "min_run", 0.0))
         if min_run <= 0 and float(getattr(self, "restart_cost", 0.0)) <= 0:
             return victims, None
-        waiting: list[float] | None = None  # ranks of the waiting jobs, built once if asked
+        # ranks of the waiting jobs, where the margin counts those a restart holds back
+        waiting = (
+            sorted(self.queued_rank(j) for j in ordered)
+            if self.margin_counts_queue and ordered and victims
+            else None
+        )
+        n, share, after = len(waiting or ()), max(pool, 1), bisect.bisect_right
+        margin_of = self.rank_margin  # this loop runs over every running job before a plan
         guarded = []
         until = math.inf
         for item in victims:
             r = item[2]
-            free_at = r.started + min_run
-            if min_run > 0 and now < free_at:
-                until = min(until, free_at)
-                continue
-            delayed = 0.0
-            if self.margin_counts_queue and ordered:
-                if waiting is None:
-                    waiting = sorted(self.queued_rank(j) for j in ordered)
-                behind = len(waiting) - bisect.bisect_right(waiting, -item[0])
-                delayed = behind * max(r.request.gpus, 1.0) / max(pool, 1)
-            margin = self.rank_margin(r, delayed)
+            if min_run > 0:
+                free_at = r.started + min_run
+                if now < free_at:
+                    until = min(until, free_at)
+                    continue
+            if waiting is None:
+                margin = margin_of(r, 0.0)
+            else:
+                behind = n - after(waiting, -item[0])
+                margin = margin_of(r, behind * max(r.request.gpus, 1.0) / share)
             guarded.append((item[0] + margin, item[1], r) if margin else item)
         return guarded, (None if until == math.inf else until)
 
@@ -145,24 +151,24 @@ class RankedPreemption:
     def _plan_reaches(
         self,
         ordered: Sequence[QueuedJob],
-        victims: list[tuple[float, int, RunningJob]],
+        holders: list[tuple[tuple[float, int], RunningJob]],
         capacity: Capacity,
         stopping_gpus: int,
         smallest: int,
     ) -> bool:
-        """Whether planning by rank over ``victims`` (as guarded: ``(-(rank - margin), -seq,
-        job)``) would plan some waiting job over victims, so differ from first fit.
+        """Whether planning by rank over the victims ``holders`` (as guarded, in
+        ``_plan_by_rank``'s order: ``((rank - margin, seq), job)`` sorted) would plan some
+        waiting job over victims, so differ from first fit.
 
         The test of ``_first_fit_unless_planned`` with the victims that may really be
         stopped: a job that does not fit now is planned only when the GPUs free now,
         those of stopping jobs and those of victims ranked strictly worse than it are
         enough (``_plan_by_rank`` keeps the others before it places the job).
         """
-        ranked = sorted((-v[0], v[2].request.whole_gpus) for v in victims)
-        ranks = [r for r, _ in ranked]
-        worse_gpus = [0] * (len(ranked) + 1)
-        for i in range(len(ranked) - 1, -1, -1):
-            worse_gpus[i] = worse_gpus[i + 1] + ranked[i][1]
+        ranks = [key[0] for key, _ in holders]
+        worse_gpus = [0] * (len(holders) + 1)
+        for i in range(len(holders) - 1, -1, -1):
+            worse_gpus[i] = worse_gpus[i + 1] + holders[i][1].request.whole_gpus
         room = Room(capacity)
         blocked = False
         for job in ordered:
@@ -189,38 +195,56 @@ class RankedPreemption:
         now: float,
         smallest: int,
         out: Decisions,
-    ) -> bool:
-        """First fit into ``out``; True (and nothing in ``out``) if planning by rank would differ.
+        guarded: bool = False,
+    ) -> tuple[bool, bool]:
+        """First fit into ``out``, unless planning by rank may differ: then ``(True, reaches)``
+        and nothing in ``out``.
 
         A waiting job that does not fit now is planned when the GPUs free now, those
         of stopping jobs and those of victims ranked worse than it are enough. Those
         can only shrink further down the queue, so the walk ends once they are fewer
-        than the smallest job asks for.
+        than the smallest job asks for. The victims are those the index counts; with
+        ``guarded`` the walk goes on over those the guard leaves (``guarded_worse``,
+        never more), and ``reaches`` is ``_plan_reaches``' answer over them: the two
+        walks are one, since the room is the same in both and the second can only say
+        yes where the first did.
         """
         room = Room(capacity)
         starts: list[Start] = []
-        blocked = False
+        blocked = planned = False
         last: float | None = None
-        worse = 0
+        worse = spared = 0
+        stopping = ranks.stopping_gpus
         for job in ordered:
             rank = self.queued_rank(job)
             if rank != last:
-                last, worse = rank, ranks.worse(rank, now)[1]
-            reachable = room.whole + ranks.stopping_gpus + worse
-            if reachable < smallest:
+                last = rank
+                if not planned:
+                    worse = ranks.worse(rank, now)[1]
+                if guarded:
+                    spared = ranks.guarded_worse(rank, now) or 0
+            free = room.whole + stopping
+            if free + (spared if planned else worse) < smallest:
                 break
             if blocked and not self.skip:
                 break
             placement = room.place(job.request)
             if placement is None:
-                if job.request.whole_gpus <= reachable:
-                    return True
+                need = job.request.whole_gpus
+                if not planned and need <= free + worse:
+                    if not guarded:
+                        return True, False
+                    planned = True
+                if planned and need <= free + spared:
+                    return True, True
                 blocked = True
                 continue
             room.take(placement)
             starts.append(Start(job.id, placement))
+        if planned:
+            return True, False
         out.starts.extend(starts)
-        return False
+        return False, False
 
     def _plan_by_rank(
         self,
@@ -232,6 +256,7 @@ class RankedPreemption:
         promoted: set[str],
         smallest: int,
         room: type[Room] | type[GangRoom] = Room,
+        holders: list[tuple[tuple[float, int], RunningJob]] | None = None,
     ) -> None:
         """Choose the jobs that should hold the pool, by rank, then act on the difference.
 
@@ -249,7 +274,8 @@ class RankedPreemption:
         for r in running:
             if r.stopping:
                 plan.give_back(r.placement)
-        holders = sorted(((-v[0], -v[1]), v[2]) for v in victims)
+        if holders is None:
+            holders = ranked_holders(victims)
         h = 0
         if room is GangRoom and ordered:
             # holders ranked no worse than the first waiting job take their devices back
@@ -260,9 +286,12 @@ class RankedPreemption:
                 h += 1
         held = sum(len(r.placement.gpus) for _, r in holders[:h])
         kept = {id(r) for _, r in holders[:h]}
-        for _, _, r in victims:
-            if id(r) not in kept:
-                plan.give_back(r.placement)
+        if isinstance(plan, GangRoom):
+            plan.give_back_all(r.placement for _, _, r in victims if id(r) not in kept)
+        else:
+            for _, _, r in victims:
+                if id(r) not in kept:
+                    plan.give_back(r.placement)
         started: set[str] = set()
         displaced: list[RunningJob] = []
         planned_for: dict[str, str] = {}
@@ -308,6 +337,13 @@ class RankedPreemption:
             for job in ordered:
                 if job.id not in started and job.id not in planned_for:
                     out.waiting[job.id] = describe_shortfall(job.request, now_room.capacity)
+
+
+def ranked_holders(
+    victims: list[tuple[float, int, RunningJob]],
+) -> list[tuple[tuple[float, int], RunningJob]]:
+    """``victims`` (``(-rank, -seq, job)``) best rank first, as ``((rank, seq), job)``."""
+    return sorted(((-v[0], -v[1]), v[2]) for v in victims)
 
 
 def _victims_for(
@@ -361,12 +397,13 @@ def _place_sparing(
     worse one keeps running; so their devices count as taken, and the worst are
     handed back one by one until the job fits.
     """
-    if plan.place(request) is None:
+    anywhere = plan.place(request)
+    if anywhere is None:
         return None
     whole = request.whole_gpus
     trial = plan.copy()
     taken: list[Placement] = []
-    if isinstance(plan, GangRoom):
+    if isinstance(plan, GangRoom) and isinstance(trial, GangRoom):
         # whole GPUs only, so the holders' devices are disjoint and taking one holder's
         # leaves another's as free as in ``plan``: the walk below would hand back every
         # holder past the point where fewer than ``whole`` GPUs are left without trying
@@ -378,10 +415,11 @@ def _place_sparing(
                 if _fits(plan, r.placement):
                     break
                 continue
-            if _fits(plan, r.placement):
-                trial.take(r.placement)
+            if trial.keep(r.placement):  # free in the trial as in the plan: disjoint
                 taken.append(r.placement)
                 spare -= n
+        if not taken:
+            return anywhere  # the trial is the plan
     else:
         for _, r in holders[h:]:
             if _fits(trial, r.placement):
@@ -415,7 +453,10 @@ def _fits(room: Room | GangRoom, placement: Placement) -> bool:
 
 def _keep_or_displace(job: RunningJob, plan: Room | GangRoom, displaced: list[RunningJob]) -> None:
     """A running job keeps its devices in the plan if nobody better-ranked took them."""
-    if _fits(plan, job.placement):
+    if isinstance(plan, GangRoom):
+        if not plan.keep(job.placement):
+            displaced.append(job)
+    elif _fits(plan, job.placement):
         plan.take(job.placement)
     else:
         displaced.append(job)

@@ -14,6 +14,7 @@ and the plan of who is preempted are ``jupyter_dlsched.policy.preempting``.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import islice
 from typing import Any
@@ -35,7 +36,7 @@ from .base import (
     submit_order,
 )
 from .lane_line import LaneLine, Stretch
-from .preempting import RankedPreemption
+from .preempting import RankedPreemption, ranked_holders
 from .ranks import RunningRanks
 from .shortfall import Shortfalls, describe_shortfall
 
@@ -195,15 +196,38 @@ class RankedPolicy(RankedPreemption):
         # stopping (whose GPUs a waiting job may be planned on), first fit is the plan
         if ranks.stopping_gpus == 0 and ranks.worse(self.queued_rank(ordered[0]), now)[0] == 0:
             self._first_fit(queued, ordered, capacity, True, out)
-        elif self._first_fit_unless_planned(ordered, ranks, capacity, now, smallest, out):
-            victims, free_at = self._guarded_victims(running, now, ordered, len(capacity.gpus))
-            if self._plan_reaches(ordered, victims, capacity, ranks.stopping_gpus, smallest):
-                room = GangRoom if _indexed(capacity.gpus) else Room
-                self._plan_by_rank(ordered, running, victims, capacity, out, set(), smallest, room)
-            else:
-                # the minimum run time and restart margins protect enough of the victims
-                # the index counted that no waiting job can be planned over the rest
-                self._first_fit(queued, ordered, capacity, True, out)
+        else:
+            guarded = ranks.guard_known
+            planned, reaches = self._first_fit_unless_planned(
+                ordered, ranks, capacity, now, smallest, out, guarded
+            )
+            if planned:
+                victims: list[tuple[float, int, RunningJob]] = []
+                if guarded:
+                    # the index keeps the victims the guard leaves too: rank them only to plan
+                    free_at = ranks.protected_until(now)
+                    if reaches:
+                        victims, _ = self._guarded_victims(
+                            running, now, ordered, len(capacity.gpus)
+                        )
+                else:
+                    victims, free_at = self._guarded_victims(
+                        running, now, ordered, len(capacity.gpus)
+                    )
+                holders = ranked_holders(victims)  # sorted once, for both
+                if not guarded:
+                    reaches = self._plan_reaches(
+                        ordered, holders, capacity, ranks.stopping_gpus, smallest
+                    )
+                if reaches:
+                    room = GangRoom if _indexed(capacity.gpus) else Room
+                    self._plan_by_rank(
+                        ordered, running, victims, capacity, out, set(), smallest, room, holders
+                    )
+                else:
+                    # the minimum run time and restart margins protect enough of the victims
+                    # the index counted that no waiting job can be planned over the rest
+                    self._first_fit(queued, ordered, capacity, True, out)
         out.wake_at = _earliest(ranks.wake(now), free_at)
 
     def _promote(
@@ -304,4 +328,16 @@ def _earliest(a: float | None, b: float | None) -> float | None:
 
 
 def _indexed(gpus: Sequence[Any]) -> bool:
-    return all(g.index == i for i, g in enumerate(gpus))
+    # asked before every full plan, of a pool's GPUs that change less often than that
+    seen = _INDEXED.get(id(gpus))
+    if seen is not None and seen[0] is gpus:
+        return seen[1]
+    if len(_INDEXED) > 64:
+        _INDEXED.clear()
+    answer = all(map(operator.eq, map(_index_of, gpus), range(len(gpus))))
+    _INDEXED[id(gpus)] = (gpus, answer)  # holding the GPUs keeps their id theirs
+    return answer
+
+
+_INDEXED: dict[int, tuple[Sequence[Any], bool]] = {}
+_index_of = operator.attrgetter("index")

@@ -37,6 +37,9 @@ class RunningRanks:
     them so a policy can tell the index covers the jobs it is shown.
     """
 
+    #: whether ``guarded_worse`` answers (``StepRanks`` of a policy whose margins are its jobs')
+    guard_known = False
+
     def __init__(self, policy: Any) -> None:
         self.policy = policy
         self.version = getattr(policy, "model_version", None)
@@ -73,6 +76,17 @@ class RunningRanks:
         """When the first victim's rank changes on its own (``rank_running``'s second value)."""
         return None
 
+    def guarded_worse(self, rank: float, now: float) -> int | None:
+        """Whole GPUs of the victims the policy's guard leaves (``_guard``: past the minimum
+        run time, ranked by rank less restart margin) ranked strictly worse than ``rank``;
+        ``None`` where this index cannot tell (margins that depend on the queue)."""
+        return None
+
+    def protected_until(self, now: float) -> float | None:
+        """When the first victim still inside its minimum run time leaves it (``None``: none
+        is); asked only where ``guarded_worse`` answers."""
+        return None
+
     def _add(self, job: RunningJob) -> None:
         raise NotImplementedError
 
@@ -94,7 +108,7 @@ class StepRanks(RunningRanks):
     ) -> None:
         super().__init__(policy)
         self.steps = steps
-        # seq -> [job, bounds, ranks, cell, stamp]
+        # seq -> [job, bounds, ranks, cell, stamp, margin, guarded rank (None: protected)]
         self.jobs: dict[int, list[Any]] = {}
         self.count: dict[float, int] = {}  # rank -> victims at that rank
         self.gpus: dict[float, int] = {}  # rank -> their GPUs
@@ -102,18 +116,57 @@ class StepRanks(RunningRanks):
         self.heap: list[tuple[float, int, int]] = []  # (predicted crossing, seq, stamp)
         self.stamp = 0
         self.now = -math.inf
+        # The victims the policy's guard leaves (``RankedPreemption._guard``): past their
+        # minimum run time, each ranked better by its restart margin, which here depends on
+        # the job alone. Kept apart, so that a plan is asked for only when one could stop
+        # somebody: guarded rank -> GPUs, the ranks held, and the jobs still inside their
+        # minimum run time as (moment it ends, seq, stamp).
+        self.min_run = float(getattr(policy, "min_run", 0.0))
+        self.guards = self.min_run > 0 or float(getattr(policy, "restart_cost", 0.0)) > 0
+        # margins that count the waiting jobs (``margin_counts_queue``) are not the job's own
+        self.guard_known = not getattr(policy, "margin_counts_queue", False)
+        self.guarded_gpus: dict[float, list[int]] = {}  # guarded rank -> [victims, GPUs]
+        self.guarded_values: list[float] = []
+        self.young: list[tuple[float, int, int]] = []
 
     def _add(self, job: RunningJob) -> None:
         bounds, ranks = self.steps(job)
         cell = bisect.bisect_right(bounds, job.attained_at(max(self.now, job.started)))
         self.stamp += 1
-        self.jobs[job.seq] = [job, bounds, ranks, cell, self.stamp]
+        margin = self.policy.rank_margin(job, 0.0) if self.guards else 0.0
+        entry = [job, bounds, ranks, cell, self.stamp, margin, None]
+        self.jobs[job.seq] = entry
         self._count(ranks[cell], len(job.placement.gpus), +1)
         self._push(job, bounds, cell, self.stamp)
+        if self.min_run > 0:
+            heapq.heappush(self.young, (job.started + self.min_run, job.seq, self.stamp))
+        else:
+            self._guarded(entry, +1)
 
     def _remove(self, job: RunningJob) -> None:
         entry = self.jobs.pop(job.seq)
         self._count(entry[2][entry[3]], len(job.placement.gpus), -1)
+        if entry[6] is not None:
+            self._guarded(entry, -1)
+
+    def _guarded(self, entry: list[Any], sign: int) -> None:
+        """Count ``entry`` in (1) or out of (-1) the guarded victims, at its current cell."""
+        if sign > 0:
+            rank, margin = entry[2][entry[3]], entry[5]
+            # the guard's arithmetic: (-rank + margin) negated, so the floats are the same
+            entry[6] = -(-rank + margin) if margin else rank
+        value, gpus = entry[6], entry[0].request.whole_gpus
+        held = self.guarded_gpus.get(value)
+        if held is None:
+            bisect.insort(self.guarded_values, value)
+            held = self.guarded_gpus[value] = [0, 0]
+        held[0] += sign
+        held[1] += sign * gpus
+        if held[0] == 0:
+            del self.guarded_gpus[value]
+            self.guarded_values.pop(bisect.bisect_left(self.guarded_values, value))
+        if sign < 0:
+            entry[6] = None
 
     def _count(self, rank: float, gpus: int, sign: int) -> None:
         n = self.count.get(rank, 0) + sign
@@ -150,7 +203,12 @@ class StepRanks(RunningRanks):
                 gpus = len(job.placement.gpus)
                 self._count(ranks[cell], gpus, -1)
                 self._count(ranks[new], gpus, +1)
+                guarded = entry[6] is not None
+                if guarded:
+                    self._guarded(entry, -1)
                 entry[3] = cell = new
+                if guarded:
+                    self._guarded(entry, +1)
             gpus_asked = job.request.gpus
             if cell < len(bounds) and gpus_asked > 0:
                 crossing = job.started + (bounds[cell] - job.attained) / gpus_asked
@@ -161,6 +219,14 @@ class StepRanks(RunningRanks):
                     heapq.heappush(heap, (crossing, seq, stamp))
         for item in again:
             heapq.heappush(heap, item)
+        # past their minimum run time (the guard protects a job while now < its end),
+        # at the cell just brought to now
+        young = self.young
+        while young and young[0][0] <= now:
+            _, seq, stamp = heapq.heappop(young)
+            entry = jobs.get(seq)
+            if entry is not None and entry[4] == stamp:
+                self._guarded(entry, +1)
 
     def worse(self, rank: float, now: float) -> tuple[int, int]:
         self._advance(now)
@@ -170,6 +236,23 @@ class StepRanks(RunningRanks):
             jobs += self.count[value]
             gpus += self.gpus[value]
         return jobs, gpus
+
+    def guarded_worse(self, rank: float, now: float) -> int | None:
+        if not self.guard_known:
+            return None
+        self._advance(now)
+        values, held = self.guarded_values, self.guarded_gpus
+        gpus = 0
+        for value in values[bisect.bisect_right(values, rank) :]:
+            gpus += held[value][1]
+        return gpus
+
+    def protected_until(self, now: float) -> float | None:
+        self._advance(now)
+        young, jobs = self.young, self.jobs
+        while young and (young[0][1] not in jobs or jobs[young[0][1]][4] != young[0][2]):
+            heapq.heappop(young)
+        return young[0][0] if young else None
 
     def wake(self, now: float) -> float | None:
         self._advance(now)
@@ -238,10 +321,13 @@ class RemainingRanks(RunningRanks):
             factor = max(asked, 1.0)
             edge = now + rank / factor
             lo = bisect.bisect_left(ends, (edge - _MARGIN, -1))
-            hi = bisect.bisect_left(ends, (edge + _MARGIN, -1))
-            n = len(ends) - hi
-            for _, seq in ends[lo:hi]:  # close to the edge: the policy's formula decides
-                job = self.jobs[seq]
+            # the first end at or past edge + margin: seldom more than a step or two on
+            top, hi, size = edge + _MARGIN, lo, len(ends)
+            while hi < size and ends[hi][0] < top:
+                hi += 1
+            n = size - hi
+            for i in range(lo, hi):  # close to the edge: the policy's formula decides
+                job = self.jobs[ends[i][1]]
                 left = max(0.0, job.remaining - max(0.0, now - job.started))  # type: ignore[operator]
                 if left * factor > rank:
                     n += 1

@@ -14,6 +14,7 @@ policy has left, not to run a real queue.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,6 +97,41 @@ class SrtfPolicy(RankedPolicy):
                 rank = left * max(r.request.gpus, 1.0)
             victims.append((-rank, -r.seq, r))
         return victims, None
+
+    def _guarded_victims(
+        self, running: Sequence[RunningJob], now: float, ordered: Sequence[QueuedJob], pool: int
+    ) -> tuple[list[tuple[float, int, RunningJob]], float | None]:
+        # rank_running, then _guard with this policy's margin, in one tight pass: asked
+        # before every full plan, over every running job (the same arithmetic, so the
+        # same floats)
+        if (
+            self.min_run > 0
+            or self.restart_cost <= 0
+            or not self.margin_counts_queue
+            or type(self).rank_margin is not SrtfPolicy.rank_margin
+            or type(self).rank_running is not SrtfPolicy.rank_running
+        ):
+            return super()._guarded_victims(running, now, ordered, pool)
+        waiting = sorted(self.queued_rank(j) for j in ordered) if ordered else None
+        n, share, after, cost = (
+            len(waiting or ()),
+            max(pool, 1),
+            bisect.bisect_right,
+            self.restart_cost,
+        )
+        guarded: list[tuple[float, int, RunningJob]] = []
+        for r in running:
+            if not r.preemptible or r.stopping:
+                continue
+            gpus = max(r.request.gpus, 1.0)
+            if r.remaining is None:
+                rank = math.inf
+            else:
+                rank = max(0.0, r.remaining - max(0.0, now - r.started)) * gpus
+            delayed = 0.0 if waiting is None else (n - after(waiting, rank)) * gpus / share
+            margin = cost * gpus * (1.0 + delayed)
+            guarded.append((-rank + margin, -r.seq, r) if margin else (-rank, -r.seq, r))
+        return guarded, None
 
     def running_ranks(self) -> RunningRanks | None:
         return RemainingRanks(self)
