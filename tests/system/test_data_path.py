@@ -420,12 +420,13 @@ def test_status_says_where_data_travels_and_how_full_that_place_is(home, tmp_pat
 
 #: a kernel that submits 32 MiB arrays (new bytes each time) to jobs that hold them a minute
 KERNEL = r"""
-import sys, time
+import os, sys, time
 import numpy as np
 from jupyter_dlsched.client.scheduler import Scheduler
 
-def hold(a):
-    time.sleep(60)
+def hold(a, release):
+    while not os.path.exists(release):  # killed here; a run of the next agent ends at once
+        time.sleep(0.1)
     return a.size
 
 s = Scheduler(sys.argv[1], lease_ttl=3.0, grace=1.0)
@@ -434,7 +435,7 @@ i = 0
 while True:
     i += 1
     x[0] = i
-    s.submit(hold, x, cpus=0.25)
+    s.submit(hold, x, sys.argv[2], cpus=0.25)
 """
 
 
@@ -452,7 +453,8 @@ def test_kill_9_of_the_agent_the_kernel_and_the_jobs_mid_submission_leaves_no_fi
     monkeypatch.setenv("DLSCHED_PAYLOAD_KEEP", "0s")
     with Scheduler(home, lease_ttl=3.0, grace=1.0) as s:
         agent = psutil.Process(int(s.link.hello["pid"]))  # type: ignore[union-attr]
-        kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(home)])
+        release = tmp_path / "release"
+        kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(home), str(release)])
         try:
             wait_for(lambda: len(data_files(s)) >= 3 and len(s.jobs(state="running")) >= 2,
                      timeout=120, what=lambda: data_files(s))  # fmt: skip
@@ -467,6 +469,7 @@ def test_kill_9_of_the_agent_the_kernel_and_the_jobs_mid_submission_leaves_no_fi
             kernel.wait()
         assert data_files(s)
     stop_agent(home)
+    release.touch()
     with Scheduler(home, lease_ttl=3.0, grace=1.0) as s:
         wait_for(lambda: not s.jobs(state=["queued", "running"]) or None, timeout=120,
                  what=lambda: s.jobs(state=["queued", "running"]))  # fmt: skip
