@@ -9,6 +9,7 @@ ledger's size after the runs; beside them a memcpy of the same bytes and Ray (``
 
     python benchmarks/data.py                          # 1 GiB argument, 400 MiB result
     python benchmarks/data.py --sizes-mib 256 --repeat 3 --no-ray
+    python benchmarks/data.py --ledger-jobs 20         # the ledger after 20 jobs of 1 GiB
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def main() -> None:
     parser.add_argument("--result-mib", type=int, default=None, help="default: 0.4 x size")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-ray", action="store_true", help="leave Ray's rows out")
+    parser.add_argument(
+        "--ledger-jobs", type=int, default=0, help="only: the ledger after this many jobs"
+    )
     args = parser.parse_args()
     os.environ.setdefault("DLSCHED_SIMULATE_GPUS", "1x16GiB")
     # every job here imports numpy and torch: the launcher imports them once, ahead
@@ -88,6 +92,9 @@ def main() -> None:
     result_size = (args.result_mib or max(1, args.sizes_mib * 4 // 10)) * MIB
     x = np.random.default_rng(0).random(size // 8)
     rows: list[tuple[str, str, str]] = []
+    if args.ledger_jobs:
+        print_table(ledger_rows(x, args.ledger_jobs), args)
+        return
     rows.append(("memcpy", f"{args.sizes_mib} MiB", best(timed(lambda: x.copy(), args.repeat))))
     home = Path(tempfile.mkdtemp(prefix="dlsched-data-bench-")) / "home"
     try:
@@ -161,6 +168,38 @@ def main() -> None:
         # the files are kept a day for a requeue: in memory, where nobody would find them
         shutil.rmtree(buffers.buffer_folder(home), ignore_errors=True)
     print_table(rows, args)
+
+
+def ledger_rows(x: Any, jobs: int) -> list[tuple[str, str, str]]:
+    """``jobs`` jobs one after another, each with new bytes of ``x``'s size, in a pool of
+    their own: the ledger's size after them (SQLite file and its write-ahead log) and the
+    most the buffer folder held. Their files go when their jobs end
+    (``DLSCHED_PAYLOAD_KEEP=0s``): ``jobs`` GiB kept a day for a requeue would fill this
+    machine's memory, and what is timed here is what the ledger keeps."""
+    from jupyter_dlsched.client.scheduler import Scheduler
+    from jupyter_dlsched.store import buffers
+
+    os.environ["DLSCHED_PAYLOAD_KEEP"] = "0s"
+    home = Path(tempfile.mkdtemp(prefix="dlsched-data-ledger-")) / "home"
+    most = 0
+    try:
+        with Scheduler(home) as s:
+            folder = buffers.buffer_folder(s.home)
+            for _ in range(jobs):
+                s.submit(total, fresh(x), cpus=0.25).result(timeout=600)
+                held = sum(p.stat().st_size for p in folder.iterdir()) if folder.exists() else 0
+                most = max(most, held)
+            ledger = sum(p.stat().st_size for p in s.home.glob("ledger.sqlite*"))
+            count = len(s.jobs())
+    finally:
+        stop_agent(home)
+        shutil.rmtree(home.parent, ignore_errors=True)
+        shutil.rmtree(buffers.buffer_folder(home), ignore_errors=True)
+    size = f"{x.nbytes // MIB} MiB each"
+    return [
+        (f"ledger after {count} jobs, each with a new argument", size, f"{ledger / MIB:.2f} MiB"),
+        ("the most the buffer folder held meanwhile", size, f"{most / MIB:.0f} MiB"),
+    ]
 
 
 def schedule_cell(s: Any, size: int, torch: Any, repeat: int) -> list[float]:

@@ -4,8 +4,8 @@ In a pool whose jobs run on this machine (one's own, or a shared pool's), argume
 pickled with their big buffers out of band (``store/buffers.py``): written once into this
 user's buffer folder, mapped by the job. A pool of one's own's Ray jobs get them through
 Ray's object store; its SLURM jobs map them from a buffer folder in the pool's state
-folder, which the nodes see (``docs/slurm.md``). A shared pool's Ray and SLURM jobs pickle
-in band.
+folder, which the nodes see (``docs/slurm.md``). A shared pool runs local jobs only (a
+Scheduler on Ray or SLURM is a pool of one's own), so nothing in it pickles in band.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from ..vocab.units import format_size
 
 
 def data_folder(home: Path, *, shared: bool, backend: str) -> Path | None:
-    """Where this client writes its jobs' big buffers, or None for all in band (a shared
-    pool's Ray and SLURM jobs). A pool of one's own puts a Ray job's buffers from these
+    """Where this client writes its jobs' big buffers, or None for all in band (Ray or SLURM
+    behind a shared pool, which ``Scheduler`` refuses: none today). A pool of one's own puts a Ray job's buffers from these
     files into Ray's object store (``backends/ray.py``: its driver runs on this machine,
     as this user); its SLURM jobs' go into the state folder, which the nodes see."""
     if backend == "local" or (backend == "ray" and not shared):
