@@ -245,6 +245,8 @@ class AgentClient(Calls):
         self._sock: socket.socket | None = None
         self._decoder = Decoder()
         self._lock = threading.Lock()
+        #: ``interrupt`` was called: a call it breaks fails, not tried again on a new socket
+        self._interrupted = False
 
     def describe(self) -> str:
         if isinstance(self.address, bytes):
@@ -346,7 +348,7 @@ class AgentClient(Calls):
                     raise AgentUnavailable(self._silent()) from None
                 except OSError:
                     self._close()
-                    if attempt == 0:
+                    if attempt == 0 and not self._interrupted:
                         continue  # nothing was sent: try a fresh connection once
                     raise AgentUnavailable(f"{self.describe()} does not answer") from None
                 try:
@@ -367,14 +369,16 @@ class AgentClient(Calls):
                             f"lost the connection to {self.describe()} while submitting; "
                             "`dls.jobs()` shows whether the job was queued"
                         ) from None
-                    if attempt == 1:
+                    if attempt == 1 or self._interrupted:
                         raise AgentUnavailable(f"{self.describe()} does not answer") from None
         if not reply.get("ok"):
             raise_error(reply.get("error") or {})
         return reply
 
     def interrupt(self) -> None:
-        """Wake a thread blocked in ``call`` on this connection (its call fails)."""
+        """Wake a thread blocked in ``call`` on this connection (its call fails at once,
+        without a second try on a new connection, which would wait as long again)."""
+        self._interrupted = True
         sock = self._sock
         if sock is not None:
             try:

@@ -455,3 +455,30 @@ def test_a_round_trip_of_each_kind_of_request_answers_with_its_reply_shape(agent
     assert replies["get"]["job"]["state"] == "succeeded"
     assert replies["progress"]["recorded"] is False  # the job has ended
     assert replies["cancel"]["job"]["id"] == waiting.id
+
+
+def test_an_interrupted_changes_wait_ends_at_once_not_on_a_second_connection(home):
+    """A closing Scheduler interrupts its loop's ``changes`` long-poll: the call must fail
+    then, not reconnect and wait its whole time again (each close took a second more)."""
+    import threading
+
+    with Scheduler(home) as s:
+        since = s.store.last_event_seq()
+        watcher = AgentClient(user_address(home), home)
+        ended: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                watcher.call("changes", since=since, wait=30)
+            except AgentUnavailable as error:
+                ended.append(error)
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        wait_for(lambda: watcher._sock is not None, 10)
+        time.sleep(0.2)  # the request is held by the agent now (nothing changes meanwhile)
+        watcher.interrupt()
+        thread.join(timeout=15)  # a retry would hold it for the wait's 30 s
+        assert not thread.is_alive(), "the interrupted wait went on on a new connection"
+        assert len(ended) == 1
+        watcher.close()
