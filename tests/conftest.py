@@ -346,8 +346,9 @@ def small_disk(path: Path, size: str) -> Iterator[Path]:
 
 @pytest.fixture
 def ip(home: Path) -> Iterator[Any]:
-    """The IPython shell with the extension loaded and a scheduler on ``home``; the names a
-    test leaves in the namespace are removed after it."""
+    """The IPython shell with the extension loaded, its scheduler on ``home`` made on first
+    use as in a notebook (a usage error starts no pool agent); the names a test leaves in
+    the namespace are removed after it."""
     from IPython.core.interactiveshell import InteractiveShell
 
     import jupyter_dlsched as dls
@@ -355,7 +356,7 @@ def ip(home: Path) -> Iterator[Any]:
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "jupyter_dlsched")
-    dls.set_default_scheduler(Scheduler(home))
+    dls.set_default_scheduler(None)  # the next is Scheduler() on $DLSCHED_HOME: ``home``
     before = set(shell.user_ns)
     yield shell
     refresher.stop_all()
