@@ -23,7 +23,7 @@ IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
 BOARD_CELL = "import time\nimport jupyter_dlsched as dls\nboard = dls.dashboard()\nboard"
 TRAIN_CELL = (
     "def w(s):\n    time.sleep(s)\n\n"
-    "hs = [dls.submit(w, 2, gpus=1) for i in range(6)]\ntime.sleep(15)"
+    "hs = [dls.submit(w, 3, gpus=1) for i in range(6)]\ntime.sleep(25)"
 )
 
 
@@ -61,9 +61,9 @@ def test_the_dashboard_stays_live_beside_a_busy_kernel_and_never_piles_up_snapsh
     page = new_page(f"lab/tree/{path.name}")
     run_all(page)
     page.wait_for_selector(BUSY, timeout=60_000)
-    # the second cell trains (sleeps) for 15 s: the kernel is busy, and it holds the panel
+    # the second cell trains (sleeps) for 25 s: the kernel is busy, and it holds the panel
     wait_live(page, 20_000)
-    for _ in range(3):  # the jobs move through the queue, the kernel updates the snapshot
+    for _ in range(4):  # the jobs move through the queue, the kernel updates the snapshot
         page.wait_for_timeout(4000)
         one_board(page)
         assert page.is_visible(LIVE)
