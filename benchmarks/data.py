@@ -173,7 +173,7 @@ def main() -> None:
 def ledger_rows(x: Any, jobs: int) -> list[tuple[str, str, str]]:
     """``jobs`` jobs one after another, each with new bytes of ``x``'s size, in a pool of
     their own: the ledger's size after them (SQLite file and its write-ahead log) and the
-    most the buffer folder held. Their files go when their jobs end
+    buffer folder held once each job had ended. Their files go when their jobs end
     (``DLSCHED_PAYLOAD_KEEP=0s``): ``jobs`` GiB kept a day for a requeue would fill this
     machine's memory, and what is timed here is what the ledger keeps."""
     from jupyter_dlsched.client.scheduler import Scheduler
@@ -198,7 +198,7 @@ def ledger_rows(x: Any, jobs: int) -> list[tuple[str, str, str]]:
     size = f"{x.nbytes // MIB} MiB each"
     return [
         (f"ledger after {count} jobs, each with a new argument", size, f"{ledger / MIB:.2f} MiB"),
-        ("the most the buffer folder held meanwhile", size, f"{most / MIB:.0f} MiB"),
+        ("the buffer folder once each job had ended (kept 0 s)", size, f"max {most / MIB:.0f} MiB"),
     ]
 
 

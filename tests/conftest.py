@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ import pytest
 
 from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.local import launcher
+from jupyter_dlsched.store import buffers
 
 
 @pytest.fixture
@@ -26,6 +28,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield path
     launcher.stop(path)
     stop_agent(path)
+    # a pool whose agent was killed leaves its buffer folder in shared memory, even empty
+    shutil.rmtree(buffers.buffer_folder(path), ignore_errors=True)
 
 
 def alive(pid: int) -> bool:
