@@ -75,6 +75,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not argv and notebook is None:
         raise CommandError("give the command after --, e.g. dlsched submit -- python x.py")
     resources = flag_resources(args)
+    if notebook is not None:
+        from ..nbjobs.submit import check_resources
+
+        check_resources(resources)  # refused here, before a pool agent is started
     with _scheduler(args) as s:
         if notebook is not None:
             job_id = s.submit_notebook(**notebook, **resources).id

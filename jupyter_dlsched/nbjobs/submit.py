@@ -34,6 +34,19 @@ NOT_RESUMABLE = (
 )
 
 
+def check_resources(resources: dict[str, Any]) -> None:
+    """Refuse what a notebook job cannot be (before anything is asked of the pool)."""
+    if resources.get("preemptible"):
+        raise SpecError("preemptible", resources["preemptible"], NOT_RESUMABLE)
+    if resources.get("distributed"):
+        raise SpecError(
+            "distributed",
+            resources["distributed"],
+            "False for a notebook job: one kernel runs the notebook on every GPU granted "
+            "(start ranks from a cell, e.g. with torch.multiprocessing)",
+        )
+
+
 def submit_notebook(
     scheduler: Submits,
     path: str | os.PathLike[str],
@@ -54,15 +67,7 @@ def submit_notebook(
             f"nbclient and nbformat installed (pip install 'jupyter-dlsched[notebooks]'): {error}",
         ) from None
     source = Path(os.fspath(path)).expanduser().absolute()
-    if resources.get("preemptible"):
-        raise SpecError("preemptible", resources["preemptible"], NOT_RESUMABLE)
-    if resources.get("distributed"):
-        raise SpecError(
-            "distributed",
-            resources["distributed"],
-            "False for a notebook job: one kernel runs the notebook on every GPU granted "
-            "(start ranks from a cell, e.g. with torch.multiprocessing)",
-        )
+    check_resources(resources)
     if source.suffix != ".ipynb" or not source.is_file():
         raise SpecError("notebook", str(path), "the path of an existing .ipynb file")
     try:

@@ -187,6 +187,8 @@ def test_the_console_script_says_a_notebook_flag_needs_a_notebook(tmp_path):
     out = cli(env, "submit", "--notebook", str(tmp_path / "x.ipynb"), "--preemptible")
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "cannot go on from where it was stopped" in out.stderr
+    # refused before anything was asked of the pool: no agent was started for it
+    assert not (tmp_path / "home" / "agent.log").exists()
 
 
 def test_a_time_limit_stops_the_notebook_and_its_kernel_and_keeps_what_ran(home, tmp_path):
