@@ -33,6 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any
 
 from ..policy import Decisions, Policy, PresortedQueue, QueuedJob, RunningJob, submit_order
@@ -42,6 +43,8 @@ from ..vocab.resources import Capacity, Request
 #: The quantiles of run times behind the two figures of every estimate.
 EXPECTED = 0.5
 BOUND = 0.8
+#: Estimated copies of waiting jobs kept between forecasts (``RunTimes.estimated``).
+_ESTIMATED_KEPT = 100_000
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,10 @@ class RunTimes:
         self.group_min = max(1, int(group_min))
         self._recent: dict[tuple[Any, ...], deque[float]] = {}
         self._sorted: dict[tuple[Any, ...], list[float]] = {}
+        # ``_estimated`` jobs by (job id, quantile), with the job each was made from: a
+        # replay forecasts the same queue at every arrival, and copying each job anew (a
+        # dataclass ``replace``) was a tenth of the forecast's time
+        self.estimated: dict[tuple[str, float], tuple[QueuedJob, QueuedJob]] = {}
 
     def learn(
         self, finished: Iterable[tuple[str, str, float, float]], replace: bool = False
@@ -283,11 +290,19 @@ def _pass(
     key: Callable[[QueuedJob], Any] = (
         presorted.key if presorted is not None else getattr(policy, "queue_key", submit_order)
     )
-    waiting = [
-        _estimated(job, run_times, q) if job.remaining is not None else job for job in queued
-    ]
-    waiting.sort(key=key)
-    keys = [key(j) for j in waiting]
+    # each key computed once (a learnt rank is not free), sorted stably as ``sort(key=key)``
+    ranked = sorted(
+        (
+            (key(estimated), estimated)
+            for estimated in (
+                _estimated(job, run_times, q) if job.remaining is not None else job
+                for job in queued
+            )
+        ),
+        key=itemgetter(0),
+    )
+    waiting = [job for _, job in ranked]
+    keys = [k for k, _ in ranked]
     sizes: dict[int, int] = {}
     counts: dict[Request, int] = {}
     for job in waiting:
@@ -444,7 +459,14 @@ def _estimated(job: QueuedJob, run_times: RunTimes, q: float) -> QueuedJob:
     before = _seconds_before(job)
     total = run_times.total(job.owner, job.name, q, before, job.time_limit, job.request.gpus)
     remaining = math.inf if total is None else max(0.0, total - before)
-    return replace(job, remaining=remaining)
+    kept = run_times.estimated.get((job.id, q))
+    if kept is not None and kept[0] is job and kept[1].remaining == remaining:
+        return kept[1]  # the same job with the same estimate: equal to a fresh copy
+    if len(run_times.estimated) >= _ESTIMATED_KEPT:
+        run_times.estimated.clear()
+    made = replace(job, remaining=remaining)
+    run_times.estimated[(job.id, q)] = (job, made)
+    return made
 
 
 def _with_remaining(job: RunningJob, remaining: float) -> RunningJob:

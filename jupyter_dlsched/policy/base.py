@@ -349,6 +349,10 @@ def gpu_only(queued: Sequence[QueuedJob]) -> bool:
     return isinstance(queued, PresortedQueue) and queued.gpu_only
 
 
+#: The capacity the last ``Room`` was made for, and the placements found on it.
+_last_tried: tuple[Capacity | None, dict[Request, Placement | None]] = (None, {})
+
+
 class Room:
     """Free capacity during one policy call, with a cheap "cannot fit" test.
 
@@ -365,11 +369,18 @@ class Room:
     __slots__ = ("capacity", "tried", "whole")
 
     def __init__(self, capacity: Capacity) -> None:
+        global _last_tried
         self.capacity = capacity
         self.whole = capacity.free_whole_gpus
         # placements found for this capacity, by request: a scan asks again for every job of
-        # the same shape, and a placement search is the costly part of a decision
-        self.tried: dict[Request, Placement | None] = {}
+        # the same shape, and a placement search is the costly part of a decision. Shared
+        # with the last Room made for the very same capacity (a placement depends on nothing
+        # else): a forecast asks whether anything fits, then the policy asks of that capacity
+        last, tried = _last_tried
+        if last is not capacity:
+            tried = {}
+            _last_tried = (capacity, tried)
+        self.tried: dict[Request, Placement | None] = tried
 
     def place(self, request: Request) -> Placement | None:
         if request.whole_gpus > self.whole:
@@ -380,7 +391,7 @@ class Room:
         return placement
 
     def take(self, placement: Placement) -> None:
-        self.tried.clear()
+        self.tried = {}  # a new capacity; the old one's placements may be shared
         self.capacity = self.capacity.take(placement)
         if placement.shared:
             self.whole = self.capacity.free_whole_gpus
@@ -388,7 +399,7 @@ class Room:
             self.whole -= len(placement.gpus)
 
     def give_back(self, placement: Placement) -> None:
-        self.tried.clear()
+        self.tried = {}  # a new capacity; the old one's placements may be shared
         self.capacity = self.capacity.give_back(placement)
         if placement.shared:
             self.whole = self.capacity.free_whole_gpus

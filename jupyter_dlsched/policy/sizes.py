@@ -53,6 +53,10 @@ class SizeModel:
         self._sizes: dict[tuple[str, ...], deque[float]] = {}
         self._fresh: dict[tuple[str, ...], int] = {}
         self._estimates: dict[tuple[str, ...], float] = {}
+        # answers by (owner, name, gpus) since the last ``learn``: a backfilling policy asks
+        # for every waiting job at every decision, and a forecast decides hundreds of times
+        # between two finishes
+        self._answers: dict[tuple[str, str, float], float | None] = {}
 
     def learn(self, finished: Iterable[FinishedJob], replace: bool = False) -> bool:
         """Take in finished jobs (each once); with ``replace`` forget what came before.
@@ -61,6 +65,7 @@ class SizeModel:
         when a quarter of its window is new, so a long replay does not redo it
         at every finish.
         """
+        self._answers.clear()
         before = dict(self._estimates) if replace else None
         if replace:
             self._sizes.clear()
@@ -100,12 +105,17 @@ class SizeModel:
     def estimate(self, owner: str, name: str = "", gpus: float = 0.0) -> float | None:
         """Estimated seconds a job of ``owner`` named ``name`` on ``gpus`` GPUs runs (``0``:
         the GPU count does not count); ``None`` if nothing comparable has finished yet."""
+        asked = (owner, name, gpus)
+        if asked in self._answers:
+            return self._answers[asked]
         estimates = self._estimates
+        answer = None
         for key in _groups(owner, name, gpus):
-            found = estimates.get(key)
-            if found is not None:
-                return found
-        return None
+            answer = estimates.get(key)
+            if answer is not None:
+                break
+        self._answers[asked] = answer
+        return answer
 
 
 def _groups(owner: str, name: str, gpus: float) -> list[tuple[str, ...]]:

@@ -149,7 +149,11 @@ class Capacity:
             changed = list(self.gpus)
             for i, mem in granted.items():
                 g = changed[i]
-                changed[i] = replace(g, mem_free=g.mem_free - sign * mem, jobs=g.jobs + sign)
+                # built directly: ``dataclasses.replace`` costs several times more, and a
+                # replay's forecast grants and returns devices hundreds of thousands of times
+                changed[i] = GpuFree(
+                    g.index, g.mem_total, g.mem_free - sign * mem, g.jobs + sign, g.group
+                )
             gpus = tuple(changed)
         else:
             gpus = tuple(

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from jupyter_dlsched.policy import base as policy_base
 from jupyter_dlsched.sim import TraceJob, simulate
+from jupyter_dlsched.sim import engine as sim_engine
+from jupyter_dlsched.sim.eta import StartCalibration
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 
@@ -75,3 +81,56 @@ def test_an_estimate_too_spread_to_promise_is_scored_apart_as_uncertain():
     assert eta.sharpness == pytest.approx(640.0 / 410.0)
     # the one number given (a1: "starts now") held, exactly
     assert eta.uncertain == 0.5 and eta.given_hit == 1.0 and eta.given_sharpness == 0.0
+
+
+class _FromScratch(StartCalibration):
+    """Every forecast from nothing kept: fresh run times (no estimated jobs carried over
+    from the last arrival) and no placements found for an earlier decision."""
+
+    def submitted(self, *args: Any) -> None:
+        learnt = self.run_times
+        self.run_times = copy.deepcopy(learnt)
+        self.run_times.estimated.clear()
+        policy_base._last_tried = (None, {})
+        try:
+            super().submitted(*args)
+        finally:
+            self.run_times = learnt
+
+
+def _random_trace(seed: int) -> list[TraceJob]:
+    """Bursts of jobs on a small pool: deep queues, preemptions, learnt run times."""
+    rng = random.Random(seed)
+    jobs, t = [], 0.0
+    for i in range(40):
+        t += rng.choice([0.0, 1.0, 30.0, 600.0])
+        jobs.append(
+            TraceJob(
+                f"j{i}",
+                t,
+                rng.choice([1, 1, 1, 2, 4, 0.5]),
+                round(rng.lognormvariate(5, 1.5), 1),
+                owner=rng.choice(["ana", "bob"]),
+                priority=rng.choice([50, 50, 80]),
+                name=rng.choice(["", "train"]),
+            )
+        )
+    return jobs
+
+
+@pytest.mark.parametrize("policy", ["fifo", "fifo-ff", "priority", "sjf", "las", "gittins", "srtf"])
+def test_estimates_kept_between_arrivals_are_those_a_forecast_from_scratch_gives(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a replay's forecasts reuse what the last arrival's forecast made; not one estimate
+    # may differ from a forecast that starts from nothing at every arrival
+    for seed in range(6):
+        jobs = _random_trace(seed)
+        kept = simulate(jobs, policy, 4, restart_overhead=30, estimates=True)
+        with monkeypatch.context() as patched:
+            patched.setattr(sim_engine, "StartCalibration", _FromScratch)
+            scratch = simulate(jobs, policy, 4, restart_overhead=30, estimates=True)
+        assert kept.eta is not None and scratch.eta is not None
+        assert len(kept.eta.estimates) > 20
+        assert kept.eta.estimates == scratch.eta.estimates, seed
+        assert [j.finish for j in kept.jobs] == [j.finish for j in scratch.jobs], seed
