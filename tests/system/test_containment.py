@@ -613,7 +613,8 @@ def test_a_supervisor_whose_state_folder_is_removed_stops_its_job(tmp_path, monk
     with Scheduler(home, lease_ttl=2.0, grace=1.0) as s:
         job = s.submit_command([sys.executable, "-c", "import time; time.sleep(300)"])
         info = wait_for(lambda: (i := s.get(job.id).info()).job_pid and i, timeout=60)
-    shutil.rmtree(home)
+    # the pool's agent may write a file into it meanwhile (as under a user's rm -rf): again
+    wait_for(lambda: shutil.rmtree(home, ignore_errors=True) or not home.exists(), timeout=30)
     wait_for(lambda: not psutil.pid_exists(info.job_pid), timeout=30, what=lambda: "job")
     wait_for(lambda: not _alive(info.supervisor_pid), timeout=30, what=lambda: "supervisor")
 
