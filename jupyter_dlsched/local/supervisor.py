@@ -317,6 +317,7 @@ def _monitor(
     statuses: dict[int, int] = {}
     started = job.started or time.time()
     next_renew = time.time() + settings.lease_ttl / 4
+    store.ledger.removed()  # holds the ledger's file from now on: a new one is not it
     next_memory = 0.0
     kill_at: float | None = None
     version = -1  # read the flags once at the start: a cancel may predate this supervisor
@@ -422,7 +423,7 @@ def _monitor(
                 kept = True  # disk full: keep the job and try again at the next renewal
             if not kept:
                 stop("lease", "the allocation was taken back", at_once=True)
-            elif not store.path.exists():
+            elif store.ledger.removed():
                 # the state folder was removed: nothing will ever record or stop this job
                 stop("lease", "its state folder was removed", at_once=True)
         current = store.data_version()

@@ -155,6 +155,22 @@ class Ledger:
         self.reserve.refill()
         self._migrate()
 
+    def removed(self) -> bool:
+        """Whether this ledger's file has been removed (its state folder deleted), even where
+        a new ledger has been made at its path since (by an agent still running): the file
+        first seen here is held open, so no new file can take its inode, and its link count
+        says whether it is still there."""
+        fd = getattr(self, "_held", None)
+        if fd is None:
+            try:
+                self._held = fd = os.open(self.path, os.O_RDONLY)
+            except OSError:
+                return True
+        try:
+            return os.fstat(fd).st_nlink == 0
+        except OSError:
+            return False
+
     @property
     def db(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)

@@ -607,6 +607,7 @@ def test_a_supervisor_whose_state_folder_is_removed_stops_its_job(tmp_path, monk
     import shutil
 
     from jupyter_dlsched.client.scheduler import Scheduler
+    from jupyter_dlsched.store import Store
 
     monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
     home = tmp_path / "home"
@@ -615,6 +616,7 @@ def test_a_supervisor_whose_state_folder_is_removed_stops_its_job(tmp_path, monk
         info = wait_for(lambda: (i := s.get(job.id).info()).job_pid and i, timeout=60)
     # the pool's agent may write a file into it meanwhile (as under a user's rm -rf): again
     wait_for(lambda: shutil.rmtree(home, ignore_errors=True) or not home.exists(), timeout=30)
+    Store(home)  # and an agent still running makes a new, empty ledger where it was
     wait_for(lambda: not psutil.pid_exists(info.job_pid), timeout=30, what=lambda: "job")
     wait_for(lambda: not _alive(info.supervisor_pid), timeout=30, what=lambda: "supervisor")
 
