@@ -154,12 +154,12 @@ def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_ever
     # A's reads wait in A's line, one answered per turn of the service's loop, so B's ping
     # is answered before A's last read (it was answered after all eight, which the service
     # read in one turn and answered before looking at any other socket)
-    replies, pinged = _eight_reads_and_a_ping(a, b, service, READ)
+    replies, pinged = _b_answered_among_as_reads(a, b, service, READ)
     assert all(rows == page and more for _, rows, more in replies), replies
     assert pinged < max(at for at, _, _ in replies), (pinged, replies)
     # the same for the state changes since the start (a page of up to MAX_CHANGE_ROWS each):
     # they were answered from A's eight connections in one turn, ahead of B
-    replies, pinged = _eight_reads_and_a_ping(a, b, service, {"op": "changes", "since": 0})
+    replies, pinged = _b_answered_among_as_reads(a, b, service, {"op": "changes", "since": 0})
     assert all(rows == MAX_CHANGE_ROWS and more for _, rows, more in replies), replies
     assert pinged < max(at for at, _, _ in replies), (pinged, replies)
 
@@ -171,6 +171,20 @@ def test_a_users_list_reads_are_paged_and_wait_behind_each_other_not_before_ever
     )
     assert listed.returncode == 0, listed.stderr
     assert sum(a.name in line for line in listed.stdout.splitlines()) == n, listed.stdout[-2000:]
+
+
+def _b_answered_among_as_reads(
+    a: Any, b: Any, service: Any, request: dict[str, Any]
+) -> tuple[list[tuple[float, int, bool | None]], float]:
+    """``_eight_reads_and_a_ping`` until B's answer came before A's last reply, three tries
+    at most: on a loaded machine A's script may not run between its replies, which then
+    all wait in its sockets before B pings. The old service, which answered all eight in
+    one turn, fails every try."""
+    for _ in range(3):
+        replies, pinged = _eight_reads_and_a_ping(a, b, service, request)
+        if pinged < max(at for at, _, _ in replies):
+            break
+    return replies, pinged
 
 
 def _eight_reads_and_a_ping(
