@@ -45,7 +45,7 @@ from ..vocab.errors import DlschedError, SpecError, UnsafeStateFolder
 from ..vocab.private import check_file, secure_folder
 from ..vocab.tracebacks import Carrier, SourcePickler
 from ..vocab.units import format_size
-from .results import parse_name, settled_name
+from .results import folder_owner, parse_name, settled_name
 
 #: where buffer folders go when ``/dev/shm`` is small or missing
 BUFFERS_ENV = "DLSCHED_BUFFERS"
@@ -406,14 +406,6 @@ def map_buffer(path: Path, size: int, moved: Path | None = None) -> mmap.mmap:
         return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
-
-
-def folder_owner(folder: Path) -> int | None:
-    """The uid a buffer folder's name says it belongs to (``dlsched-<uid>-<pool>``)."""
-    parts = folder.name.split("-")
-    if len(parts) == 3 and parts[0] == "dlsched" and parts[1].isdigit():
-        return int(parts[1])
-    return None
 
 
 def remove_files(paths: Iterable[str]) -> None:

@@ -37,6 +37,14 @@ from pathlib import Path
 PREFIX = "result-"
 
 
+def folder_owner(folder: Path) -> int | None:
+    """The uid a buffer folder's name says it belongs to (``dlsched-<uid>-<pool>``)."""
+    parts = folder.name.split("-")
+    if len(parts) == 3 and parts[0] == "dlsched" and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
 def result_name(job_id: str, attempt: int) -> str:
     """The name a result's buffer files start with: ``result-<job>-<attempt>``."""
     return f"{PREFIX}{job_id}-{attempt}"
@@ -166,8 +174,7 @@ def _unlink_where(folder: Path, doomed: Callable[[str], bool], owned: bool = Fal
         return
     try:
         owner = os.fstat(fd).st_uid
-        parts = folder.name.split("-")
-        if owned and owner != os.geteuid() and (len(parts) != 3 or parts[1] != str(owner)):
+        if owned and owner not in (os.geteuid(), folder_owner(folder)):
             return
         for entry in os.listdir(fd):
             if doomed(entry):
