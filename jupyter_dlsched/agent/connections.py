@@ -197,6 +197,11 @@ class Connections:
             self.drop(peer)
         for entry in list(self._lingering.values()):
             self._unlinger(entry)
+        self.stop_listening()
+
+    def stop_listening(self) -> None:
+        """Take no new connection (those open are served on): the socket's name is free
+        at once for the next agent."""
         if self.listener is not None:
             if self._listening:
                 self.selector.unregister(self.listener)

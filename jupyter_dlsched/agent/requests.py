@@ -299,4 +299,5 @@ class Requests(Reads):
         if not peer.admin:
             raise PermissionDenied("only a pool admin may stop the pool's service")
         self._stopping = True
+        self.stop_listening()  # before the reply: a client behind it starts the next agent
         return {}

@@ -138,6 +138,7 @@ class Agent(CountedRefusals, Requests, Forking):
         self.sched: Engine | None = None
         self._dirty = True
         self._stopping = False
+        self._socket_inode = 0  # the socket file this agent bound, in a shared pool
         self._address: str | bytes | None = None
         #: supervisors forked ahead of time, waiting for a job (``spares.py``)
         self._spares: list[Spare] = []
@@ -235,6 +236,7 @@ class Agent(CountedRefusals, Requests, Forking):
                 listener.bind(str(self.socket_path))
             finally:
                 os.umask(umask)
+            self._socket_inode = os.stat(self.socket_path).st_ino
         listener.listen(256)
         listener.setblocking(False)
         self.conns.listen(listener)
@@ -316,18 +318,26 @@ class Agent(CountedRefusals, Requests, Forking):
 
     def close(self) -> None:
         self.close_spares()  # each reads the end of its channel and exits
-        bound = self.conns.listener is not None
+        self.stop_listening()
         self.conns.close_all()
         if self.scrape is not None:
             self.scrape.close()
             self.scrape = None
-        if bound and self.socket_path is not None:
-            try:
-                self.socket_path.unlink()
-            except FileNotFoundError:
-                pass
         if self.sched is not None:
             self.sched.store.close()
+
+    def stop_listening(self) -> None:
+        """Free the socket for the next agent: a client behind a ``stop`` starts one
+        instead of reaching this agent as it shuts down. A socket file is removed only
+        while it is still the one this agent bound (the next agent may have bound its own)."""
+        bound = self.conns.listener is not None
+        self.conns.stop_listening()
+        if bound and self.socket_path is not None:
+            try:
+                if os.stat(self.socket_path).st_ino == self._socket_inode:
+                    self.socket_path.unlink()
+            except FileNotFoundError:
+                pass
 
     def _loop(self) -> None:
         store = self._store

@@ -482,3 +482,23 @@ def test_an_interrupted_changes_wait_ends_at_once_not_on_a_second_connection(hom
         assert not thread.is_alive(), "the interrupted wait went on on a new connection"
         assert len(ended) == 1
         watcher.close()
+
+
+def test_a_stopped_agent_takes_no_new_connection_and_the_next_client_starts_another(home):
+    """Once ``stop`` is answered the socket no longer answers: a client right behind it
+    starts a new agent instead of reaching the one shutting down and losing its request
+    ("lost the connection … while submitting")."""
+    import socket
+
+    for n in range(3):
+        with Scheduler(home, agent=True) as s:
+            assert s.submit(pow, 2, n).result(timeout=60) == 2**n
+            first = int(s.link.hello["pid"])
+        AgentClient(user_address(home)).call("stop")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with pytest.raises(OSError):
+            probe.connect(user_address(home))
+        probe.close()
+        with Scheduler(home, agent=True) as s:
+            assert s.submit(pow, 3, n).result(timeout=60) == 3**n
+            assert int(s.link.hello["pid"]) != first
