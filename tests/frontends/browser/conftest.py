@@ -226,9 +226,26 @@ def open_lab(page: Any, lab: Lab) -> None:
     page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
 
 
+SIDEBAR_TAB = '.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]'
+
+
+def show_sidebar(page: Any, tries: int = 5) -> None:
+    """The scheduler's sidebar shown. Its tab toggles it, and a lab still restoring its
+    layout may put the file browser back after a click: click only while it is hidden."""
+    for _ in range(tries):
+        if page.is_visible("#jupyter-dlsched-sidebar"):
+            return
+        page.click(SIDEBAR_TAB)
+        try:
+            page.wait_for_selector("#jupyter-dlsched-sidebar", state="visible", timeout=5_000)
+        except Exception:  # put back by the layout's restore: look again
+            continue
+    page.wait_for_selector("#jupyter-dlsched-sidebar", state="visible", timeout=5_000)
+
+
 def open_sidebar(page: Any) -> Any:
     """The scheduler's sidebar opened, once it shows the GPUs."""
-    page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
+    show_sidebar(page)
     return page.wait_for_selector("#jupyter-dlsched-sidebar .jp-dlsched-gpu")
 
 

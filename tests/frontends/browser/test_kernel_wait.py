@@ -16,7 +16,7 @@ import pytest
 from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.kernels.kernelspecs import GpuKernelRequest, install
 
-from .conftest import ARTIFACTS, Lab, start_lab, stop_lab
+from .conftest import ARTIFACTS, Lab, show_sidebar, start_lab, stop_lab
 
 NOTEBOOK = {
     "cells": [
@@ -134,7 +134,7 @@ def test_cancelling_a_waiting_kernels_lease_in_the_sidebar_fails_its_start_with_
     page.goto(f"{lab.url}lab/tree/train.ipynb?token={lab.token}")
     page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
     lease = kernel_lease(submitter, "queued")
-    page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
+    show_sidebar(page)
     waiting = (
         f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{lease.id}"][data-state="queued"]'
     )

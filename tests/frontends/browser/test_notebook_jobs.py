@@ -10,7 +10,7 @@ from typing import Any
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from .conftest import ARTIFACTS, Lab, open_lab
+from .conftest import ARTIFACTS, Lab, open_lab, show_sidebar
 
 
 def test_run_in_the_queue_submits_a_notebook_and_the_sidebar_opens_the_result(
@@ -95,7 +95,7 @@ def test_the_last_run_of_a_schedule_shows_when_the_next_one_comes(
         [schedule] = s.schedules()
         page = browser_context.new_page()
         open_lab(page, lab)
-        page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
+        show_sidebar(page)
         page.click("#jupyter-dlsched-sidebar .jp-dlsched-recent summary")
         words = page.wait_for_selector(
             f'#jupyter-dlsched-sidebar .jp-dlsched-job[data-job-id="{job_id}"] '

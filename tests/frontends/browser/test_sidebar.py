@@ -9,7 +9,17 @@ from typing import Any
 
 from jupyter_dlsched.client.scheduler import Scheduler
 
-from .conftest import ARTIFACTS, Lab, open_lab, open_sidebar, row, sleeper, start_lab, stop_lab
+from .conftest import (
+    ARTIFACTS,
+    Lab,
+    open_lab,
+    open_sidebar,
+    row,
+    show_sidebar,
+    sleeper,
+    start_lab,
+    stop_lab,
+)
 
 HOSTILE_NAME = '<img src=x onerror="window.__dlschedXss=1">'
 
@@ -91,7 +101,7 @@ def test_a_missing_server_part_is_explained(tmp_path: Path, browser_context: Any
     try:
         page = browser_context.new_page()
         open_lab(page, lab)
-        page.click('.lm-TabBar-tab[data-id="jupyter-dlsched-sidebar"]')
+        show_sidebar(page)
 
         message = page.wait_for_selector(".jp-dlsched-message-error", timeout=30_000)
 
