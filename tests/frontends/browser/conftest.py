@@ -165,8 +165,34 @@ def stop_lab(lab: Lab) -> None:
             lab.process.wait(5)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Marks a test whose body failed, for ``keep_pictures`` in its fixtures' teardown."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call" and report.failed:
+        item.stash[FAILED] = True
+
+
+FAILED = pytest.StashKey[bool]()
+
+
+def keep_pictures(request: pytest.FixtureRequest, contexts: list[Any]) -> None:
+    """When the test failed: a picture of each page it left open, in ``artifacts/``, named by
+    the test (what the page showed is the first clue to a failure seen once in a whole run)."""
+    if not request.node.stash.get(FAILED, False):
+        return
+    ARTIFACTS.mkdir(exist_ok=True)
+    for c, context in enumerate(contexts):
+        for p, page in enumerate(context.pages):
+            try:
+                page.screenshot(path=str(ARTIFACTS / f"failed-{request.node.name}-{c}-{p}.png"))
+            except Exception:  # a page that crashed: nothing to show
+                pass
+
+
 @pytest.fixture
-def browser_context(tmp_path: Path) -> Iterator[Any]:
+def browser_context(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -181,6 +207,7 @@ def browser_context(tmp_path: Path) -> Iterator[Any]:
         try:
             yield context
         finally:
+            keep_pictures(request, [context])
             context.close()
 
 

@@ -18,7 +18,17 @@ import pytest
 
 from jupyter_dlsched.client.scheduler import Scheduler
 
-from ..conftest import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, Lab, leave, start_lab, stop_lab
+from ..conftest import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    Lab,
+    keep_pictures,
+    leave,
+    show_sidebar,
+    start_lab,
+    stop_lab,
+)
 from ..test_cell_line import call
 
 SIDEBAR = "#jupyter-dlsched-sidebar"
@@ -72,7 +82,7 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def new_page(browser: Any, lab: Lab) -> Iterator[Any]:
+def new_page(browser: Any, lab: Lab, request: pytest.FixtureRequest) -> Iterator[Any]:
     """``new_page(path="lab", setup=None)``: a page at ``path`` (the lab, or a notebook) in a
     fresh context, ``setup(page)`` called before it loads, its sidebar open and filled in.
 
@@ -90,11 +100,12 @@ def new_page(browser: Any, lab: Lab) -> Iterator[Any]:
         # `reset`: start from the default layout, not the one an earlier test left behind
         page.goto(f"{lab.url}{path}?reset&token={lab.token}")
         page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-        page.click(f'.lm-TabBar-tab[data-id="{SIDEBAR[1:]}"]')
+        show_sidebar(page)
         page.wait_for_selector(f"{SIDEBAR} .jp-dlsched-gpu", timeout=30_000)
         return page
 
     yield open_page
+    keep_pictures(request, contexts)
     for context in contexts:
         context.close()
 
