@@ -15,7 +15,9 @@ Shares of a GPU (``TraceJob(gpus=0.5)``) are placed by the live scheduler's
 own placement code on the simulated GPUs of ``jupyter_dlsched.sim.gpus``.
 
 A policy that learns (has ``learn``) is told about each job when it finishes,
-before the next decision; it never sees the size of a job still running.
+before the next decision; it never sees the size of a job still running. An
+elastic job's size there is the GPU time it would have used on the GPUs it asked
+for (the GPU time a sub-linear speedup spent beyond that is not part of it).
 
 Elastic jobs (``TraceJob(elastic=(1, 4))``): the policy is wrapped in
 ``ElasticPolicy`` (``resize_every``), a job runs at the rate the ``speedup``
@@ -152,6 +154,7 @@ class _Replay:
             raise SimulationError("job ids in the trace are not unique")
         self.remaining = [j.duration for j in self.trace]
         self.attained = [0.0] * n
+        self.service = [0.0] * n  # what a learning policy is told a finished job used
         self.first_start = [math.nan] * n
         self.finish = [math.nan] * n
         self.preemptions = [0] * n
@@ -428,6 +431,11 @@ class _Replay:
         self.held[seq] += elapsed
         self.token[seq] += 1
         progress = max(0.0, elapsed - self.run_overhead[seq]) * self.run_rate[seq]
+        if self.ranges[seq] is None:
+            self.service[seq] += held * elapsed
+        else:  # an elastic job's service as it would have been on the GPUs it asked for
+            restart = min(elapsed, self.run_overhead[seq])
+            self.service[seq] += self.trace[seq].gpus * (restart + progress)
         self.remaining[seq] = max(0.0, self.remaining[seq] - progress)
         return elapsed
 
@@ -472,7 +480,7 @@ class _Replay:
                 trace_job = self.trace[seq]
                 self.finished_now.append(
                     FinishedJob(
-                        trace_job.owner, trace_job.name, self.attained[seq], t, trace_job.gpus
+                        trace_job.owner, trace_job.name, self.service[seq], t, trace_job.gpus
                     )
                 )
             return

@@ -185,6 +185,23 @@ def test_an_elastic_job_runs_at_its_speedup_models_rate():
     assert finish == pytest.approx(100.0 / model.ratio(2, 4))
 
 
+def test_a_learning_policy_learns_an_elastic_jobs_size_at_the_gpus_it_asked_for():
+    # 100 s on the 1 GPU it asked for; alone on 4 it runs 2.5 x as fast under Amdahl with a
+    # serial fraction of 0.2: 40 s on 4 GPUs, 160 GPU-seconds held, 100 of them needed
+    from jupyter_dlsched.policy.fifo import FifoPolicy
+
+    learnt: list[float] = []
+
+    class Learning(FifoPolicy):
+        def learn(self, finished, replace=False):
+            learnt.extend(f.size for f in finished)
+
+    trace = [TraceJob("e", 0, 1, 100.0, elastic=(1, 4)), TraceJob("r", 200, 2, 50.0)]
+    result = simulate(trace, Learning(), gpus=4, speedup="amdahl:0.2")
+    assert result.jobs[0].finish == pytest.approx(40.0)
+    assert learnt == [pytest.approx(100.0), pytest.approx(100.0)]
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_hysteresis_holds_on_random_traces(name):
     rng = random.Random(7)
