@@ -39,6 +39,10 @@ class QueuedJob:
     max_gpus: int | None = None
     # An elastic job stopped for a resize: start it again at once on these GPUs if free
     resume_on: Placement | None = None
+    # An elastic job that asked for ``request.gpus`` and may also start on as few as these
+    # (the simulator's, whose trace says what each job asked for); ``None``: ``request.gpus``
+    # is its minimum
+    min_gpus: int | None = None
 
     @property
     def gpu_count(self) -> float:

@@ -26,6 +26,14 @@ restart — up to its maximum and back down. ``ElasticPolicy`` wraps any policy
 4. **Hysteresis.** No job is resized within ``resize_every`` seconds of its
    last start or resize: its borrowed GPUs are not lent and it does not grow
    until then, and the policy asks to be woken when that time comes.
+5. **Decided at the size it asked for.** A waiting job that says how narrow it
+   may start (``QueuedJob.min_gpus``, a replay's job: its trace says what it
+   asked for) is offered at the size it asked for, so the policy decides as for
+   the rigid job, backfill included; it starts narrower only at the head of the
+   line on GPUs the policy left idle (``jupyter_dlsched.policy.elastic_narrow``).
+   Not under a policy that grows by rank (``srtf``): its rules weigh every
+   waiting job at its minimum. A running job seen at its minimum keeps the
+   service it had at the GPUs it really holds (``las`` and ``gittins`` rank by it).
 
 >>> from jupyter_dlsched.policy import get_policy
 >>> from jupyter_dlsched.policy.base import QueuedJob
@@ -55,6 +63,7 @@ from .base import (
     narrowed,
     passes_through,
 )
+from .elastic_narrow import start_narrow
 from .elastic_ranks import Grower, RankedGrowth, placed
 from .speedup import Speedup, parse_speedup
 
@@ -88,6 +97,9 @@ class ElasticPolicy(RankedGrowth, PolicyGate):
         self.speedup = parse_speedup(speedup)
         self.margin = float(margin)
         self.elastic = True
+        # a replay offers its queued elastic jobs at the size they asked for (see
+        # ``elastic_narrow``); a policy that grows by rank weighs them at their minimum
+        self.as_asked = not getattr(policy, "grows_by_rank", False)
 
     @property
     def restart_cost(self) -> float:
@@ -173,6 +185,7 @@ class ElasticPolicy(RankedGrowth, PolicyGate):
             and not claimed
             and not elastic_running
             and not any(q.max_gpus is not None for q in starting.values())
+            and not any(q.min_gpus is not None for q in queued)
         ):
             return decisions
         room, starts, taken = self._place_starts(decisions, capacity, lent)
@@ -190,6 +203,15 @@ class ElasticPolicy(RankedGrowth, PolicyGate):
             decisions.resizes.append(
                 Resize(job_id, placement, f"shrunk to {_gpus(len(keep))} for waiting work")
             )
+        if room.free_whole_gpus and any(q.min_gpus is not None for q in queued):
+            owners: dict[str, float] = {}
+            for s in starts:
+                owner = starting[s.job_id].owner
+                owners[owner] = owners.get(owner, 0.0) + len(s.placement.gpus)
+            budget = _gpu_budget(self._policy, running, owners)
+            narrow, room = start_narrow(queued, decisions, starts, room, budget)
+            starting.update({job_id: q for job_id, (q, _) in narrow.items()})
+            starts += [Start(job_id, placement) for job_id, (_, placement) in narrow.items()]
         by_rank = ranks is not None
         policy = self._policy
         growers = [
@@ -345,8 +367,11 @@ class ElasticPolicy(RankedGrowth, PolicyGate):
         if remaining is not None:
             left = job.remaining_at(now) or 0.0
             remaining = (now - job.started) + left * self.speedup.ratio(low, size)
+        # the service it has had in this run is at the GPUs it really holds
+        attained = job.attained + (size - low) * max(0.0, now - job.started)
         return replace(
             job,
+            attained=attained,
             request=replace(job.request, gpus=float(low)),
             placement=replace(
                 job.placement, gpus=job.placement.gpus[:low], gpu_mem=job.placement.gpu_mem[:low]

@@ -15,14 +15,18 @@ Shares of a GPU (``TraceJob(gpus=0.5)``) are placed by the live scheduler's
 own placement code on the simulated GPUs of ``jupyter_dlsched.sim.gpus``.
 
 A policy that learns (has ``learn``) is told about each job when it finishes,
-before the next decision; it never sees the size of a job still running.
+before the next decision; it never sees the size of a job still running. An
+elastic job's size there is the GPU time it would have used on the GPUs it asked
+for (the GPU time a sub-linear speedup spent beyond that is not part of it).
 
 Elastic jobs (``TraceJob(elastic=(1, 4))``): the policy is wrapped in
-``ElasticPolicy`` (``resize_every``), a job runs at the rate the ``speedup``
-model gives its size relative to the size its duration was measured at, and a
-resize restarts it at once on its new GPUs, keeping its progress and paying
-``restart_overhead`` (no grace period: a resize is a checkpoint the job was
-asked for, not a preemption).
+``ElasticPolicy`` (``resize_every``) and offered to it at the size it asked for
+(``QueuedJob.min_gpus`` says how narrow it may start; see
+``jupyter_dlsched.policy.elastic_narrow``; under ``srtf`` at its minimum), a job
+runs at the rate the ``speedup`` model gives its size relative to the size its
+duration was measured at, and a resize restarts it at once on its new GPUs,
+keeping its progress and paying ``restart_overhead`` (no grace period: a resize
+is a checkpoint the job was asked for, not a preemption).
 
 What a replay accepts is checked in ``jupyter_dlsched.sim.inputs``; what it
 returns (``SimResult``, ``JobOutcome``) is in ``jupyter_dlsched.sim.results``.
@@ -152,6 +156,7 @@ class _Replay:
             raise SimulationError("job ids in the trace are not unique")
         self.remaining = [j.duration for j in self.trace]
         self.attained = [0.0] * n
+        self.service = [0.0] * n  # what a learning policy is told a finished job used
         self.first_start = [math.nan] * n
         self.finish = [math.nan] * n
         self.preemptions = [0] * n
@@ -164,6 +169,7 @@ class _Replay:
         self.resize_log: list[tuple[float, str, int, int]] = []
         self.speedup: Speedup = parse_speedup("linear")
         self.ranges = [elastic_range(j, gpus) for j in self.trace]
+        self.as_asked = bool(getattr(policy, "as_asked", False))
         self.queued: dict[str, QueuedJob] = {}
         self.running: dict[str, RunningJob] = {}
         self.heap: list[tuple[float, int, int, int]] = []
@@ -298,14 +304,18 @@ class _Replay:
         job = self.trace[seq]
         span = self.ranges[seq]
         work = self.remaining[seq]
-        if span is not None:  # an oracle's run time at the size it starts with, its minimum
-            work /= self.speedup.ratio(job.gpus, span[0])
+        gpus = job.gpus
+        if span is not None:  # offered at the size it asked for, or its minimum (srtf)
+            gpus = span[0]
+            if self.as_asked:
+                gpus = min(max(math.ceil(job.gpus), span[0]), span[1])
+            work /= self.speedup.ratio(job.gpus, gpus)  # an oracle's run time there
         remaining = work + (self.overhead if preempted else 0.0)
         queued = QueuedJob(
             id=job.id,
             seq=seq,
             submitted=job.submit,
-            request=self._request(job.gpus if span is None else span[0]),
+            request=self._request(gpus),
             priority=job.priority,
             owner=job.owner,
             time_limit=self.limits[seq],
@@ -315,6 +325,7 @@ class _Replay:
             remaining=remaining,
             name=job.name,
             max_gpus=None if span is None else span[1],
+            min_gpus=span[0] if span is not None and self.as_asked else None,
         )
         self.queued[job.id] = queued
         whole = queued.request.whole_gpus
@@ -428,6 +439,11 @@ class _Replay:
         self.held[seq] += elapsed
         self.token[seq] += 1
         progress = max(0.0, elapsed - self.run_overhead[seq]) * self.run_rate[seq]
+        if self.ranges[seq] is None:
+            self.service[seq] += held * elapsed
+        else:  # an elastic job's service as it would have been on the GPUs it asked for
+            restart = min(elapsed, self.run_overhead[seq])
+            self.service[seq] += self.trace[seq].gpus * (restart + progress)
         self.remaining[seq] = max(0.0, self.remaining[seq] - progress)
         return elapsed
 
@@ -472,7 +488,7 @@ class _Replay:
                 trace_job = self.trace[seq]
                 self.finished_now.append(
                     FinishedJob(
-                        trace_job.owner, trace_job.name, self.attained[seq], t, trace_job.gpus
+                        trace_job.owner, trace_job.name, self.service[seq], t, trace_job.gpus
                     )
                 )
             return

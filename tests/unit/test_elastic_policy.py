@@ -122,6 +122,21 @@ def test_no_resize_within_resize_every_and_a_wake_up_when_it_ends():
     assert [(r.job_id, r.placement.gpus) for r in d.resizes] == [("s", (0, 1, 2, 3))]
 
 
+def test_the_wrapped_policy_sees_a_lenders_service_at_the_gpus_it_holds():
+    # seen at its minimum (1 GPU) while lending 3, e still had 4 GPUs for 1000 s: a policy
+    # that ranks by service (las, gittins) must not see it as 4 times younger than it is
+    offered = []
+
+    def recording(queued, running, capacity, now):
+        offered.extend(running)
+        return get_policy("las")(queued, running, capacity, now)
+
+    recording.name = "las"  # type: ignore[attr-defined]
+    e = elastic_running("e", (0, 1, 2, 3), started=0.0, top=4)
+    ElasticPolicy(recording)([queued("r", 1)], [e], holding(pool(4), e.placement), 1000.0)
+    assert [(j.request.gpus, j.attained_at(1000.0)) for j in offered] == [(1, 4000.0)]
+
+
 def test_idle_gpus_are_shared_fairly_among_elastic_jobs():
     policy = ElasticPolicy(get_policy("fifo"))
     jobs = [queued("a", 0, top=8), queued("b", 1, top=8), queued("c", 2, top=2)]
@@ -183,6 +198,71 @@ def test_an_elastic_job_runs_at_its_speedup_models_rate():
     model = parse_speedup("amdahl:0.2")
     finish = simulate(trace, "fifo", gpus=4, speedup=model).jobs[0].finish
     assert finish == pytest.approx(100.0 / model.ratio(2, 4))
+
+
+BLIND = ["fifo", "fifo-ff", "priority", "sjf", "sjf-gputime", "fair", "las", "gittins"]
+H = 3600.0
+
+
+def wide_job_before_short_ones(elastic: bool) -> list[TraceJob]:
+    """4 GPUs: one frees at 1 h, three at 10 h; a 4-GPU job of 10 h (elastic in 1:4 or
+    rigid) arrives ahead of three 1-GPU jobs of 1 h."""
+    return [
+        TraceJob("l0", 0, 1, 1 * H),
+        *(TraceJob(f"l{i}", 0, 1, 10 * H) for i in (1, 2, 3)),
+        TraceJob("w", 60, 4, 10 * H, elastic=(1, 4) if elastic else None),
+        *(TraceJob(f"s{i}", 120, 1, 1 * H) for i in (1, 2, 3)),
+    ]
+
+
+def avg_jct(result) -> float:
+    return sum(o.finish - o.submit for o in result.jobs) / len(result.jobs)
+
+
+@pytest.mark.parametrize("speedup", ["linear", "amdahl:0.05"])
+@pytest.mark.parametrize("name", BLIND)
+def test_a_wide_elastic_job_takes_no_hole_that_the_short_jobs_behind_it_fill(name, speedup):
+    # Offered at its minimum, w started at once on the GPU free at 1 h and ran there at a
+    # quarter of its speed, so the short jobs that fill that hole rigid (fifo-ff, sjf,
+    # fair: 1-4 h) waited for the long ones to end at 10 h: 10.3 h on average, 7.5 h rigid
+    rigid = simulate(wide_job_before_short_ones(False), name, gpus=4, restart_overhead=30)
+    flex = simulate(
+        wide_job_before_short_ones(True), name, gpus=4, restart_overhead=30, speedup=speedup
+    )
+    assert avg_jct(flex) <= avg_jct(rigid)
+    before = {o.id: o.first_start for o in rigid.jobs}
+    for o in flex.jobs:
+        if o.id.startswith("s"):
+            assert o.first_start <= before[o.id], o.id
+
+
+def test_a_wide_elastic_job_starts_narrow_on_the_hole_nobody_behind_it_can_use():
+    result = simulate(wide_job_before_short_ones(True), "fifo-ff", gpus=4, restart_overhead=30)
+    jobs = {o.id: o for o in result.jobs}
+    assert [jobs[f"s{i}"].first_start for i in (1, 2, 3)] == [1 * H, 2 * H, 3 * H]
+    # w starts at 4 h on the GPU the short jobs left, at a quarter of its speed (1.5 h of
+    # its 10 h by 10 h), and grows to 4 GPUs when the long jobs end: it ends at 18.5 h
+    # and 30 s of restart, rigid at 20 h
+    assert jobs["w"].first_start == 4 * H
+    assert result.resize_log == [(10 * H, "w", 1, 4)]
+    assert jobs["w"].finish == pytest.approx(18.5 * H + 30)
+
+
+def test_a_learning_policy_learns_an_elastic_jobs_size_at_the_gpus_it_asked_for():
+    # 100 s on the 1 GPU it asked for; alone on 4 it runs 2.5 x as fast under Amdahl with a
+    # serial fraction of 0.2: 40 s on 4 GPUs, 160 GPU-seconds held, 100 of them needed
+    from jupyter_dlsched.policy.fifo import FifoPolicy
+
+    learnt: list[float] = []
+
+    class Learning(FifoPolicy):
+        def learn(self, finished, replace=False):
+            learnt.extend(f.size for f in finished)
+
+    trace = [TraceJob("e", 0, 1, 100.0, elastic=(1, 4)), TraceJob("r", 200, 2, 50.0)]
+    result = simulate(trace, Learning(), gpus=4, speedup="amdahl:0.2")
+    assert result.jobs[0].finish == pytest.approx(40.0)
+    assert learnt == [pytest.approx(100.0), pytest.approx(100.0)]
 
 
 @pytest.mark.parametrize("name", ALL)
