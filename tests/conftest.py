@@ -256,6 +256,13 @@ class UsersPython:
             Path(site) / "jupyter_dlsched",
             ignore=shutil.ignore_patterns("__pycache__", "labextension"),
         )
+        # compiled once here: the users cannot write beside the copy, so each of their
+        # processes (clients, jobs, a shared pool's service) would compile it again
+        subprocess.run(
+            [str(self.python), "-m", "compileall", "-q", str(Path(site) / "jupyter_dlsched")],
+            check=True,
+            capture_output=True,
+        )
         # readable and runnable by everyone, whatever the umask of the test run
         subprocess.run(["chmod", "-R", "a+rX", str(self.root)], check=True)
 
