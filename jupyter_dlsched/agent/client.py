@@ -162,6 +162,20 @@ _SPAWNED: list[subprocess.Popen[bytes]] = []
 _SPAWN_LOCK = threading.Lock()
 
 
+def agent_exited(pid: int) -> bool:
+    """Whether the agent ``pid`` has exited: one this process started is collected (else,
+    a zombie, it would still answer ``kill(pid, 0)``)."""
+    with _SPAWN_LOCK:
+        for process in _SPAWNED:
+            if process.pid == pid:
+                return process.poll() is not None
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return True
+    return False
+
+
 def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
     """Start this user's agent for ``home`` in the background (its own session); its
     messages go to ``<home>/agent.log``."""

@@ -33,7 +33,7 @@ from ..vocab.errors import (
 )
 from ..vocab.schema import JobInfo, info_from_json
 from ..vocab.spec import _after, parse_stage_in
-from .client import AgentClient, agent_wanted, shared_socket, user_address
+from .client import AgentClient, agent_exited, agent_wanted, shared_socket, user_address
 from .protocol import AgentUnavailable
 from .shapes import HelloReply, SubmitRequest, SubmittedJob
 
@@ -74,14 +74,21 @@ class AgentLink:
         self.shared = shared
         self._store = store
         self.hello: HelloReply = client.call("hello")
-        if not shared and self.hello.get("code") != code_stamp():
-            # the agent runs older (or newer) code than this client: replace it (its running
+        if not shared and (self.hello.get("code") != code_stamp() or self._other_ledger()):
+            # the agent runs older (or newer) code than this client, or serves a ledger
+            # removed since (its state folder deleted and made again): replace it (running
             # jobs carry on under their supervisors); one agent per ledger at any time
             self.hello = self._restart_agent()
         self.home = Path(self.hello["home"])
         self._watch: AgentClient | None = None
         #: the Ray cluster this client joined (``join_ray``), sent with its Ray jobs
         self.ray: dict[str, Any] | None = None
+
+    def _other_ledger(self) -> bool:
+        served = self.hello.get("ledger")
+        if not served or self._store is None:
+            return False
+        return bool(served != self._store.ledger.path_identity())
 
     def _restart_agent(self) -> HelloReply:
         import time
@@ -94,9 +101,7 @@ class AgentLink:
         self.client.close()
         deadline = time.monotonic() + 10.0
         while isinstance(old, int) and old > 0 and time.monotonic() < deadline:
-            try:
-                os.kill(old, 0)  # the old agent has not exited yet
-            except OSError:
+            if agent_exited(old):
                 break
             time.sleep(0.01)
         return self.client.call("hello")

@@ -90,6 +90,7 @@ class Requests(Reads):
             "socket": str(self.socket_path) if self.socket_path is not None else None,
             "pid": os.getpid(),
             "code": self.code,
+            "ledger": self._store.ledger.identity(),
             "uid": peer.uid,
             "user": peer.user,
             "admin": peer.admin,

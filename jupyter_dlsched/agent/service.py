@@ -262,6 +262,7 @@ class Agent(CountedRefusals, Requests, Forking):
         if self.shared:
             _check_reachable(self.home)  # before anything is created in it
         self.sched = agent_engine(self, self.home, **options)
+        self._store.ledger.removed()  # holds the ledger's file: one made later is not it
         if self.shared:
             from ..machine.sampling import Sampler
 
@@ -359,6 +360,10 @@ class Agent(CountedRefusals, Requests, Forking):
             now = time.monotonic()
             if now - last_sweep >= 0.5:
                 last_sweep = now
+                if not self.shared and store.ledger.removed():
+                    # its state folder was removed: nothing here is anyone's any more
+                    log.warning("dlsched agent: the ledger was removed; exiting")
+                    return
                 self.conns.sweep(now)
                 self.sweep_lent()
                 if scrape is not None:

@@ -193,6 +193,9 @@ class HelloReply(TypedDict):
     pid: int
     #: the agent's code stamp (a client replaces an agent whose code differs)
     code: str
+    #: the ledger file the agent serves (``device:inode``; a client of one's own pool
+    #: replaces an agent that serves a removed ledger where its folder was made again)
+    ledger: str
     uid: int
     user: str
     admin: bool

@@ -155,6 +155,26 @@ class Ledger:
         self.reserve.refill()
         self._migrate()
 
+    def identity(self) -> str:
+        """The ledger file this process holds (``removed``), as ``device:inode``; '' where it
+        was gone before it could be held. A client compares it with the file at its path
+        (``path_identity``): an agent still serving a removed ledger says another."""
+        self.removed()
+        fd = getattr(self, "_held", None)
+        if fd is None:
+            return ""
+        st = os.fstat(fd)
+        return f"{st.st_dev}:{st.st_ino}"
+
+    def path_identity(self) -> str:
+        """The ledger file now at this ledger's path, as ``device:inode`` ('' if none); a
+        stat, not an open (closing a descriptor of a SQLite file drops its locks)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return ""
+        return f"{st.st_dev}:{st.st_ino}"
+
     def removed(self) -> bool:
         """Whether this ledger's file has been removed (its state folder deleted), even where
         a new ledger has been made at its path since (by an agent still running): the file

@@ -502,3 +502,21 @@ def test_a_stopped_agent_takes_no_new_connection_and_the_next_client_starts_anot
         with Scheduler(home, agent=True) as s:
             assert s.submit(pow, 3, n).result(timeout=60) == 3**n
             assert int(s.link.hello["pid"]) != first
+
+
+def test_an_agent_whose_state_folder_was_removed_and_made_again_serves_no_more(home):
+    """``rm -rf`` of the state folder while its agent runs, then a new client at once: the
+    folder exists again (the client made it), but the old agent's ledger is gone. It must
+    not take the new client's jobs into the removed ledger (they were "not found")."""
+    import shutil
+
+    with Scheduler(home, agent=True) as s:
+        assert s.submit(pow, 2, 3).result(timeout=60) == 8
+        first = int(s.link.hello["pid"])
+    shutil.rmtree(home)
+    with Scheduler(home, agent=True) as s:
+        h = s.submit(pow, 2, 4)
+        assert h.result(timeout=60) == 16
+        assert s.get(h.id).info().state == "succeeded"
+        assert int(s.link.hello["pid"]) != first
+    wait_for(lambda: _zombie(first) or not psutil.pid_exists(first), timeout=30)
