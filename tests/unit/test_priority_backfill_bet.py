@@ -1,7 +1,8 @@
 """Why ``priority`` can end above ``fifo`` with every job at the same priority (#52).
 
-Cluster e13805 on 48 GPUs, in six GPUs. Five finished jobs teach the policy a
-median run time of 1000 s and a cautious (0.8 quantile) one of 5000 s. ``o``
+The decision that puts cluster e13805 on 48 GPUs above ``fifo``, in six GPUs.
+Five finished jobs teach the policy a median run time of 1000 s and a
+cautious (0.8 quantile) one of 5000 s. ``o``
 (1 GPU) has run past its median: a reservation takes it to end any moment.
 ``x`` (3 GPUs, median end 8000) and ``y`` (2 GPUs) run; ``h`` (4 GPUs) is
 the first blocked job, ``b`` (2 GPUs, 300 s, estimated 5000 s) comes behind
@@ -14,8 +15,8 @@ average JCT 1714.7 s against ``fifo``'s 1709.7 s, ``fifo-ff``'s figure, as on
 e13805 / 48. With ``y`` on the lower devices the reservation holds the free
 devices and ``priority`` is ``fifo``.
 
-That bet on jobs past their estimate is where ``priority``'s gain over
-``fifo`` on the Philly slices comes from (``docs/benchmarks.md``): a
+That bet on jobs past their estimate is where nearly all of ``priority``'s
+gain over ``fifo`` on the Philly slices comes from (``docs/benchmarks.md``): a
 reservation that takes the free devices before any running job's replays
 exactly as ``fifo`` on all twelve slices there.
 """
