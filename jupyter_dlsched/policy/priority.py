@@ -301,7 +301,7 @@ class PriorityPolicy:
                     (_end(now, self._likely_length(q)), s.placement)
                     for q, s in zip(ahead, out.starts, strict=True)
                 )
-                shadow, reserved = _reservation(job.request, room.capacity, holders)
+                shadow, reserved = _reservation(job.request, room.capacity, holders, now)
                 protected = Room(_protect(room.capacity, job.request, reserved))
                 continue
             if not self.backfill:
@@ -316,7 +316,7 @@ class PriorityPolicy:
                     held += 1
                     if job.request.whole_gpus > head.request.whole_gpus:
                         # it needs devices the head leaves to backfill: keep long jobs off
-                        _, claim = _reservation(job.request, protected.capacity, holders)
+                        _, claim = _reservation(job.request, protected.capacity, holders, now)
                         protected = Room(_protect(protected.capacity, job.request, claim))
                 if lean:
                     continue
@@ -402,17 +402,46 @@ def _reservation(
     request: Request,
     capacity: Capacity,
     holders: list[tuple[float | None, Placement]],
+    now: float,
 ) -> tuple[float | None, Placement | None]:
-    """When and where ``request`` could start as known-ending jobs finish."""
+    """When and where ``request`` could start as known-ending jobs finish.
+
+    A holder past its expected end counts as ending ``now``. Where the
+    reservation must wait for a job still within its estimate anyway, it
+    takes the devices of jobs past theirs only if it cannot do without them:
+    the free devices it leaves go to jobs that may outrun it, and a job past
+    its estimate may run for hours yet, so devices left on its strength
+    would hold the reserved job back when the job it waits for ends on time
+    or early. Where it waits for nothing but jobs past their estimate there
+    is no likely time to keep free devices idle for, and it takes the first
+    devices that fit.
+    """
     future = capacity
+    late: set[int] = set()  # devices of holders past their expected end
     for end, placement in sorted(
         ((e, p) for e, p in holders if e is not None), key=lambda item: item[0]
     ):
         future = future.give_back(placement)
+        if end <= now:
+            late.update(placement.gpus)
         spot = place(request, future)
         if spot is not None:
+            if end > now and request.whole_gpus and late.intersection(spot.gpus):
+                spot = _sparing(request, future, late) or spot
             return end, spot
     return None, None
+
+
+def _sparing(request: Request, future: Capacity, late: set[int]) -> Placement | None:
+    """A placement of ``request`` on ``future`` that takes devices in ``late`` last."""
+    free = sorted(
+        (g for g in future.gpus if g.whole_free), key=lambda g: (g.index in late, g.index)
+    )
+    keep = {g.index for g in free[: request.whole_gpus]}
+    others_held = tuple(
+        g if g.index in keep else replace(g, jobs=g.jobs + 1, mem_free=0) for g in future.gpus
+    )
+    return place(request, replace(future, gpus=others_held))
 
 
 def _protect(capacity: Capacity, request: Request, reserved: Placement | None) -> Capacity:
