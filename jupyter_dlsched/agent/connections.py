@@ -205,6 +205,14 @@ class Connections:
         if self.listener is not None:
             if self._listening:
                 self.selector.unregister(self.listener)
+            try:
+                # refused from now on, even while a child just forked still holds the
+                # socket (until it lets go of the agent's sockets): a bare close leaves
+                # it listening there, and a client's connection would wait in its
+                # backlog, then be reset
+                self.listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self.listener.close()
             self.listener = None
             self._listening = False

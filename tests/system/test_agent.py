@@ -513,7 +513,8 @@ def test_an_agent_whose_state_folder_was_removed_and_made_again_serves_no_more(h
     with Scheduler(home, agent=True) as s:
         assert s.submit(pow, 2, 3).result(timeout=60) == 8
         first = int(s.link.hello["pid"])
-    shutil.rmtree(home)
+    # the agent may write a file into it meanwhile (as under a user's rm -rf): again
+    wait_for(lambda: shutil.rmtree(home, ignore_errors=True) or not home.exists(), timeout=30)
     with Scheduler(home, agent=True) as s:
         h = s.submit(pow, 2, 4)
         assert h.result(timeout=60) == 16
