@@ -78,7 +78,7 @@ def test_events_are_answered_a_page_at_a_time(agent_sched, home):
 
     s = agent_sched
     holder = s.submit(sleeper, 60, gpus=2)
-    s.map(sleeper, [0] * (MAX_EVENT_ROWS + 100), gpus=1, priority="low")
+    queued = s.map(sleeper, [0] * (MAX_EVENT_ROWS + 100), gpus=1, priority="low")
     client = AgentClient(user_address(home))
     first = client.call("events", limit=10**6)
     assert len(first["events"]) == MAX_EVENT_ROWS and first["more"] is True
@@ -90,6 +90,9 @@ def test_events_are_answered_a_page_at_a_time(agent_sched, home):
             break
     assert len(every) > MAX_EVENT_ROWS + 100
     assert [e["seq"] for e in every] == sorted({e["seq"] for e in every})  # none twice
+    # left queued, they would run after the test: the holder's end starts an agent again
+    for job in queued:
+        job.cancel()
     holder.cancel()
 
 
