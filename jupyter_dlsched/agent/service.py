@@ -405,7 +405,7 @@ class Agent(CountedRefusals, Requests, Forking):
                 self.fork_spare()  # off the path of the launch that used the last one
             if self.peers or not self.shared and self._has_waiting():
                 last_busy = now
-            if not self.shared and (now - last_busy > self.idle_exit or not self.home.is_dir()):
+            if not self.shared and now - last_busy > self.idle_exit:
                 return
 
     def _tick(self) -> None:

@@ -145,6 +145,7 @@ class Ledger:
         private.secure_folder(self.home)
         self.spool_root = private.private_subfolder(self.home / "spool")
         self.path = self.home / "ledger.sqlite"
+        self._held: int | None = None  # the ledger's file, once ``removed`` holds it open
         for suffix in ("", "-wal", "-shm"):
             # SQLite gives its -wal and -shm files the ledger's own mode (0600)
             path = self.path.with_name(self.path.name + suffix)
@@ -160,27 +161,22 @@ class Ledger:
         was gone before it could be held. A client compares it with the file at its path
         (``path_identity``): an agent still serving a removed ledger says another."""
         self.removed()
-        fd = getattr(self, "_held", None)
-        if fd is None:
-            return ""
-        st = os.fstat(fd)
-        return f"{st.st_dev}:{st.st_ino}"
+        return "" if self._held is None else _identity(os.fstat(self._held))
 
     def path_identity(self) -> str:
         """The ledger file now at this ledger's path, as ``device:inode`` ('' if none); a
         stat, not an open (closing a descriptor of a SQLite file drops its locks)."""
         try:
-            st = os.stat(self.path)
+            return _identity(os.stat(self.path))
         except OSError:
             return ""
-        return f"{st.st_dev}:{st.st_ino}"
 
     def removed(self) -> bool:
         """Whether this ledger's file has been removed (its state folder deleted), even where
         a new ledger has been made at its path since (by an agent still running): the file
         first seen here is held open, so no new file can take its inode, and its link count
         says whether it is still there."""
-        fd = getattr(self, "_held", None)
+        fd = self._held
         if fd is None:
             try:
                 self._held = fd = os.open(self.path, os.O_RDONLY)
@@ -305,3 +301,7 @@ class Ledger:
             "INSERT OR REPLACE INTO meta(key, value) VALUES('cache_counters', ?)",
             (json.dumps(counters),),
         )
+
+
+def _identity(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}"

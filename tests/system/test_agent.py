@@ -524,3 +524,18 @@ def test_an_agent_whose_state_folder_was_removed_and_made_again_serves_no_more(h
         assert s.get(h.id).info().state == "succeeded"
         assert int(s.link.hello["pid"]) != first
     wait_for(lambda: _zombie(first) or not psutil.pid_exists(first), timeout=30)
+
+
+def test_an_agent_exits_once_its_state_folder_is_removed_even_if_made_again(home):
+    """Nothing an agent holds is anyone's once its ledger is removed: it exits by itself,
+    with no client to replace it, also when the folder has been made again since."""
+    import shutil
+
+    from jupyter_dlsched.store import Store
+
+    with Scheduler(home, agent=True) as s:  # connected: no idle exit meanwhile
+        assert s.submit(pow, 2, 5).result(timeout=60) == 32
+        first = int(s.link.hello["pid"])
+        wait_for(lambda: shutil.rmtree(home, ignore_errors=True) or not home.exists(), 30)
+        Store(home)  # a new, empty ledger where it was
+        wait_for(lambda: _zombie(first) or not psutil.pid_exists(first), timeout=30)
