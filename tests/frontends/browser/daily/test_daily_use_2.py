@@ -59,9 +59,13 @@ def reload(page: Any) -> None:
 
 
 def save_and_wait_for(page: Any, path: Path, mime: str) -> None:
+    """Save, and wait until the file has new outputs with ``mime`` (an output saved earlier
+    with it, of a kernel since restarted, is not this one: a reload would show it)."""
+    before = saved_outputs(path)
     page.keyboard.press("Control+s")
     for _ in range(600):  # a minute, for a loaded machine
-        if any(mime in o.get("data", {}) for o in saved_outputs(path)):
+        outputs = saved_outputs(path)
+        if outputs != before and any(mime in o.get("data", {}) for o in outputs):
             return
         page.wait_for_timeout(100)
     raise AssertionError(f"{path.name} was not saved with {mime}")
