@@ -40,7 +40,10 @@ def calls(log: Path) -> list[dict]:
 
 
 def held_until(release: str) -> dict[str, str]:
-    """A job that holds its grant until ``release`` exists; what CUDA would read of MPS."""
+    """A job that holds its grant until ``release`` exists; what CUDA would read of MPS.
+    ``release.started`` says the job's own code runs: its supervisor has joined it to MPS
+    (the ledger says "running" from its launch, before that)."""
+    Path(release + ".started").touch()
     while not Path(release).exists():
         time.sleep(0.05)
     return {k: v for k, v in os.environ.items() if k.startswith("CUDA_")}
@@ -58,7 +61,7 @@ def test_fractional_jobs_run_as_clients_of_one_mps_daemon_started_and_stopped_fo
     monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
     with Scheduler(home) as s:
         first = s.submit(held_until, str(tmp_path / "go-1"), gpus=0.5, gpu_mem="4GiB")
-        wait_for(lambda: s.info(first.id).state == "running", timeout=60)
+        wait_for((tmp_path / "go-1.started").exists, timeout=60)
         [start] = wait_for(lambda: calls(mps), timeout=30)
         assert start["args"] == ["-d"] and start["uid"] == os.getuid()
         assert Path(start["pipe"]).parent == home / "mps" / "gpu0"
@@ -66,7 +69,7 @@ def test_fractional_jobs_run_as_clients_of_one_mps_daemon_started_and_stopped_fo
         assert f"fractions: MPS ({psutil.Process().username()})" in dlsched_status()
 
         second = s.submit(held_until, str(tmp_path / "go-2"), gpus=0.25, gpu_mem="2GiB")
-        wait_for(lambda: s.info(second.id).state == "running", timeout=60)
+        wait_for((tmp_path / "go-2.started").exists, timeout=60)
         assert s.info(second.id).devices == s.info(first.id).devices == [0]
         assert len(calls(mps)) == 1  # one daemon per GPU, whatever the number of jobs
 
