@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..machine.detach import spawn
 from ..vocab.errors import DlschedError
 from .protocol import AgentUnavailable, Decoder, encode, raise_error, recv_message
 from .shapes import Blobs, Calls
@@ -176,9 +177,10 @@ def agent_exited(pid: int) -> bool:
     return False
 
 
-def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
+def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes] | None:
     """Start this user's agent for ``home`` in the background (its own session); its
-    messages go to ``<home>/agent.log``."""
+    messages go to ``<home>/agent.log``. Its ``Popen``, or None where it was started
+    outside this process (a supervisor's, ``machine/detach.py``)."""
     from ..vocab import private
 
     idle = os.environ.get(AGENT_IDLE_ENV, str(IDLE_EXIT))
@@ -193,7 +195,9 @@ def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
         _SPAWNED[:] = [p for p in _SPAWNED if p.poll() is None]
     log = private.open_append(log_path)
     try:
-        process = subprocess.Popen(
+        # started outside a supervisor that starts it (``machine/detach.py``): an agent
+        # below a supervisor was ended with the supervisor's job
+        process = spawn(
             [
                 sys.executable,
                 "-m",
@@ -203,17 +207,14 @@ def spawn_agent(home: str | os.PathLike[str]) -> subprocess.Popen[bytes]:
                 "--idle-exit",
                 idle,
             ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
+            output=log,
             env={k: v for k, v in os.environ.items() if k != "MPLBACKEND"},
         )
     finally:
         os.close(log)
-    with _SPAWN_LOCK:
-        _SPAWNED.append(process)
+    if process is not None:
+        with _SPAWN_LOCK:
+            _SPAWNED.append(process)
     return process
 
 
@@ -316,8 +317,8 @@ class AgentClient(Calls):
 
     def _start_agent(self) -> socket.socket:
         assert self.home is not None
-        process = spawn_agent(self.home)
-        deadline = time.monotonic() + START_TIMEOUT
+        process, spawned = spawn_agent(self.home), time.monotonic()
+        deadline = spawned + START_TIMEOUT
         delay = 0.005
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -325,13 +326,16 @@ class AgentClient(Calls):
                 sock.connect(self.address)
             except OSError:
                 sock.close()
-                if process.poll() is not None and process.returncode != 0:
+                # None: started outside this process (a supervisor's), its exit unknown here
+                code = process.poll() if process is not None else None
+                if code is not None and code != 0:
                     raise AgentUnavailable(
                         f"the pool agent for {self.home} could not start: "
                         f"{_last_line(self.home / AGENT_LOG)}"
                     ) from None
-                if process.poll() == 0 and time.monotonic() > deadline - START_TIMEOUT + 2:
-                    process = spawn_agent(self.home)  # it stepped aside for one that has gone
+                if (code == 0 or process is None) and time.monotonic() > spawned + 2:
+                    # it stepped aside for one that has gone since
+                    process, spawned = spawn_agent(self.home), time.monotonic()
                 if time.monotonic() > deadline:
                     raise AgentUnavailable(
                         f"the pool agent for {self.home} did not start within "

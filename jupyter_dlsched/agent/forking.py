@@ -337,7 +337,10 @@ class Forking:
                         if line:
                             rehearse(store, line)  # the pages its next start touches, now
                     _say(pipe, f"r{learnt} {runs}")
-                    order = waiting.readline().decode().strip()
+                    try:
+                        order = waiting.readline().decode().strip()
+                    except ConnectionResetError:
+                        order = ""  # the agent closed the channel before reading what we said
                     if not order:
                         code = 0  # the agent has gone (or exited): nothing to supervise
                         return

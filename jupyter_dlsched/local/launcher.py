@@ -17,9 +17,10 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import subprocess
 import sys
 import time
+
+from ..machine.detach import spawn
 
 IDLE_EXIT = 600.0
 
@@ -99,21 +100,10 @@ def spawn_launcher(home: str | os.PathLike[str]) -> None:
     ``DLSCHED_LAUNCHER_IDLE`` sets how many idle seconds it waits before exiting.
     """
     idle = os.environ.get("DLSCHED_LAUNCHER_IDLE", str(IDLE_EXIT))
-    subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_dlsched.local.forkserver",
-            "--home",
-            str(home),
-            "--idle-exit",
-            idle,
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        close_fds=True,
+    module = "jupyter_dlsched.local.forkserver"
+    # outside a supervisor that starts it (``machine/detach.py``): not its job's process
+    spawn(
+        [sys.executable, "-m", module, "--home", str(home), "--idle-exit", idle],
         env={k: v for k, v in os.environ.items() if k != "MPLBACKEND"},
     )
 
@@ -121,15 +111,9 @@ def spawn_launcher(home: str | os.PathLike[str]) -> None:
 def spawn_supervisor(
     home: str | os.PathLike[str], job_id: str, module: str = "jupyter_dlsched.local.supervisor"
 ) -> None:
-    """The slow path: a fresh interpreter runs the supervisor (or ``module``)."""
-    subprocess.Popen(
-        [sys.executable, "-m", module, "--home", str(home), job_id],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        close_fds=True,
-    )
+    """The slow path: a fresh interpreter runs the supervisor (or ``module``), outside a
+    supervisor that starts it (the next job's is not the ending job's process)."""
+    spawn([sys.executable, "-m", module, "--home", str(home), job_id])
 
 
 def launch_stager(home: str | os.PathLike[str], source_id: str) -> None:

@@ -22,7 +22,6 @@ its owner (``daemon.json``), one file per client job (``jobs/``) and the lock th
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import os
@@ -34,11 +33,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .detach import not_a_subreaper
+
 PROGRAM = "nvidia-cuda-mps-control"
 MIB = 2**20
 #: what ``sharing`` says of a GPU whose fractions are not held by MPS
 CAP_AND_WATCH = "cap + watch"
-PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 
 
 def program() -> str | None:
@@ -125,7 +125,9 @@ class MpsDaemons:
             if os.geteuid() == 0 and uid != 0:
                 os.chown(folder / name, uid, -1)
         as_user: dict[str, Any] = {"user": uid} if os.geteuid() == 0 and uid != 0 else {}
-        with _not_a_subreaper():
+        # the daemon is the GPU's, not the job's, and outlives the supervisor starting it:
+        # it forks away while orphans go above this supervisor, out of the job's box
+        with not_a_subreaper():
             started = subprocess.run(
                 [found, "-d"],
                 env={**os.environ, **env},
@@ -177,23 +179,6 @@ class MpsDaemons:
             else:
                 out[gpu] = "MPS" if available else CAP_AND_WATCH
         return out
-
-
-@contextmanager
-def _not_a_subreaper() -> Iterator[None]:
-    """A supervisor is its job's subreaper and kills what is left of the job's processes
-    when it ends; the daemon it starts is the GPU's, not the job's, and outlives both: while
-    it daemonizes, orphans go to the subreaper above this one (or init)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    flag = ctypes.c_int(0)
-    was = libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value
-    if was:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-    try:
-        yield
-    finally:
-        if was:
-            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
