@@ -21,6 +21,12 @@ The work is bounded for deep queues: at most ``max_jobs`` waiting jobs (the
 first in the queue's order) are simulated, a pass makes at most
 ``max_calls`` policy calls, and both passes stop after ``budget_s`` seconds
 (wall clock); jobs a pass did not see start get no estimate (``None``).
+A job with more work ahead of it than ``AHEAD_LIMIT`` (the 80th-percentile run
+times of the waiting jobs before it in line, times their GPUs, spread over the
+pool's GPUs) is not simulated at all: its start is no promise, and its
+estimate says so, ``StartEstimate(None, now + work ahead)`` ("start
+uncertain: the queue ahead may take ~3 days", ``vocab.words.start_phrase``).
+Without that a replay's forecasts cost the square of the queue's depth.
 
 This module is pure apart from that time budget: no ledger, no pool.
 """
@@ -31,7 +37,7 @@ import bisect
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
@@ -43,15 +49,20 @@ from ..vocab.resources import Capacity, Request
 #: The quantiles of run times behind the two figures of every estimate.
 EXPECTED = 0.5
 BOUND = 0.8
+#: Seconds of work ahead (``work_ahead``) beyond which a job's start is not simulated
+#: but given as uncertain, with that work as the figure.
+AHEAD_LIMIT = 400 * 3600.0
 #: Estimated copies of waiting jobs kept between forecasts (``RunTimes.estimated``).
 _ESTIMATED_KEPT = 100_000
 
 
 @dataclass(frozen=True)
 class StartEstimate:
-    """When a waiting job should start (epoch seconds): ``expected`` and a cautious ``p80``."""
+    """When a waiting job should start (epoch seconds): ``expected`` and a cautious ``p80``;
+    ``expected`` is ``None`` for a job too deep in line to simulate, whose ``p80`` is then
+    the moment the work ahead of it would be done (``AHEAD_LIMIT``)."""
 
-    expected: float
+    expected: float | None
     p80: float
 
 
@@ -65,6 +76,7 @@ class Forecast:
     refresh_at: float | None = None
     simulated: int = 0  # waiting jobs taken into the forecast
     calls: int = 0  # policy calls, both passes
+    beyond: int = 0  # jobs given as uncertain for the work ahead of them, not simulated
 
 
 class RunTimes:
@@ -176,12 +188,17 @@ def forecast(
     max_jobs: int = 200,
     max_calls: int = 2000,
     budget_s: float = 0.05,
+    ahead_limit: float | None = None,
 ) -> Forecast:
     """Expected and P80 start of each waiting job in ``queued`` (the first ``max_jobs`` of it,
     in the order given: put the queue's own order first).
 
     ``targets``: stop a pass once these jobs have started (the simulator asks
-    about the jobs just submitted). See the module for what is assumed.
+    about the jobs just submitted). A job with more than ``ahead_limit`` seconds
+    of work ahead of it (default ``AHEAD_LIMIT``; ``math.inf``: none) is given as
+    uncertain and not simulated; a pass stops
+    once every other job it is asked about has started. See the module for what
+    is assumed.
 
     >>> from jupyter_dlsched.policy import get_policy
     >>> from jupyter_dlsched.vocab.resources import Capacity, Placement, Request
@@ -202,6 +219,20 @@ def forecast(
     if not chosen:
         return result
     wanted = set(targets) if targets is not None else None
+    limit = AHEAD_LIMIT if ahead_limit is None else ahead_limit
+    beyond = _beyond(chosen, capacity, run_times, limit, wanted)
+    if beyond:
+        for job_id, ahead in beyond.items():
+            result.estimates[job_id] = StartEstimate(None, now + ahead)
+        result.beyond = len(beyond)
+        # the passes need only run until the other jobs asked about have started: the
+        # same passes, stopped earlier, so their estimates are those of a full run
+        if wanted is None:
+            wanted = {job.id for job in chosen if job.id not in beyond}
+        else:
+            wanted -= beyond.keys()
+        if not wanted:
+            return result
     deadline = time.perf_counter() + budget_s / 2
     expected, refresh, calls = _pass(
         policy,
@@ -234,9 +265,60 @@ def forecast(
     result.refresh_at = refresh
     for job_id, start in expected.items():
         late = bound.get(job_id)
-        if late is not None:
+        if late is not None and job_id not in beyond:
             result.estimates[job_id] = StartEstimate(start, max(start, late))
     return result
+
+
+def work_ahead(
+    chosen: Iterable[QueuedJob], capacity: Capacity, run_times: RunTimes
+) -> Iterator[float]:
+    """Seconds of work ahead of each job in ``chosen`` (in line order), one by one: the
+    80th-percentile run times of the jobs before it, times their GPUs, over the pool's GPUs
+    (a job whose run time is not known counts nothing).
+
+    >>> times = RunTimes()
+    >>> times.learn([("ana", "step", 1, 3600.0)] * 3)
+    >>> one = Request(gpus=1, cpus=0)
+    >>> line = [QueuedJob(f"w{i}", i, 0.0, one, owner="ana", name="step") for i in range(3)]
+    >>> list(work_ahead(line, Capacity.empty(2, 2**30, 1, 2**30), times))
+    [0.0, 1800.0, 3600.0]
+    """
+    pool = len(capacity.gpus)
+    done = 0.0
+    for job in chosen:
+        yield done / pool if pool else 0.0
+        gpus = job.request.gpus
+        if gpus > 0:
+            before = _seconds_before(job)
+            total = run_times.total(job.owner, job.name, BOUND, before, job.time_limit, gpus)
+            if total is not None and math.isfinite(total):
+                done += gpus * max(0.0, total - before)
+
+
+def _beyond(
+    chosen: Sequence[QueuedJob],
+    capacity: Capacity,
+    run_times: RunTimes,
+    limit: float,
+    wanted: set[str] | None,
+) -> dict[str, float]:
+    """The jobs of ``chosen`` (of ``wanted`` only, if given) with more than ``limit`` seconds
+    of work ahead of them, with that work."""
+    if math.isinf(limit) or not capacity.gpus:
+        return {}
+    found: dict[str, float] = {}
+    left = None if wanted is None else len(wanted)
+    for job, ahead in zip(chosen, work_ahead(chosen, capacity, run_times), strict=True):
+        if wanted is not None and job.id not in wanted:
+            continue
+        if ahead > limit:
+            found[job.id] = ahead
+        if left is not None:
+            left -= 1
+            if not left:
+                break
+    return found
 
 
 def _pass(
