@@ -14,13 +14,14 @@ from jupyter_dlsched.policy import QueuedJob, RunningJob, get_policy
 from jupyter_dlsched.sim import TraceJob, simulate
 from jupyter_dlsched.sim import eta as sim_eta
 from jupyter_dlsched.vocab.resources import Capacity, Placement, Request
-from jupyter_dlsched.vocab.words import start_phrase
+from jupyter_dlsched.vocab.words import about, start_phrase
 
 HOUR = 3600.0
 ONE = Request(gpus=1, cpus=0)
 NOW = 1000.0
 #: jobs in line whose work ahead is within the limit: job k has k hours ahead of it
 WITHIN = int(AHEAD_LIMIT // HOUR) + 1
+DEPTH = WITHIN + 100
 
 
 def _deep_queue(depth: int) -> tuple[list[QueuedJob], list[RunningJob], Capacity, RunTimes]:
@@ -36,7 +37,8 @@ def _deep_queue(depth: int) -> tuple[list[QueuedJob], list[RunningJob], Capacity
 
 
 def test_a_job_with_more_work_ahead_than_the_limit_is_uncertain_and_costs_no_policy_call():
-    line, running, pool, times = _deep_queue(400)
+    line, running, pool, times = _deep_queue(DEPTH)
+    last = line[-1].id
     made = forecast(
         get_policy("fifo"),
         line,
@@ -44,21 +46,22 @@ def test_a_job_with_more_work_ahead_than_the_limit_is_uncertain_and_costs_no_pol
         pool,
         NOW,
         times,
-        targets=["w399"],
+        targets=[last],
         max_jobs=len(line),
         max_calls=100 * len(line),
         budget_s=math.inf,
     )
-    # 399 one-hour jobs ahead on one GPU: no forecast, the work ahead as the figure
-    assert made.estimates == {"w399": StartEstimate(None, NOW + 399 * HOUR)}
+    # DEPTH - 1 one-hour jobs ahead on one GPU: no forecast, the work ahead as the figure
+    ahead = (DEPTH - 1) * HOUR
+    assert made.estimates == {last: StartEstimate(None, NOW + ahead)}
     assert made.calls == 0 and made.beyond == 1
-    assert start_phrase(None, NOW + 399 * HOUR, NOW) == (
-        "start uncertain: the queue ahead may take ~17 days"
+    assert start_phrase(None, NOW + ahead, NOW) == (
+        f"start uncertain: the queue ahead may take {about(ahead)}"
     )
 
 
 def test_the_live_forecast_keeps_every_number_within_the_limit_and_stops_there():
-    line, running, pool, times = _deep_queue(400)
+    line, running, pool, times = _deep_queue(DEPTH)
     asked: dict[str, Any] = dict(max_jobs=len(line), max_calls=100 * len(line), budget_s=math.inf)
     fifo = get_policy("fifo")
     bounded = forecast(fifo, line, running, pool, NOW, times, **asked)
