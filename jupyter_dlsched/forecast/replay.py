@@ -21,6 +21,12 @@ The work is bounded for deep queues: at most ``max_jobs`` waiting jobs (the
 first in the queue's order) are simulated, a pass makes at most
 ``max_calls`` policy calls, and both passes stop after ``budget_s`` seconds
 (wall clock); jobs a pass did not see start get no estimate (``None``).
+A job with more work ahead of it than ``AHEAD_LIMIT`` (the 80th-percentile run
+times of the waiting jobs before it in line, times their GPUs, spread over the
+pool's GPUs) is not simulated at all: its start is no promise, and its
+estimate says so, ``StartEstimate(None, now + work ahead)`` ("start
+uncertain: the queue ahead may take ~3 days", ``vocab.words.start_phrase``).
+Without that a replay's forecasts cost the square of the queue's depth.
 
 This module is pure apart from that time budget: no ledger, no pool.
 """
@@ -30,8 +36,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
@@ -39,19 +44,25 @@ from typing import Any
 from ..policy import Decisions, Policy, PresortedQueue, QueuedJob, RunningJob, submit_order
 from ..policy.base import Room, nothing_fits
 from ..vocab.resources import Capacity, Request
+from .run_times import RunTimes as RunTimes
 
 #: The quantiles of run times behind the two figures of every estimate.
 EXPECTED = 0.5
 BOUND = 0.8
+#: Seconds of work ahead (``work_ahead``) beyond which a job's start is not simulated
+#: but given as uncertain, with that work as the figure.
+AHEAD_LIMIT = 400 * 3600.0
 #: Estimated copies of waiting jobs kept between forecasts (``RunTimes.estimated``).
 _ESTIMATED_KEPT = 100_000
 
 
 @dataclass(frozen=True)
 class StartEstimate:
-    """When a waiting job should start (epoch seconds): ``expected`` and a cautious ``p80``."""
+    """When a waiting job should start (epoch seconds): ``expected`` and a cautious ``p80``;
+    ``expected`` is ``None`` for a job too deep in line to simulate, whose ``p80`` is then
+    the moment the work ahead of it would be done (``AHEAD_LIMIT``)."""
 
-    expected: float
+    expected: float | None
     p80: float
 
 
@@ -65,103 +76,7 @@ class Forecast:
     refresh_at: float | None = None
     simulated: int = 0  # waiting jobs taken into the forecast
     calls: int = 0  # policy calls, both passes
-
-
-class RunTimes:
-    """Seconds that finished jobs ran, grouped from the most specific on: by owner, name
-    and GPUs; owner and name; owner and GPUs; owner; everyone.
-
-    ``total(owner, name, q, elapsed, gpus=...)`` is the ``q``-quantile of the
-    run times of the most specific group with at least ``group_min`` of them
-    (everyone needs one), among those longer than ``elapsed``. GPUs matter:
-    on shared clusters wide jobs run far longer than one-GPU jobs (on one
-    Philly cluster the median 4-GPU job ran 25 h, the median 1-GPU job 5 min). A job that has outrun
-    every run time seen is assumed to follow a heavy tail (Pareto, index 1:
-    ``P(T > t | T > e) = e / t``), so its ``q``-quantile is ``elapsed / (1 - q)``.
-
-    >>> times = RunTimes()
-    >>> times.learn([("ana", "step", 1, 3.0)] * 3)
-    >>> times.total("ana", "step", 0.5, gpus=1), times.total("ana", "step", 0.5, elapsed=4.0)
-    (3.0, 8.0)
-    >>> RunTimes().total("bob", "x", 0.5) is None
-    True
-    """
-
-    def __init__(self, window: int = 2000, group_min: int = 3) -> None:
-        self.window = int(window)
-        self.group_min = max(1, int(group_min))
-        self._recent: dict[tuple[Any, ...], deque[float]] = {}
-        self._sorted: dict[tuple[Any, ...], list[float]] = {}
-        # ``_estimated`` jobs by (job id, quantile), with the job each was made from: a
-        # replay forecasts the same queue at every arrival, and copying each job anew (a
-        # dataclass ``replace``) was a tenth of the forecast's time
-        self.estimated: dict[tuple[str, float], tuple[QueuedJob, QueuedJob]] = {}
-
-    def learn(
-        self, finished: Iterable[tuple[str, str, float, float]], replace: bool = False
-    ) -> None:
-        """Take in ``(owner, name, gpus, seconds)`` of finished jobs (each once)."""
-        if replace:
-            self._recent.clear()
-            self._sorted.clear()
-        for owner, name, gpus, seconds in finished:
-            if not (seconds > 0 and math.isfinite(seconds)):
-                continue
-            for key in _groups(owner, name, float(gpus)):
-                recent = self._recent.get(key)
-                if recent is None:
-                    recent = self._recent[key] = deque(maxlen=self.window)
-                    self._sorted[key] = []
-                ordered = self._sorted[key]
-                if len(recent) == recent.maxlen:
-                    del ordered[bisect.bisect_left(ordered, recent[0])]
-                recent.append(seconds)
-                bisect.insort(ordered, seconds)
-
-    def __len__(self) -> int:
-        return len(self._sorted.get((), ()))
-
-    def _group(
-        self, owner: str, name: str, gpus: float
-    ) -> tuple[tuple[Any, ...], list[float]] | None:
-        *specific, everyone = _groups(owner, name, gpus)
-        for key in specific:
-            found = self._sorted.get(key)
-            if found is not None and len(found) >= self.group_min:
-                return key, found
-        found = self._sorted.get(everyone)
-        return (everyone, found) if found else None
-
-    def total(
-        self,
-        owner: str,
-        name: str,
-        q: float,
-        elapsed: float = 0.0,
-        time_limit: float | None = None,
-        gpus: float = 1.0,
-    ) -> float | None:
-        """Seconds a job of ``owner`` named ``name`` runs in all (``q``-quantile), given it
-        has run ``elapsed`` already; at most ``time_limit``; ``None`` when nothing is known."""
-        group = self._group(owner, name, float(gpus))
-        if group is None:
-            return time_limit
-        _, found = group
-        i = bisect.bisect_right(found, elapsed)
-        longer = len(found) - i
-        if longer:
-            value = found[i + min(longer - 1, max(0, math.ceil(q * longer) - 1))]
-        else:
-            value = max(elapsed, 1.0) / (1.0 - min(q, 0.99))
-        return value if time_limit is None else min(value, max(time_limit, elapsed))
-
-
-def _groups(owner: str, name: str, gpus: float) -> tuple[tuple[Any, ...], ...]:
-    """The groups a job's run time counts in, most specific first, everyone last."""
-    by_owner: tuple[tuple[Any, ...], ...] = (("shape", owner, gpus), ("owner", owner))
-    if name:
-        by_owner = (("job", owner, name, gpus), ("name", owner, name), *by_owner)
-    return (*by_owner, ())
+    beyond: int = 0  # jobs given as uncertain for the work ahead of them, not simulated
 
 
 def forecast(
@@ -176,12 +91,17 @@ def forecast(
     max_jobs: int = 200,
     max_calls: int = 2000,
     budget_s: float = 0.05,
+    ahead_limit: float | None = None,
 ) -> Forecast:
     """Expected and P80 start of each waiting job in ``queued`` (the first ``max_jobs`` of it,
     in the order given: put the queue's own order first).
 
     ``targets``: stop a pass once these jobs have started (the simulator asks
-    about the jobs just submitted). See the module for what is assumed.
+    about the jobs just submitted). A job with more than ``ahead_limit`` seconds
+    of work ahead of it (default ``AHEAD_LIMIT``; ``math.inf``: none) is given as
+    uncertain and not simulated; a pass stops
+    once every other job it is asked about has started. See the module for what
+    is assumed.
 
     >>> from jupyter_dlsched.policy import get_policy
     >>> from jupyter_dlsched.vocab.resources import Capacity, Placement, Request
@@ -202,6 +122,20 @@ def forecast(
     if not chosen:
         return result
     wanted = set(targets) if targets is not None else None
+    limit = AHEAD_LIMIT if ahead_limit is None else ahead_limit
+    beyond = _beyond(chosen, capacity, run_times, limit, wanted)
+    if beyond:
+        for job_id, ahead in beyond.items():
+            result.estimates[job_id] = StartEstimate(None, now + ahead)
+        result.beyond = len(beyond)
+        # the passes need only run until the other jobs asked about have started: the
+        # same passes, stopped earlier, so their estimates are those of a full run
+        if wanted is None:
+            wanted = {job.id for job in chosen if job.id not in beyond}
+        else:
+            wanted -= beyond.keys()
+        if not wanted:
+            return result
     deadline = time.perf_counter() + budget_s / 2
     expected, refresh, calls = _pass(
         policy,
@@ -234,9 +168,60 @@ def forecast(
     result.refresh_at = refresh
     for job_id, start in expected.items():
         late = bound.get(job_id)
-        if late is not None:
+        if late is not None and job_id not in beyond:
             result.estimates[job_id] = StartEstimate(start, max(start, late))
     return result
+
+
+def work_ahead(
+    chosen: Iterable[QueuedJob], capacity: Capacity, run_times: RunTimes
+) -> Iterator[float]:
+    """Seconds of work ahead of each job in ``chosen`` (in line order), one by one: the
+    80th-percentile run times of the jobs before it, times their GPUs, over the pool's GPUs
+    (a job whose run time is not known counts nothing).
+
+    >>> times = RunTimes()
+    >>> times.learn([("ana", "step", 1, 3600.0)] * 3)
+    >>> one = Request(gpus=1, cpus=0)
+    >>> line = [QueuedJob(f"w{i}", i, 0.0, one, owner="ana", name="step") for i in range(3)]
+    >>> list(work_ahead(line, Capacity.empty(2, 2**30, 1, 2**30), times))
+    [0.0, 1800.0, 3600.0]
+    """
+    pool = len(capacity.gpus)
+    done = 0.0
+    for job in chosen:
+        yield done / pool if pool else 0.0
+        gpus = job.request.gpus
+        if gpus > 0:
+            before = _seconds_before(job)
+            total = run_times.total(job.owner, job.name, BOUND, before, job.time_limit, gpus)
+            if total is not None and math.isfinite(total):
+                done += gpus * max(0.0, total - before)
+
+
+def _beyond(
+    chosen: Sequence[QueuedJob],
+    capacity: Capacity,
+    run_times: RunTimes,
+    limit: float,
+    wanted: set[str] | None,
+) -> dict[str, float]:
+    """The jobs of ``chosen`` (of ``wanted`` only, if given) with more than ``limit`` seconds
+    of work ahead of them, with that work."""
+    if math.isinf(limit) or not capacity.gpus:
+        return {}
+    found: dict[str, float] = {}
+    left = None if wanted is None else len(wanted)
+    for job, ahead in zip(chosen, work_ahead(chosen, capacity, run_times), strict=True):
+        if wanted is not None and job.id not in wanted:
+            continue
+        if ahead > limit:
+            found[job.id] = ahead
+        if left is not None:
+            left -= 1
+            if not left:
+                break
+    return found
 
 
 def _pass(

@@ -13,6 +13,10 @@ Where the P80 is too far beyond the expected start, users are told the start is
 uncertain instead of a number (``vocab.words.uncertain``): the share of such
 estimates, and the hit rate and sharpness of the numbers given, are scored too.
 
+A job with more work ahead of it in line than the forecast can promise
+(``forecast.replay.AHEAD_LIMIT``) is told its start is uncertain without a
+forecast, as live; such estimates are counted apart (``deep``).
+
 A job gets no estimate when the forecast could not reach its start (nothing
 has finished yet to learn run times from, or it is beyond the forecast's
 bound on jobs simulated); those are counted apart, never as hits.
@@ -41,7 +45,10 @@ class EtaCalibration:
     start) of the same jobs, 0 when both are 0; ``without``: jobs that got no
     estimate; ``uncertain``: the share of estimates shown as "start uncertain",
     and ``given_hit``, ``given_sharpness`` the same scores over the others (the
-    estimates shown as a number).
+    estimates shown as a number); ``deep``: the share of estimates that are
+    uncertain for the work ahead of the job (``forecast.replay.AHEAD_LIMIT``),
+    with no expected start: counted in ``jobs`` and ``uncertain``, left out of
+    ``hit``, ``median_error`` and ``sharpness`` (they promise no start).
     """
 
     estimates: dict[str, StartEstimate] = field(default_factory=dict)
@@ -53,16 +60,20 @@ class EtaCalibration:
     uncertain: float = math.nan
     given_hit: float = math.nan
     given_sharpness: float = math.nan
+    deep: float = math.nan
 
     def score(self, first_starts: Iterable[tuple[str, float, float]]) -> None:
         """Score against ``(job id, submitted, first start)`` of every job replayed."""
         every: list[tuple[bool, float, float]] = []  # (hit, |error|, wait) per estimate
         given: list[tuple[bool, float, float]] = []
-        total = 0
+        total = deep = 0
         for job_id, submitted, start in first_starts:
             total += 1
             estimate = self.estimates.get(job_id)
             if estimate is None:
+                continue
+            if estimate.expected is None:
+                deep += 1  # "start uncertain" for the work ahead: no start to score
                 continue
             scored = (
                 start <= estimate.p80 + 1e-6,
@@ -72,11 +83,12 @@ class EtaCalibration:
             every.append(scored)
             if not uncertain(estimate.expected, estimate.p80, submitted):
                 given.append(scored)
-        self.jobs = len(every)
-        self.without = total - len(every)
+        self.jobs = len(every) + deep
+        self.without = total - self.jobs
         self.hit, self.median_error, self.sharpness = _scores(every)
         self.given_hit, _, self.given_sharpness = _scores(given)
-        self.uncertain = 1 - len(given) / len(every) if every else math.nan
+        self.uncertain = 1 - len(given) / self.jobs if self.jobs else math.nan
+        self.deep = deep / self.jobs if self.jobs else math.nan
 
 
 def _scores(scored: list[tuple[bool, float, float]]) -> tuple[float, float, float]:

@@ -44,7 +44,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
     as a share of the average wait of the jobs estimated: lower is sharper),
     ``eta_uncertain`` (share of estimates shown as "start uncertain"),
     ``eta_given_p80_hit`` and ``eta_given_sharpness`` (the scores of the others,
-    shown as a number) and ``eta_jobs`` (jobs estimated).
+    shown as a number), ``eta_deep`` (share of estimates uncertain for the work
+    ahead of the job, not forecast: no start to score) and ``eta_jobs`` (jobs
+    estimated).
 
     ``avg_queue`` is the mean time a job spent without GPUs, before its first
     start and after every preemption. ``utilisation`` counts useful work only
@@ -82,6 +84,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         row["eta_uncertain"] = result.eta.uncertain
         row["eta_given_p80_hit"] = result.eta.given_hit
         row["eta_given_sharpness"] = result.eta.given_sharpness
+        row["eta_deep"] = result.eta.deep
         row["eta_jobs"] = result.eta.jobs
     return row
 

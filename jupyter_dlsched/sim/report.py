@@ -29,6 +29,7 @@ COLUMNS = (
     ("eta_uncertain", "uncertain", "{:.1%}"),
     ("eta_given_p80_hit", "given<=P80", "{:.1%}"),
     ("eta_given_sharpness", "given err/wait", "{:.2f}"),
+    ("eta_deep", "too deep", "{:.1%}"),
 )
 _TIMES = ("avg_jct", "p50_jct", "p99_jct", "avg_queue", "eta_median_error")
 # (unit, seconds): the largest unit in which the typical figure is still at least 2

@@ -83,14 +83,24 @@ def start_words(job: JobInfo, now: float | None = None) -> str:
     >>> start_phrase(2400.0, 4000.0, now=0.0), start_phrase(2400.0, 4000.0, now=2390.0)
     ('starts in ~40 min (by ~1 h)', 'start uncertain: the queue ahead may take ~25 min')
     """
-    if job.state not in WAITING or job.expected_start is None:
+    if job.state not in WAITING or (job.expected_start is None and job.start_p80 is None):
         return ""
     return start_phrase(job.expected_start, job.start_p80, time.time() if now is None else now)
 
 
-def start_phrase(expected: float, p80: float | None, now: float) -> str:
+def start_phrase(expected: float | None, p80: float | None, now: float) -> str:
     """``"starts in ~40 min (by ~1 h)"`` for an expected start and its P80 bound (epoch s),
-    or ``"start uncertain: the queue ahead may take ~2 days"`` when they are too far apart."""
+    or ``"start uncertain: the queue ahead may take ~2 days"`` when they are too far apart,
+    or when there is no expected start, only the moment the work ahead of the job would be
+    done (a job too deep in line to forecast: ``forecast.replay.AHEAD_LIMIT``).
+
+    >>> start_phrase(None, 4 * 86400.0, now=0.0)
+    'start uncertain: the queue ahead may take ~4 days'
+    """
+    if expected is None:
+        return (
+            "" if p80 is None else f"start uncertain: the queue ahead may take {about(p80 - now)}"
+        )
     ahead = expected - now
     if p80 is not None and uncertain(expected, p80, now):
         return f"start uncertain: the queue ahead may take {about(p80 - now)}"

@@ -114,15 +114,20 @@ export function stateWords(job: IJob, now: number): string {
 
 /**
  * When a waiting job should start, as a person says it: "starts in ~40 min (by ~1 h)", or
- * "start uncertain: the queue ahead may take ~2 days" when its P80 is too far out;
+ * "start uncertain: the queue ahead may take ~2 days" when its P80 is too far out (or it
+ * has only a P80: the work ahead of a job too deep in line to forecast);
  * "" without an estimate (no number rather than a made-up one). Same words as words.py.
  */
 export function startWords(job: IJob, now: number): string {
+  const p80 = job.start_p80;
   if (job.expected_start === null || job.expected_start === undefined) {
-    return '';
+    // no expected start but a P80: too deep in line to forecast, the work ahead of it
+    if (p80 === null || p80 === undefined) {
+      return '';
+    }
+    return `start uncertain: the queue ahead may take ${about(p80 - now)}`;
   }
   const ahead = job.expected_start - now;
-  const p80 = job.start_p80;
   if (p80 !== null && p80 !== undefined && uncertain(job.expected_start, p80, now)) {
     return `start uncertain: the queue ahead may take ${about(p80 - now)}`;
   }

@@ -11,7 +11,8 @@ from pathlib import Path
 from conftest import wait_for
 
 from jupyter_dlsched.client.scheduler import Scheduler
-from jupyter_dlsched.vocab.words import UNCERTAIN_FROM, UNCERTAIN_SPREAD
+from jupyter_dlsched.forecast.replay import AHEAD_LIMIT
+from jupyter_dlsched.vocab.words import UNCERTAIN_FROM, UNCERTAIN_SPREAD, about
 
 DLSCHED = str(Path(sys.executable).with_name("dlsched"))
 
@@ -62,6 +63,45 @@ def test_a_job_behind_one_that_outran_every_step_seen_is_told_its_start_is_uncer
             now = time.time()
             wait, bound = row["expected_start"] - now, row["start_p80"] - now
             assert bound > UNCERTAIN_FROM and bound > UNCERTAIN_SPREAD * wait - 5.0
+        finally:
+            long.cancel()
+        behind.result(timeout=120)
+
+
+def test_a_job_with_more_work_ahead_than_the_forecast_promises_is_told_so_with_that_work(
+    home, monkeypatch
+):
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "1x16GiB")
+    # nothing has finished, so each job is assumed to run to its time limit: `behind` has
+    # the limit's worth of work ahead of it in line (`first`), more than the forecast
+    # simulates; `first` has none ahead of it and gets a number (when `long` ends)
+    limit = AHEAD_LIMIT + 3600.0
+    with Scheduler(home) as s:
+        long = s.submit(nap, 600.0, gpus=1, time_limit=limit)
+        first = s.submit(nap, 0.1, gpus=1, time_limit=limit)
+        behind = s.submit(nap, 0.1, gpus=1, time_limit=limit)
+        try:
+            line = wait_for(
+                lambda: (ln := queue_line(behind.id)) and "start uncertain" in ln and ln,
+                timeout=180,
+                step=1.0,
+                what=lambda: (queue_line(behind.id), s.get(behind.id).info()),
+            )
+            assert f"the queue ahead may take {about(limit)}" in line, line
+            assert "starts in" in queue_line(first.id)
+            # no expected start in the ledger: only when the work ahead would be done
+            listed = json.loads(
+                subprocess.run(
+                    [DLSCHED, "queue", "--json"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=True,
+                ).stdout
+            )
+            row = next(j for j in listed if j["id"] == behind.id)
+            assert row["expected_start"] is None
+            assert abs(row["start_p80"] - time.time() - limit) < 120.0
         finally:
             long.cancel()
         behind.result(timeout=120)

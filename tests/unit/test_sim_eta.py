@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from jupyter_dlsched.forecast import replay as forecast_replay
 from jupyter_dlsched.policy import base as policy_base
 from jupyter_dlsched.sim import TraceJob, simulate
 from jupyter_dlsched.sim import engine as sim_engine
@@ -118,12 +119,17 @@ def _random_trace(seed: int) -> list[TraceJob]:
     return jobs
 
 
+@pytest.mark.parametrize("ahead_limit", [None, 1800.0])
 @pytest.mark.parametrize("policy", ["fifo", "fifo-ff", "priority", "sjf", "las", "gittins", "srtf"])
 def test_estimates_kept_between_arrivals_are_those_a_forecast_from_scratch_gives(
-    policy: str, monkeypatch: pytest.MonkeyPatch
+    policy: str, ahead_limit: float | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a replay's forecasts reuse what the last arrival's forecast made; not one estimate
-    # may differ from a forecast that starts from nothing at every arrival
+    # may differ from a forecast that starts from nothing at every arrival, also where
+    # jobs too deep in line are given as uncertain (a limit the random queues reach)
+    if ahead_limit is not None:
+        monkeypatch.setattr(forecast_replay, "AHEAD_LIMIT", ahead_limit)
+    deep = 0
     for seed in range(6):
         jobs = _random_trace(seed)
         kept = simulate(jobs, policy, 4, restart_overhead=30, estimates=True)
@@ -134,3 +140,5 @@ def test_estimates_kept_between_arrivals_are_those_a_forecast_from_scratch_gives
         assert len(kept.eta.estimates) > 20
         assert kept.eta.estimates == scratch.eta.estimates, seed
         assert [j.finish for j in kept.jobs] == [j.finish for j in scratch.jobs], seed
+        deep += sum(e.expected is None for e in kept.eta.estimates.values())
+    assert (deep > 0) == (ahead_limit is not None)
