@@ -35,9 +35,11 @@ def test_an_old_name_imports_in_a_fresh_interpreter_and_gives_one_module():
 def test_a_pickle_naming_old_places_loads():
     assert pickle.loads(b"cjupyter_dlsched.runtime\nprogress\n.") is dls.progress
     assert pickle.loads(b"cjupyter_dlsched.pool\nPoolInfo\n.") is dls.PoolInfo
-    assert pickle.loads(b"cjupyter_dlsched.forecast\nRunTimes\n.").__module__ == (
-        "jupyter_dlsched.forecast.replay"
-    )
+    from jupyter_dlsched.forecast.run_times import RunTimes
+
+    assert pickle.loads(b"cjupyter_dlsched.forecast\nRunTimes\n.") is RunTimes
+    # where it lived before it had a module of its own
+    assert pickle.loads(b"cjupyter_dlsched.forecast.replay\nRunTimes\n.") is RunTimes
 
 
 def old_pickle(payload: dict) -> bytes:
