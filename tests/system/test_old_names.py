@@ -65,3 +65,16 @@ def test_a_job_queued_in_a_ledger_written_before_the_move_runs(home):
     ledger.close()
     with Scheduler(home, agent=False) as s:
         assert s.get(job_id).result(timeout=60) == units.format_size(3 * 2**30)
+
+
+def test_an_old_name_or_a_room_never_replaces_a_public_function_of_the_package():
+    """Unpickling ``jupyter_dlsched.pool`` (an old module name) made ``dls.pool`` that module,
+    and importing the ``schedules`` room would make ``dls.schedules`` the package."""
+    code = (
+        "import pickle, jupyter_dlsched as dls\n"
+        "import jupyter_dlsched.schedules\n"
+        "pickle.loads(b'cjupyter_dlsched.pool\\nPoolInfo\\n.')\n"
+        "print(callable(dls.pool), callable(dls.schedules), dls.torch.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split() == ["True", "True", "jupyter_dlsched.torch"], out.stderr
