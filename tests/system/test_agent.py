@@ -490,8 +490,9 @@ def test_an_interrupted_changes_wait_ends_at_once_not_on_a_second_connection(hom
 def test_a_stopped_agent_takes_no_new_connection_and_the_next_client_starts_another(home):
     """Once ``stop`` is answered the socket no longer answers: a client right behind it
     starts a new agent instead of reaching the one shutting down ("lost the connection …
-    while submitting" before), and its submission is served (that agent could also be one
-    a supervisor started as its job ended: see the test below)."""
+    while submitting" before), and its submission is served (it also lost its connection
+    when the agent it reached was one a supervisor had started as its job ended:
+    ``test_an_agent_a_supervisor_starts_is_the_pools_not_part_of_its_job``)."""
     import socket
 
     for n in range(3):
