@@ -227,7 +227,8 @@ def test_ctrl_c_stops_waiting_but_not_the_job(env: dict[str, str]) -> None:
     proc = subprocess.Popen(
         [DLSCHED, "submit", "--cpus", "0.25", "--name", "interrupted", "--wait", "--"]
         + ["python3", "-c", script],
-        env=env,
+        # a SIGABRT dumps every thread's stack: where a CLI that outlives Ctrl-C is stuck
+        env={**env, "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -245,7 +246,12 @@ def test_ctrl_c_stops_waiting_but_not_the_job(env: dict[str, str]) -> None:
         try:
             _, err = proc.communicate(timeout=90)
         except subprocess.TimeoutExpired:
-            raise AssertionError("dlsched submit --wait did not end 90 s after Ctrl-C") from None
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            raise AssertionError(
+                "dlsched submit --wait did not end 90 s after Ctrl-C; where it was:\n"
+                + err.decode(errors="replace")[-6000:]
+            ) from None
     finally:
         if proc.poll() is None:
             proc.kill()
