@@ -224,8 +224,16 @@ def test_submit_wait_streams_output_while_running_and_exits_with_the_job_status(
 
 def test_ctrl_c_stops_waiting_but_not_the_job(env: dict[str, str]) -> None:
     script = "import time; print('started', flush=True); time.sleep(120)"
+    # as from a terminal: SIGINT neither blocked nor ignored. The test's own process may have
+    # either from what ran in it before (a whole run once left it so, and the CLI looped on,
+    # never told of the Ctrl-C); both pass to a child and through exec
+    terminal = (
+        "import os, signal, sys; signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+        "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    )
     proc = subprocess.Popen(
-        [DLSCHED, "submit", "--cpus", "0.25", "--name", "interrupted", "--wait", "--"]
+        [sys.executable, "-c", terminal, DLSCHED]
+        + ["submit", "--cpus", "0.25", "--name", "interrupted", "--wait", "--"]
         + ["python3", "-c", script],
         # a SIGABRT dumps every thread's stack: where a CLI that outlives Ctrl-C is stuck
         env={**env, "PYTHONFAULTHANDLER": "1"},
