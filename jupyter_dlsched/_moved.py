@@ -9,7 +9,6 @@ object, so classes stay identical), and nothing is imported until the old name i
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
@@ -70,8 +69,10 @@ MOVED = {
 }
 
 
-class OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds an old name and loads it as the module at its new place."""
+class OldNames:
+    """Finds an old name and loads it as the module at its new place: a meta path finder
+    and its loader (by their methods: ``importlib.abc`` would import ``importlib.resources``,
+    ``tempfile`` and ``shutil`` into every process that imports the package)."""
 
     def find_spec(
         self, fullname: str, path: object = None, target: object = None

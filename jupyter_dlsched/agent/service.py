@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..local.launcher import code_stamp
 from ..local.logcap import max_log_bytes
-from ..machine.metrics import CONTENT_TYPE
 from ..store import payload_keep
 from ..vocab.errors import DlschedError, LedgerUnavailable, PermissionDenied, SpecError
 from ..vocab.schema import WAITING
@@ -269,6 +268,9 @@ class Agent(CountedRefusals, Requests, Forking):
             assert self.sched is not None
             self.sampler = Sampler(self._store, self.sched.pool, SAMPLE_INTERVAL, SAMPLE_RETENTION)
         if self.metrics_address is not None:
+            # prometheus_client is imported by pools that are scraped, not by every agent
+            from ..machine.metrics import CONTENT_TYPE
+
             self.scrape = ScrapeEndpoint(
                 self.selector,
                 self.metrics_address,
