@@ -49,7 +49,9 @@ lint: install
 	$(VENV)/bin/mypy
 
 # The suite runs in parallel, a file to a worker (tests of one file share its fixtures and
-# run in order): one worker more than the cores, since most tests wait on processes.
+# run in order): one worker more than the cores, since most tests wait on processes. Files
+# go out in collection order, the heaviest first (tests/conftest.py, HEAVY_FILES), not
+# reordered by xdist by how many tests each holds.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 # The package is compiled first: every agent, supervisor, CLI run, kernel and server of the
@@ -57,7 +59,7 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 # (0.1 s of CPU per process, some 1,500 processes).
 test: install lint
 	$(PY) -m compileall -q jupyter_dlsched tests benchmarks
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # JupyterLab on the quickstart notebook, the sidebar on the left, simulated GPUs when there are none.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)

@@ -81,27 +81,43 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("DLSCHED_AGENT_IDLE", "20")
 
 
-#: The files that take longest (seconds of a whole run, heaviest first). ``make test`` hands
-#: whole files to its workers in collection order (``--dist loadfile``): one of these
-#: collected last kept one worker busy for minutes after the others had finished, so they
-#: are collected first. A file missing here only runs in its usual place.
+#: The files that take longest (seconds of a whole run, heaviest first; the mean of five
+#: whole runs). ``make test`` hands whole files to its workers in collection order
+#: (``--dist loadfile --no-loadscope-reorder``; xdist's default reorder puts the files with
+#: the most tests first, and so these, which have few, last): one of these collected last
+#: kept one worker busy for minutes after the others had finished, so they are collected
+#: first. A file missing here only runs in its usual place.
 HEAVY_FILES = (
-    "tests/system/test_ray.py",
-    "tests/system/test_gpu_check.py",
-    "tests/system/test_team_guard.py",
-    "tests/system/test_notebook_jobs.py",
-    "tests/frontends/browser/daily/test_daily_use_3.py",
-    "tests/system/test_queue_head.py",
-    "tests/system/test_agent.py",
-    "tests/system/test_containment.py",
-    "tests/system/test_torch.py",
-    "tests/frontends/browser/daily/test_daily_use_2.py",
-    "tests/frontends/browser/test_cell_line.py",
-    "tests/frontends/test_kernels_cli.py",
-    "tests/system/test_daily_use.py",
-    "tests/frontends/test_torch_notebook.py",
-    "tests/system/test_kernels.py",
-    "tests/system/test_warm_job.py",
+    "tests/frontends/browser/daily/test_daily_use_3.py",  # 128 s
+    "tests/system/test_ray.py",  # 99 s
+    "tests/frontends/browser/daily/test_daily_use_2.py",  # 86 s
+    "tests/system/test_kernels.py",  # 81 s
+    "tests/system/test_containment.py",  # 73 s
+    "tests/system/test_daily_use.py",  # 68 s
+    "tests/system/test_notebook_jobs.py",  # 65 s
+    "tests/system/test_slurm.py",  # 61 s
+    "tests/system/test_gpu_check.py",  # 49 s
+    "tests/system/test_service_hardening.py",  # 48 s
+    "tests/frontends/test_server.py",  # 48 s
+    "tests/system/test_jobs.py",  # 46 s
+    "tests/frontends/test_torch_notebook.py",  # 44 s
+    "tests/system/test_team_guard.py",  # 43 s
+    "tests/system/test_data_path.py",  # 42 s
+    "tests/system/test_torch.py",  # 41 s
+    "tests/frontends/browser/test_kernel_wait.py",  # 40 s
+    "tests/frontends/test_magics.py",  # 37 s
+    "tests/frontends/browser/test_sidebar.py",  # 36 s
+    "tests/system/test_agent.py",  # 36 s
+    "tests/system/test_elastic_live.py",  # 35 s
+    "tests/frontends/test_cli_console.py",  # 33 s
+    "tests/frontends/browser/test_cell_line.py",  # 31 s
+    "tests/system/test_elastic_ddp.py",  # 31 s
+    "tests/system/test_team.py",  # 29 s
+    "tests/frontends/browser/test_sidebar_start_estimate.py",  # 29 s
+    "tests/system/test_warm_job.py",  # 28 s
+    "tests/frontends/browser/test_notebook_jobs.py",  # 27 s
+    "tests/system/test_uncertain_start.py",  # 27 s
+    "tests/frontends/browser/daily/test_daily_use.py",  # 27 s
 )
 
 
