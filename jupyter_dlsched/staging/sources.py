@@ -14,6 +14,8 @@ import hashlib
 import io
 import os
 import stat
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
@@ -205,11 +207,6 @@ class HttpSource:
         return cast(IO[bytes], _Chained(sample, plain))
 
     def _request(self, method: str, headers: dict[str, str]) -> Any:
-        # urllib.request (email, http.client) is imported by pools that stage from a URL,
-        # not by every agent
-        import urllib.error
-        import urllib.request
-
         request = urllib.request.Request(self.url, method=method, headers=headers)
         try:
             return urllib.request.urlopen(request, timeout=_TIMEOUT)  # noqa: S310 - http(s) only
