@@ -382,6 +382,11 @@ def ip(home: Path) -> Iterator[Any]:
     from jupyter_dlsched.widgets.live import refresher
 
     shell = InteractiveShell.instance()
+    # the shell is one per process: what another test file's use of it left (a ``_job``)
+    # is not this test's
+    for name in set(shell.user_ns) - set(shell.user_ns_hidden):
+        if not name.startswith("__"):
+            del shell.user_ns[name]
     shell.run_line_magic("load_ext", "jupyter_dlsched")
     dls.set_default_scheduler(None)  # the next is Scheduler() on $DLSCHED_HOME: ``home``
     before = set(shell.user_ns)

@@ -170,6 +170,8 @@ def test_schedule_cell_runs_as_a_slurm_job(sched: Scheduler) -> None:
         assert "in cell job" in handle.logs()
     finally:
         dls.set_default_scheduler(None)
+        for name in ("x", "y", "_job"):  # the shell is the process's, shared with other files
+            shell.user_ns.pop(name, None)
 
 
 def test_two_gpu_jobs_run_at_once_and_a_third_waits_with_slurms_reason(
