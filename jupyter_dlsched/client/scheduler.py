@@ -17,15 +17,13 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..agent.link import AgentLink, connect
 from ..backends import Backend, make_backend
 from ..backends.port import Link
-from ..engine import Engine, EngineLink
 from ..machine.inventory import PoolInfo
 from ..machine.pool_view import pool_shape, pool_with_jobs
-from ..policy import Decisions, Policy
 from ..store import JobInfo, Store, inventory_key
 from ..store.buffers import DataTooLarge
 from ..store.settings import Settings, check_resize_every
@@ -39,6 +37,10 @@ from .data import data_folder, data_status, pickle_job
 from .following import Follower
 from .handle import JobHandle, Watching
 from .inline import InlineRunner
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..policy import Decisions, Policy
 
 
 class Scheduler(Watching):
@@ -114,14 +116,19 @@ class Scheduler(Watching):
             agent_link.settings(**settings)
             self._attach(agent_link, make_backend(backend_name or "local", self, **backend_options))
         else:
-            # no agent: an engine in this process decides, behind the same kind of link
+            # no agent: an engine in this process decides, behind the same kind of link (the
+            # engine, its policies and forecasts imported only here: a CLI run or a kernel
+            # that reaches an agent does without them)
+            from ..engine import Engine, EngineLink
+
             engine = Engine(
                 Store(home), backend_name or "local", probe_pool=False, **backend_options
             )
             engine.write_settings(**settings)
             if probe_pool or engine.store.get_meta(engine.inventory_key) is None:
                 engine.refresh_inventory()
-            self._attach(EngineLink(engine, owner=self.owner, uid=self.uid), engine.backend)
+            link = EngineLink(engine, owner=self.owner, uid=self.uid)
+            self._attach(link, engine.backend, engine)
         if cache_dir is not None or cache_max is not None:
             self.configure_cache(folder=cache_dir, max_size=cache_max)
         if isinstance(self.link, AgentLink) and self.backend.name == "ray":
@@ -138,17 +145,21 @@ class Scheduler(Watching):
 
         >>> s = Scheduler.of_engine(agent.sched)  # doctest: +SKIP
         """
+        from ..engine import EngineLink
+
         self = cls.__new__(cls)
         self.owner = getpass.getuser()
         self.uid = os.getuid()
-        self._attach(EngineLink(engine, owner=self.owner, uid=self.uid), engine.backend)
+        self._attach(EngineLink(engine, owner=self.owner, uid=self.uid), engine.backend, engine)
         if loop:
             self.start()
         return self
 
-    def _attach(self, link: Link, backend: Backend) -> None:
-        """Take ``link`` as this scheduler's one way to the pool, and ``backend`` as its own."""
+    def _attach(self, link: Link, backend: Backend, engine: Engine | None = None) -> None:
+        """Take ``link`` as this scheduler's one way to the pool, and ``backend`` as its own;
+        ``engine``: the one in this process behind ``link``, where no agent decides."""
         self.link: Link = link
+        self._engine = engine
         self.store = link.ledger()
         self.home = self.store.home
         self.backend = backend
@@ -167,8 +178,8 @@ class Scheduler(Watching):
 
     def policy(self) -> Policy:
         """What decides this scheduler's jobs (the agent's policy is its own)."""
-        if isinstance(self.link, EngineLink):
-            return self.link.engine.policy()
+        if self._engine is not None:
+            return self._engine.policy()
         from ..policy import get_policy
 
         s = self.settings
@@ -177,8 +188,8 @@ class Scheduler(Watching):
     def refresh_inventory(self) -> dict[str, Any]:
         """Probe the machine (or cluster) and store its shape in the ledger (whoever decides
         probes it: through an agent, the inventory it stored)."""
-        if isinstance(self.link, EngineLink):
-            return self.link.engine.refresh_inventory()
+        if self._engine is not None:
+            return self._engine.refresh_inventory()
         return dict(self.store.get_meta(self.inventory_key) or {})
 
     @property
