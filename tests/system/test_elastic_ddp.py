@@ -24,7 +24,12 @@ def batch(step: int, chunk: int):
 
 
 def elastic_ddp(total: int, out_dir: str):
+    """Trains until the test has seen the resizes it waits for (``release`` in ``out_dir``),
+    at most ``total`` steps: a job that ran a fixed number of steps could end, on a loaded
+    machine, before its shrink came."""
     import time
+
+    import torch.distributed as dist
 
     import jupyter_dlsched.torch as dlt
 
@@ -34,6 +39,7 @@ def elastic_ddp(total: int, out_dir: str):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     ckpt = dlt.Checkpoint(model=model, optimizer=opt)
     micro = dlt.accumulation_steps(GLOBAL, PER_GPU)
+    release = Path(out_dir, "release")
     with open(Path(out_dir, f"steps-rank{info.rank}.log"), "a") as log:
         for step in ckpt.steps(total):
             opt.zero_grad()
@@ -44,6 +50,11 @@ def elastic_ddp(total: int, out_dir: str):
             opt.step()
             log.write(f"{step} {info.world_size}\n")
             log.flush()
+            # every rank stops after the same step: rank 0 tells whether the test released it
+            stop = torch.tensor([float(info.rank == 0 and release.exists())])
+            dist.broadcast(stop, 0)
+            if stop.item():
+                break
             time.sleep(0.1)
     dlt.destroy_process_group()
     return model.module.weight.detach().tolist()
@@ -68,12 +79,22 @@ def hold(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def world_sizes(log: Path) -> list[int]:
+    """The world size of each step rank 0 trained, in order."""
+    return [int(line.split()[1]) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def sizes_seen(log: Path) -> list[int]:
+    """The world sizes rank 0 trained at, each change once: ``[2, 1, 2]``."""
+    sizes = world_sizes(log)
+    return sizes[:1] + [b for a, b in zip(sizes, sizes[1:], strict=False) if a != b]
+
+
 def test_a_ddp_elastic_job_resized_2_1_2_ends_with_the_rigid_runs_model(home, tmp_path):
-    total = 120
     with Scheduler(home, lease_ttl=5, grace=20, resize_every=1, resize_cost=0.1) as s:
         job = s.submit(
             elastic_ddp,
-            total,
+            2000,
             str(tmp_path),
             gpus="1:2",
             cpus=0.5,
@@ -84,11 +105,17 @@ def test_a_ddp_elastic_job_resized_2_1_2_ends_with_the_rigid_runs_model(home, tm
         wait_for(lambda: log0.exists() and log0.read_text().count("\n") >= 10, 90)
         rigid = s.submit(hold, 4.0, gpus=1, cpus=0.25)
         rigid.result(timeout=120)
+        # grown back, and a few steps at two again
+        wait_for(
+            lambda: sizes_seen(log0) == [2, 1, 2] and world_sizes(log0)[-5:] == [2] * 5,
+            120,
+            what=lambda: sizes_seen(log0),
+        )
+        (tmp_path / "release").touch()
         weight = job.result(timeout=240)
     runs = [line.split() for line in log0.read_text().splitlines()]
+    total = len(runs)
     assert [int(step) for step, _ in runs] == list(range(total))  # none lost or repeated
-    sizes = [int(size) for _, size in runs]
-    changes = [sizes[0]] + [b for a, b in zip(sizes, sizes[1:], strict=False) if a != b]
-    assert changes == [2, 1, 2], changes
+    assert sizes_seen(log0) == [2, 1, 2]
     assert torch.allclose(torch.tensor(weight), rigid_reference(total), atol=1e-5)
     assert dlt.accumulation_steps(GLOBAL, PER_GPU, replicas=1) == 4
