@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +16,12 @@ import pytest
 from jupyter_dlsched.client.scheduler import Scheduler
 from jupyter_dlsched.local import launcher
 from jupyter_dlsched.store import buffers
+
+# pytest rewrites the asserts of each test module as it imports it, in every worker; where
+# PYTHONDONTWRITEBYTECODE is set (as on CI) it kept none of that, and each worker paid about
+# 5 s of CPU a run to do it again. The test modules' rewritten code is kept (beside them,
+# in __pycache__); what the suite starts still runs with the environment's setting.
+sys.dont_write_bytecode = False
 
 
 @pytest.fixture
