@@ -79,7 +79,8 @@ class OldNames:
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in MOVED:
             return None
-        return importlib.util.spec_from_loader(fullname, self)
+        # a loader by its methods (create_module, exec_module), which the stubs do not see
+        return importlib.util.spec_from_loader(fullname, self)  # type: ignore[arg-type]
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return None
