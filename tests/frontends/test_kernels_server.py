@@ -96,8 +96,11 @@ async def test_a_notebooks_gpu_kernel_is_a_lease_in_rest_kept_by_the_restarter(
     os.kill(old_pid, signal.SIGKILL)  # the server's restarter brings it back: same lease
 
     async def restarted() -> bool:
+        # and the restart finished: jupyter_client answers a shutdown asked before its
+        # ``ready`` is set with a 500 (InvalidStateError), which a loaded machine reached
         pid = manager.provisioner.pid
-        return bool(pid and pid != old_pid and await manager.is_alive())
+        done = manager.ready.done()
+        return bool(pid and pid != old_pid and done and await manager.is_alive())
 
     await until(restarted, timeout=60)
     after = await kernel_lease(jp_fetch)
