@@ -36,6 +36,7 @@ ENDED_STATES = {
 }
 # SLURM's words for why a job waits, with a gloss for people who do not know them
 REASONS = {
+    "None": "SLURM's scheduler has not considered it yet",
     "Resources": "the resources it asks for are in use",
     "Priority": "jobs with a higher priority are ahead of it",
     "Dependency": "a job it depends on has not finished",

@@ -174,6 +174,15 @@ def test_schedule_cell_runs_as_a_slurm_job(sched: Scheduler) -> None:
             shell.user_ns.pop(name, None)
 
 
+def slurms_reason(handle: Any) -> str | None:
+    """The job's waiting words once they carry SLURM's reason, beyond its first "None"."""
+    waiting = handle.info().waiting or ""
+    if waiting.startswith("SLURM: None"):
+        assert "has not considered it yet" in waiting  # said, not a bare "None"
+        return None
+    return waiting if waiting.startswith("SLURM:") else None
+
+
 def test_two_gpu_jobs_run_at_once_and_a_third_waits_with_slurms_reason(
     sched: Scheduler, tmp_path: Path
 ) -> None:
@@ -181,7 +190,8 @@ def test_two_gpu_jobs_run_at_once_and_a_third_waits_with_slurms_reason(
     first, second, third = (sched.submit(wait_for, release, i, gpus=1) for i in range(3))
     until(lambda: first.state == "running" and second.state == "running")
     assert sorted(first.devices + second.devices) == [0, 1]
-    waiting = until(lambda: third.info().waiting)
+    # SLURM's reason, once its scheduler has looked at the job ("None" until then)
+    waiting = until(lambda: slurms_reason(third))
     assert third.state == "queued"
     assert waiting.startswith("SLURM: Resources") or waiting.startswith("SLURM: Priority")
     assert "PENDING" in scontrol(slurm_id(sched, third.id))
