@@ -73,10 +73,12 @@ def rigid_reference(total: int) -> torch.Tensor:
     return model.weight.detach()
 
 
-def hold(seconds: float) -> None:
+def hold_until(path: str) -> None:
     import time
+    from pathlib import Path
 
-    time.sleep(seconds)
+    while not Path(path).exists():
+        time.sleep(0.05)
 
 
 def world_sizes(log: Path) -> list[int]:
@@ -103,7 +105,16 @@ def test_a_ddp_elastic_job_resized_2_1_2_ends_with_the_rigid_runs_model(home, tm
         )
         log0 = tmp_path / "steps-rank0.log"
         wait_for(lambda: log0.exists() and log0.read_text().count("\n") >= 10, 90)
-        rigid = s.submit(hold, 4.0, gpus=1, cpus=0.25)
+        # the rigid job holds its GPU until the shrunk run has trained a few steps: a fixed
+        # hold could end, on a loaded machine, before that run got past its start
+        done = tmp_path / "rigid-done"
+        rigid = s.submit(hold_until, str(done), gpus=1, cpus=0.25)
+        wait_for(
+            lambda: sizes_seen(log0) == [2, 1] and world_sizes(log0)[-5:] == [1] * 5,
+            120,
+            what=lambda: (sizes_seen(log0), rigid.info()),
+        )
+        done.touch()
         rigid.result(timeout=120)
         # grown back, and a few steps at two again
         wait_for(
