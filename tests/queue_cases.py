@@ -118,6 +118,7 @@ def rows_of(jobs: list[QueuedJob]) -> list[dict[str, Any]]:
             "preemptions": j.preemptions,
             "name": j.name,
             "max_gpus": j.max_gpus,
+            "asked_gpus": None,
             "resize_to": None,
             "after": "[]",
             "begin": None,

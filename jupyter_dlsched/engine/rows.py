@@ -82,11 +82,17 @@ def _shape(gpus: float, gpu_mem: int | None, cpus: float, mem: int) -> Request:
 
 
 def queued_job(row: sqlite3.Row) -> QueuedJob:
+    """A waiting row; an elastic job with an asked size (``"1:2:4"``) offered at that size,
+    which it may start below, down to its minimum (``QueuedJob.min_gpus``)."""
+    asked = row["asked_gpus"]
+    request = request_of(row)
+    if asked is not None:
+        request = _shape(float(asked), row["gpu_mem"], row["cpus"], row["mem"])
     return QueuedJob(
         id=row["id"],
         seq=row["seq"],
         submitted=row["submitted"],
-        request=request_of(row),
+        request=request,
         priority=row["priority"],
         owner=row["owner"],
         deadline=row["deadline"],
@@ -96,6 +102,7 @@ def queued_job(row: sqlite3.Row) -> QueuedJob:
         preemptions=row["preemptions"],
         name=row["name"],
         max_gpus=row["max_gpus"],
+        min_gpus=None if asked is None else int(row["gpus"]),
         resume_on=Placement.from_json(json.loads(row["resize_to"])) if row["resize_to"] else None,
     )
 

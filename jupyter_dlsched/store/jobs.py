@@ -66,7 +66,7 @@ class Lifecycle:
     _SPEC_COLUMNS = (
         "name, kind, owner, uid, origin, priority, gpus, gpu_mem, cpus, mem, deadline, "
         "time_limit, retries, preemptible, distributed, after, backend, env, inline, files, "
-        "stage_in"
+        "stage_in, max_gpus, asked_gpus"
     )
 
     def spool(self, job_id: str) -> Path:
@@ -209,8 +209,8 @@ class Lifecycle:
                 """INSERT INTO jobs(id, name, kind, owner, uid, origin, state, priority,
                    gpus, gpu_mem, cpus, mem, deadline, time_limit, retries, preemptible,
                    distributed, after, backend, submitted, env, inline, files, stage_in,
-                   max_gpus, begin, input_bytes)
-                   VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                   max_gpus, asked_gpus, begin, input_bytes)
+                   VALUES(?,?,?,?,?,?,'queued',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 [
                     (
                         job_id,
@@ -237,6 +237,7 @@ class Lifecycle:
                         refs,
                         json.dumps(spec.stage_in),
                         spec.max_gpus,
+                        spec.asked_gpus,
                         spec.begin,
                         size,
                     )

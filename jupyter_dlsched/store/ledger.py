@@ -24,7 +24,8 @@ from ..vocab.units import parse_duration
 _SNAPSHOT_COLUMNS = (
     "id, seq, name, state, submitted, started, priority, owner, deadline, time_limit, preemptible, "
     "attained, preemptions, gpus, gpu_mem, cpus, mem, after, attempts, position, waiting, "
-    "placement, job_pid, preempt_requested, cancel_requested, max_gpus, resize_to, begin,"
+    "placement, job_pid, preempt_requested, cancel_requested, max_gpus, asked_gpus,"
+    " resize_to, begin,"
     " expected_start, start_p80"
 )
 

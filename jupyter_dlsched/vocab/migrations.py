@@ -223,6 +223,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN input_bytes INTEGER;
     ALTER TABLE jobs ADD COLUMN result_bytes INTEGER;
     """,
+    # version 15: the size an elastic job waits in line at (``gpus="1:2:4"``), when above its
+    # minimum (``gpus``); NULL: it waits at its minimum, as before
+    """
+    ALTER TABLE jobs ADD COLUMN asked_gpus INTEGER;
+    """,
 ]
 
 #: The version a ledger has once every migration ran.

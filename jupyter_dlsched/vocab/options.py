@@ -90,7 +90,7 @@ class ResourceOption:
 RESOURCE_OPTIONS: tuple[ResourceOption, ...] = (
     ResourceOption(
         "gpus",
-        "whole GPUs, a share of one (0.5), or an elastic range (1:4)",
+        "whole GPUs, a share of one (0.5), or an elastic range (1:4; 1:2:4 waits in line at 2)",
         "N|0.5|MIN:MAX",
         _gpus,
     ),

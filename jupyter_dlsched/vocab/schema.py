@@ -183,6 +183,8 @@ class JobInfo:
     requeue_of: str | None = None
     # an elastic job's most GPUs (``gpus`` is its minimum); None for a rigid job
     max_gpus: int | None = None
+    # the size an elastic job waits in line at (``"1:2:4"``) when above its minimum, else None
+    asked_gpus: int | None = None
     # the placement (JSON) an elastic job being resized starts again on, until it has
     resize_to: str | None = None
     # epoch seconds before which the job does not start (`--begin`), else None
@@ -212,12 +214,13 @@ class JobInfo:
 
     @property
     def request_text(self) -> str:
-        """``"2 GPU · 8 CPU"``; an elastic job's GPUs as now and its range: ``"2 GPUs (1–4)"``."""
+        """``"2 GPU · 8 CPU"``; an elastic job's GPUs as now (waiting: the size it waits
+        at) and its range: ``"2 GPUs (1–4)"``."""
         text = self.request.describe()
         if self.max_gpus is None:
             return text
         low = int(self.gpus)
-        size = len(self.placement.gpus) if self.placement else low
+        size = len(self.placement.gpus) if self.placement else (self.asked_gpus or low)
         words = f"{size} GPU{'s' if size != 1 else ''} ({low}–{self.max_gpus})"
         return text.replace(f"{low} GPU", words, 1)
 
@@ -247,6 +250,7 @@ class JobInfo:
                 "mem": self.mem,
                 "text": self.request_text,
                 "max_gpus": self.max_gpus,
+                "asked_gpus": self.asked_gpus,
             },
             "devices": self.devices,
             "gpu_mem_granted": list(self.placement.gpu_mem) if self.placement else [],

@@ -141,6 +141,8 @@ class JobSpec:
     stage_in: dict[str, str] = field(default_factory=dict)
     #: an elastic job's most GPUs (``request.gpus`` is its minimum); None for a rigid job
     max_gpus: int | None = None
+    #: the size an elastic job waits in line at (``"1:2:4"``), when above its minimum
+    asked_gpus: int | None = None
     #: epoch seconds before which the job does not start (``--begin``), else None
     begin: float | None = None
     #: a schedule that submits this job again on each of its ticks (``--every``), else None
@@ -184,6 +186,7 @@ def build_spec(
             "and save and restore with dlt.Checkpoint (see docs/elastic.md), or ask for a "
             "fixed number of GPUs",
         )
+    span_text = gpus
     if span is not None:
         gpus = span[0]
     request = _request(gpus, gpu_mem, cpus, mem, capacity)
@@ -194,6 +197,11 @@ def build_spec(
             field_name = "gpu_mem" if gpu_mem is not None else "gpus"
         value = {"gpus": gpus, "gpu_mem": gpu_mem, "cpus": cpus, "mem": mem}[field_name]
         raise SpecError(field_name, value, f"a request this pool can satisfy ({never})")
+    if span is not None and span[1] > span[0]:
+        # it waits in line at the asked size: a size that never fits would wait for nothing
+        never = fits_ever(replace(request, gpus=float(span[1])), capacity)
+        if never:
+            raise SpecError("gpus", span_text, f"an asked size this pool can satisfy ({never})")
     name = check_text(default_name if name is None else name, "name")
     if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= MAX_RETRIES:
         raise SpecError("retries", retries, f"a whole number from 0 to {MAX_RETRIES}")
@@ -216,20 +224,29 @@ def build_spec(
         origin=_printable(origin),
         env=_env(env),
         stage_in=parse_stage_in(stage_in),
-        max_gpus=None if span is None else span[1],
+        max_gpus=None if span is None else span[2],
+        asked_gpus=None if span is None or span[1] == span[0] else span[1],
         begin=_first_begin(begin, every, now),
         every=None if every is None else parse_every(every).text,
     )
 
 
-ELASTIC_WORDS = "a range of whole GPUs MIN:MAX with 1 <= MIN <= MAX, such as '1:4' or (1, 4)"
+ELASTIC_WORDS = (
+    "a range of whole GPUs MIN:MAX with 1 <= MIN <= MAX, such as '1:4' or (1, 4), or "
+    "MIN:ASKED:MAX with the size it waits in line at, such as '1:2:4'"
+)
 
 
-def elastic_range(gpus: object) -> tuple[int, int] | None:
-    """``(min, max)`` of an elastic request (``"1:4"``, ``(1, 4)``), ``None`` for a count.
+def elastic_range(gpus: object) -> tuple[int, int, int] | None:
+    """``(min, asked, max)`` of an elastic request, ``None`` for a count.
 
-    >>> elastic_range("1:4"), elastic_range((2, 8)), elastic_range(2)
-    ((1, 4), (2, 8), None)
+    ``"1:4"`` or ``(1, 4)``: from 1 to 4 GPUs, waiting in line as a 1-GPU job;
+    ``"1:2:4"`` or ``(1, 2, 4)``: the same range, waiting in line as the 2-GPU job
+    it would be rigid, and starting narrower only when its turn comes
+    (``docs/elastic.md``).
+
+    >>> elastic_range("1:4"), elastic_range((2, 8)), elastic_range("1:2:4"), elastic_range(2)
+    ((1, 1, 4), (2, 2, 8), (1, 2, 4), None)
     """
     if isinstance(gpus, str) and ":" in gpus:
         parts: Sequence[object] = gpus.split(":")
@@ -237,7 +254,7 @@ def elastic_range(gpus: object) -> tuple[int, int] | None:
         parts = gpus
     else:
         return None
-    if len(parts) != 2:
+    if len(parts) not in (2, 3):
         raise SpecError("gpus", gpus, ELASTIC_WORDS)
     bounds = []
     for part in parts:
@@ -250,10 +267,11 @@ def elastic_range(gpus: object) -> tuple[int, int] | None:
         if not math.isfinite(number) or not number.is_integer():
             raise SpecError("gpus", gpus, ELASTIC_WORDS)
         bounds.append(int(number))
-    low, high = bounds
-    if not 1 <= low <= high <= MAX_GPUS:
+    low, high = bounds[0], bounds[-1]
+    asked = bounds[1] if len(bounds) == 3 else low
+    if not 1 <= low <= asked <= high <= MAX_GPUS:
         raise SpecError("gpus", gpus, ELASTIC_WORDS + f", MAX at most {MAX_GPUS}")
-    return low, high
+    return low, asked, high
 
 
 def _first_begin(begin: object, every: object, now: float | None) -> float | None:

@@ -8,6 +8,7 @@ grows it back when that job ends, each time by checkpoint and restart.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -110,6 +111,82 @@ def test_a_range_can_be_given_as_a_tuple_and_is_kept_in_the_ledger(home):
         info = handle.info()
         assert (info.gpus, info.max_gpus) == (1.0, 2)
         handle.cancel()
+
+
+def until_file(path: str) -> str:
+    import os
+    import time
+    from pathlib import Path
+
+    while not Path(path).exists():
+        time.sleep(0.05)
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+
+def test_an_asked_size_waits_in_line_at_that_size_where_a_bare_range_jumps_ahead(
+    home, tmp_path, monkeypatch
+):
+    # four GPUs, three held; a 4-GPU job waits first in line; first fit starts what fits
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "4x16GiB")
+    release = tmp_path / "release"
+    with Scheduler(home, policy="fifo-ff", lease_ttl=3, grace=5, resize_every=3600) as s:
+        blocker = s.submit(until_file, str(release), gpus=3, cpus=0.25)
+        wait_for(lambda: blocker.state == "running", 30)
+        wide = s.submit(hold, 0.5, gpus=4, cpus=0.25)
+        asked = s.submit(hold, 0.5, gpus="1:2:4", cpus=0.25, preemptible=True)
+        # in line as the 2-GPU job it would be: one GPU is free, and it does not take it
+        wait_for(lambda: asked.info().waiting and wide.info().waiting, 30)
+        info = asked.info()
+        assert (info.state, info.gpus, info.asked_gpus, info.max_gpus) == ("queued", 1.0, 2, 4)
+        assert info.request_text.startswith("2 GPUs (1–4)")
+        assert info.waiting == "waiting for 2 GPUs"
+        assert info.to_json()["request"]["asked_gpus"] == 2
+        # a bare range waits in line at its minimum: it takes that GPU, ahead of both
+        bare = s.submit(hold, 0.5, gpus="1:4", cpus=0.25, preemptible=True)
+        wait_for(lambda: bare.state in ("running", "succeeded"), 30)
+        assert asked.state == "queued"
+        assert bare.result(timeout=30) == "3"
+        release.touch()
+        assert asked.result(timeout=60) == "0,1,2,3"  # alone at last: it grew to its maximum
+        # it started after the job ahead of it in line ended, not before
+        assert asked.info().started >= wide.info().finished
+        assert bare.info().started < wide.info().started
+
+
+def test_an_asked_size_starts_narrower_first_in_line(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "4x16GiB")
+    release = tmp_path / "release"
+    with Scheduler(home, lease_ttl=3, grace=5, resize_every=3600) as s:
+        blocker = s.submit(until_file, str(release), gpus=3, cpus=0.25)
+        wait_for(lambda: blocker.state == "running", 30)
+        # first in line, its 2 GPUs not free: it starts on the one GPU nobody waits for
+        asked = s.submit(until_file, str(release), gpus=(1, 2, 4), cpus=0.25, preemptible=True)
+        wait_for(lambda: asked.state == "running", 30, what=lambda: asked.info())
+        assert len(asked.info().placement.gpus) == 1
+        release.touch()
+        assert len(asked.result(timeout=60).split(",")) == 1
+        assert blocker.result(timeout=60)
+
+
+def test_an_asked_size_outside_the_range_or_the_pool_is_refused(home):
+    with Scheduler(home, loop=False) as s:
+        for gpus, words in (
+            ("1:3:2", "MIN:ASKED:MAX"),
+            ((2, 1, 4), "MIN:ASKED:MAX"),
+            ("1:2:3:4", "MIN:ASKED:MAX"),
+            ("1:3:4", "an asked size this pool can satisfy (requests 3 GPUs; this pool has 2)"),
+        ):
+            with pytest.raises(SpecError, match=re.escape(words)):
+                s.submit(hold, 0.1, gpus=gpus, cpus=0.25, preemptible=True)
+        assert s.jobs() == []
+
+
+def test_a_requeued_elastic_job_keeps_its_range_and_asked_size(home):
+    with Scheduler(home, loop=False) as s:
+        handle = s.submit(hold, 0.1, gpus="1:2:2", cpus=0.25, preemptible=True)
+        handle.cancel()
+        again = s.requeue(handle.id).info()
+        assert (again.gpus, again.asked_gpus, again.max_gpus) == (1.0, 2, 2)
 
 
 def test_no_resize_within_resize_every_on_a_live_pool(home, tmp_path):

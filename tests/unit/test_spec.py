@@ -194,3 +194,36 @@ def test_names_in_any_script_are_kept():
 def test_a_gpu_job_that_names_no_cpus_takes_its_gpus_share_of_the_cores(cores, asked, cpus):
     pool = Capacity.empty(n_gpus=4, gpu_mem=16 * GiB, cpus=cores, mem=64 * GiB)
     assert build_spec(capacity=pool, **asked).request.cpus == cpus
+
+
+@pytest.mark.parametrize(
+    ("gpus", "kept"),
+    [
+        ("1:2", (1.0, None, 2)),  # a bare range waits in line at its minimum
+        ((1, 2), (1.0, None, 2)),
+        ("1:2:2", (1.0, 2, 2)),  # the size it waits in line at, kept when above the minimum
+        ((1, 1, 2), (1.0, None, 2)),
+        (" 1 : 2 : 2 ", (1.0, 2, 2)),
+    ],
+)
+def test_an_elastic_range_keeps_its_minimum_asked_size_and_maximum(gpus, kept):
+    made = spec(gpus=gpus, preemptible=True)
+    assert (made.request.gpus, made.asked_gpus, made.max_gpus) == kept
+
+
+@pytest.mark.parametrize(
+    ("gpus", "words"),
+    [
+        ("2:1:2", "MIN:ASKED:MAX"),
+        ("1:3:2", "MIN:ASKED:MAX"),
+        ("1:2:2:2", "MIN:ASKED:MAX"),
+        ("1::2", "MIN:ASKED:MAX"),
+        ((1, True, 2), "MIN:ASKED:MAX"),
+        ((1, 1.5, 2), "MIN:ASKED:MAX"),
+        ("1:3:3", "an asked size this pool can satisfy (requests 3 GPUs; this pool has 2)"),
+    ],
+)
+def test_a_bad_asked_size_is_refused_naming_the_field(gpus, words):
+    with pytest.raises(SpecError, match="gpus=") as err:
+        spec(gpus=gpus, preemptible=True)
+    assert words in str(err.value)
