@@ -42,7 +42,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..policy import Decisions, Policy, PresortedQueue, QueuedJob, RunningJob, submit_order
-from ..policy.base import Room, nothing_fits
+from ..policy.base import Room, RunningSet, nothing_fits
 from ..vocab.resources import Capacity, Request
 from .run_times import RunTimes as RunTimes
 
@@ -302,6 +302,12 @@ def _pass(
         else len({j.priority for j in waiting}) <= 1 and all(j.deadline is None for j in waiting)
     )
     by_id = {j.id: j for j in waiting}
+    # running jobs kept by rank, as the simulator keeps them, for a preemptive policy that
+    # offers an index: it need not rank every running job at every step
+    ranks = _ranks_for(policy, presorted, running)
+    if ranks is not None:
+        for held in live.values():
+            ranks.add(held)
     started: dict[str, float] = {}
     left = set(targets) if targets is not None else None
     preemptive = bool(getattr(policy, "preempt", False))
@@ -322,7 +328,8 @@ def _pass(
                 sizes=sizes,
                 shapes=shapes,
             )
-            decisions = policy(offered, list(live.values()), capacity, t)
+            holding = list(live.values()) if ranks is None else RunningSet(live.values(), ranks)
+            decisions = policy(offered, holding, capacity, t)
             calls += 1
         for start in decisions.starts:
             if start.job_id not in by_id:
@@ -365,6 +372,8 @@ def _pass(
                 name=job.name,
             )
             ends[job.id] = t + length
+            if ranks is not None:
+                ranks.add(live[job.id])
         for preempt in decisions.preempts:
             victim = live.get(preempt.job_id)
             if victim is None or preempt.job_id in stopping:
@@ -372,6 +381,9 @@ def _pass(
             stopping.add(victim.id)
             ends[victim.id] = min(ends[victim.id], t + grace)
             live[victim.id] = replace(victim, stopping=True)
+            if ranks is not None:
+                ranks.remove(victim)
+                ranks.add(live[victim.id])
         if left is not None and not left:
             break
         if decisions.starts and preemptive and waiting and again < 16:
@@ -390,6 +402,8 @@ def _pass(
         for job_id in [j for j, e in ends.items() if e <= t]:
             ended = live.pop(job_id)
             del ends[job_id]
+            if ranks is not None:
+                ranks.remove(ended)
             capacity = capacity.give_back(ended.placement)
             if job_id in stopping:
                 stopping.discard(job_id)
@@ -406,6 +420,17 @@ def _pass(
                     shapes = None
                 counts[back.request] = counts.get(back.request, 0) + 1
     return started, refresh, calls
+
+
+def _ranks_for(policy: Policy, queue: PresortedQueue | None, running: Sequence[RunningJob]) -> Any:
+    """A fresh index of running jobs by rank (``policy.running_ranks``), where the simulator
+    would keep one: a queue of whole GPUs only, and running jobs on whole GPUs; else None."""
+    factory = getattr(policy, "running_ranks", None)
+    if not callable(factory) or queue is None or not queue.gpu_only:
+        return None
+    if any(r.placement.shared or not float(r.request.gpus).is_integer() for r in running):
+        return None
+    return factory()
 
 
 def _seconds_before(job: QueuedJob | RunningJob) -> float:

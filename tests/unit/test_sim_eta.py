@@ -7,6 +7,7 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,36 @@ def test_estimates_kept_between_arrivals_are_those_a_forecast_from_scratch_gives
         assert [j.finish for j in kept.jobs] == [j.finish for j in scratch.jobs], seed
         deep += sum(e.expected is None for e in kept.eta.estimates.values())
     assert (deep > 0) == (ahead_limit is not None)
+
+
+@pytest.mark.parametrize("policy", ["las", "gittins", "srtf"])
+def test_a_forecast_over_running_jobs_kept_by_rank_makes_the_estimates_of_ranking_afresh(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a preemptive policy's forecast keeps the running jobs in the policy's rank index, as
+    # the simulator does, instead of ranking every one of them at every step: not one
+    # estimate may differ from a forecast that ranks them afresh
+    kept_used = 0
+    made = forecast_replay._ranks_for
+
+    def counted(*args: Any) -> Any:
+        nonlocal kept_used
+        ranks = made(*args)
+        kept_used += ranks is not None
+        return ranks
+
+    for seed in range(6):
+        jobs = [
+            replace(job, gpus=max(1, round(job.gpus))) for job in _random_trace(seed)
+        ]  # whole GPUs only: where the index is kept
+        with monkeypatch.context() as patched:
+            patched.setattr(forecast_replay, "_ranks_for", counted)
+            kept = simulate(jobs, policy, 4, restart_overhead=30, estimates=True)
+        with monkeypatch.context() as patched:
+            patched.setattr(forecast_replay, "_ranks_for", lambda *args: None)
+            afresh = simulate(jobs, policy, 4, restart_overhead=30, estimates=True)
+        assert kept.eta is not None and afresh.eta is not None
+        assert len(kept.eta.estimates) > 20
+        assert kept.eta.estimates == afresh.eta.estimates, seed
+        assert [j.finish for j in kept.jobs] == [j.finish for j in afresh.jobs], seed
+    assert kept_used > 0
