@@ -19,7 +19,6 @@ import bisect
 import heapq
 import math
 from collections.abc import Sequence
-from itertools import accumulate
 from typing import Any
 
 from ..vocab.resources import Capacity, Placement
@@ -167,14 +166,13 @@ class RankedPreemption:
         those of stopping jobs and those of victims ranked strictly worse than it are
         enough (``_plan_by_rank`` keeps the others before it places the job).
         """
-        ranks = [key[0] for key, _ in holders]
-        # whole GPUs of holders[i:], for every i
-        sizes = [r.request.whole_gpus for _, r in reversed(holders)]
-        worse_gpus = list(accumulate(sizes, initial=0))[::-1]
+        # asked of a job or two per plan, mostly ranked worse than half the holders: the
+        # holders are neither listed by rank nor summed in full for them
+        worse_gpus = _GpusFrom(holders)
         room = Room(capacity)
         blocked = False
         for job in ordered:
-            worse = worse_gpus[bisect.bisect_right(ranks, self.queued_rank(job))]
+            worse = worse_gpus(bisect.bisect_right(holders, self.queued_rank(job), key=_rank_of))
             reachable = room.whole + stopping_gpus + worse
             if reachable < smallest:
                 break
@@ -348,6 +346,27 @@ class RankedPreemption:
             for job in ordered:
                 if job.id not in started and job.id not in planned_for:
                     out.waiting[job.id] = describe_shortfall(job.request, now_room.capacity)
+
+
+class _GpusFrom:
+    """Whole GPUs of ``holders[i:]``, summed from the back only as far as asked."""
+
+    __slots__ = ("holders", "sums")
+
+    def __init__(self, holders: list[tuple[tuple[float, int], RunningJob]]) -> None:
+        self.holders = holders
+        self.sums = [0]  # sums[k]: GPUs of the last k holders
+
+    def __call__(self, i: int) -> int:
+        holders, sums = self.holders, self.sums
+        n = len(holders)
+        while len(sums) <= n - i:
+            sums.append(sums[-1] + holders[n - len(sums)][1].request.whole_gpus)
+        return sums[n - i]
+
+
+def _rank_of(holder: tuple[tuple[float, int], RunningJob]) -> float:
+    return holder[0][0]
 
 
 def ranked_holders(
