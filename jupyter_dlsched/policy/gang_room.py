@@ -8,8 +8,6 @@ and shares the few states each GPU goes through.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from ..vocab.placement import place
 from ..vocab.resources import Capacity, GpuFree, Placement, Request
 
@@ -64,34 +62,6 @@ class GangRoom:
 
     def give_back(self, placement: Placement) -> None:
         self._apply(placement, -1)
-
-    def give_back_all(self, placements: Iterable[Placement]) -> None:
-        """``give_back`` of each of ``placements``, in one loop (a plan returns hundreds)."""
-        gpus, steps, whole = self.gpus, _GPU_RETURNED, self.whole
-        for placement in placements:
-            if placement.shared or placement.cpus or placement.mem:
-                raise ValueError("GangRoom holds whole GPUs only")
-            for i, mem in zip(placement.gpus, placement.gpu_mem, strict=False):
-                g = gpus[i]
-                step = steps.get(id(g))
-                gpus[i] = step[2] if step is not None and step[1] == mem else _step(g, mem, -1)
-            whole += len(placement.gpus)
-        self.whole = whole
-        self._capacity = None
-
-    def keep(self, placement: Placement) -> bool:
-        """Take ``placement`` back if none of its GPUs was granted since; whether it was."""
-        gpus, steps = self.gpus, _GPU_TAKEN
-        for i in placement.gpus:
-            if gpus[i].jobs:
-                return False
-        for i, mem in zip(placement.gpus, placement.gpu_mem, strict=False):
-            g = gpus[i]
-            step = steps.get(id(g))
-            gpus[i] = step[2] if step is not None and step[1] == mem else _step(g, mem, +1)
-        self.whole -= len(placement.gpus)
-        self._capacity = None
-        return True
 
     def _apply(self, placement: Placement, sign: int) -> None:
         # the arithmetic of Capacity.take / give_back, on the granted GPUs only

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..vocab.resources import Capacity, Placement
 from .base import Decisions, GangRoom, Preempt, QueuedJob, Room, RunningJob, Start
+from .held_plan import HeldPlan
 from .ranks import RunningRanks
 from .shortfall import describe_shortfall
 
@@ -165,14 +166,13 @@ class RankedPreemption:
         those of stopping jobs and those of victims ranked strictly worse than it are
         enough (``_plan_by_rank`` keeps the others before it places the job).
         """
-        ranks = [key[0] for key, _ in holders]
-        worse_gpus = [0] * (len(holders) + 1)
-        for i in range(len(holders) - 1, -1, -1):
-            worse_gpus[i] = worse_gpus[i + 1] + holders[i][1].request.whole_gpus
+        # asked of a job or two per plan, mostly ranked worse than half the holders: the
+        # holders are neither listed by rank nor summed in full for them
+        worse_gpus = _GpusFrom(holders)
         room = Room(capacity)
         blocked = False
         for job in ordered:
-            worse = worse_gpus[bisect.bisect_right(ranks, self.queued_rank(job))]
+            worse = worse_gpus(bisect.bisect_right(holders, self.queued_rank(job), key=_rank_of))
             reachable = room.whole + stopping_gpus + worse
             if reachable < smallest:
                 break
@@ -284,11 +284,12 @@ class RankedPreemption:
             best = -math.inf if ordered[0].id in promoted else self.queued_rank(ordered[0])
             while h < len(holders) and holders[h][0][0] <= best:
                 h += 1
-        held = sum(len(r.placement.gpus) for _, r in holders[:h])
-        kept = {id(r) for _, r in holders[:h]}
-        if isinstance(plan, GangRoom):
-            plan.give_back_all(r.placement for _, _, r in victims if id(r) not in kept)
-        else:
+        # on whole GPUs the holders not yet passed stay held and count as free (HeldPlan);
+        # elsewhere every holder ranked worse than the first waiting job lets go now
+        lazy = HeldPlan(plan, holders, h) if isinstance(plan, GangRoom) else None
+        held = 0 if lazy is None else lazy.gpus_before(h)
+        if lazy is None:
+            kept = {id(r) for _, r in holders[:h]}
             for _, _, r in victims:
                 if id(r) not in kept:
                     plan.give_back(r.placement)
@@ -298,15 +299,18 @@ class RankedPreemption:
         blocked = False
         lean = smallest > 0
         for job in ordered:
-            if lean and plan.whole + held < smallest:
+            if lean and (plan.whole if lazy is None else lazy.whole) + held < smallest:
                 break
             held = 0
             rank = -math.inf if job.id in promoted else self.queued_rank(job)
-            while h < len(holders) and holders[h][0][0] <= rank:
+            if lazy is not None:
+                lazy.pass_to(rank, displaced)
+            while lazy is None and h < len(holders) and holders[h][0][0] <= rank:
                 _keep_or_displace(holders[h][1], plan, displaced)
                 h += 1
             if blocked and not self.skip:
                 break
+            # a job that fits in what is free now lands on no holder's GPUs
             placement = now_room.place(job.request)
             if placement is not None and _fits(plan, placement):
                 now_room.take(placement)
@@ -314,19 +318,24 @@ class RankedPreemption:
                 out.starts.append(Start(job.id, placement))
                 started.add(job.id)
                 continue
-            planned = _place_sparing(plan, job.request, holders, h)
+            if lazy is not None:
+                found = lazy.place_sparing(job.request)
+                planned = None if found is None else found[0]
+                if found is not None:
+                    lazy.take(*found)
+            else:
+                planned = _place_sparing(plan, job.request, holders, h)
+                if planned is not None:
+                    plan.take(planned)
             if planned is None:
                 blocked = True
                 continue
-            plan.take(planned)
             _reserve(now_room, planned)
             planned_for[job.id] = "waiting for preempted jobs to stop"
-        if isinstance(plan, GangRoom):
-            # nothing is placed after the last holders: the plan is not read again, and
-            # their devices (whole GPUs, apart from each other's) are free in it unless
-            # a planned job took them, so they are tested without being taken back
-            displaced.extend(r for _, r in holders[h:] if not _fits(plan, r.placement))
-        while h < len(holders) and not isinstance(plan, GangRoom):
+        if lazy is not None:
+            # nothing is placed after the last holders: the plan is not read again
+            displaced.extend(lazy.displaced_rest())
+        while lazy is None and h < len(holders):
             _keep_or_displace(holders[h][1], plan, displaced)
             h += 1
         for r in displaced:
@@ -339,6 +348,27 @@ class RankedPreemption:
                     out.waiting[job.id] = describe_shortfall(job.request, now_room.capacity)
 
 
+class _GpusFrom:
+    """Whole GPUs of ``holders[i:]``, summed from the back only as far as asked."""
+
+    __slots__ = ("holders", "sums")
+
+    def __init__(self, holders: list[tuple[tuple[float, int], RunningJob]]) -> None:
+        self.holders = holders
+        self.sums = [0]  # sums[k]: GPUs of the last k holders
+
+    def __call__(self, i: int) -> int:
+        holders, sums = self.holders, self.sums
+        n = len(holders)
+        while len(sums) <= n - i:
+            sums.append(sums[-1] + holders[n - len(sums)][1].request.whole_gpus)
+        return sums[n - i]
+
+
+def _rank_of(holder: tuple[tuple[float, int], RunningJob]) -> float:
+    return holder[0][0]
+
+
 def ranked_holders(
     victims: list[tuple[float, int, RunningJob]],
 ) -> list[tuple[tuple[float, int], RunningJob]]:
@@ -348,7 +378,7 @@ def ranked_holders(
 
 def _victims_for(
     job: QueuedJob,
-    plan: Room,
+    plan: Room | GangRoom,
     victims: list[tuple[float, int, RunningJob]],
     rank: float,
 ) -> list[RunningJob] | None:
@@ -403,28 +433,10 @@ def _place_sparing(
     whole = request.whole_gpus
     trial = plan.copy()
     taken: list[Placement] = []
-    if isinstance(plan, GangRoom) and isinstance(trial, GangRoom):
-        # whole GPUs only, so the holders' devices are disjoint and taking one holder's
-        # leaves another's as free as in ``plan``: the walk below would hand back every
-        # holder past the point where fewer than ``whole`` GPUs are left without trying
-        # to place there, so the trial takes only the holders before that point
-        spare = plan.whole - whole
-        for _, r in holders[h:]:
-            n = len(r.placement.gpus)
-            if n > spare:
-                if _fits(plan, r.placement):
-                    break
-                continue
-            if trial.keep(r.placement):  # free in the trial as in the plan: disjoint
-                taken.append(r.placement)
-                spare -= n
-        if not taken:
-            return anywhere  # the trial is the plan
-    else:
-        for _, r in holders[h:]:
-            if _fits(trial, r.placement):
-                trial.take(r.placement)
-                taken.append(r.placement)
+    for _, r in holders[h:]:
+        if _fits(trial, r.placement):
+            trial.take(r.placement)
+            taken.append(r.placement)
     while True:
         if trial.whole >= whole:
             spot = trial.place(request)
@@ -453,10 +465,7 @@ def _fits(room: Room | GangRoom, placement: Placement) -> bool:
 
 def _keep_or_displace(job: RunningJob, plan: Room | GangRoom, displaced: list[RunningJob]) -> None:
     """A running job keeps its devices in the plan if nobody better-ranked took them."""
-    if isinstance(plan, GangRoom):
-        if not plan.keep(job.placement):
-            displaced.append(job)
-    elif _fits(plan, job.placement):
+    if _fits(plan, job.placement):
         plan.take(job.placement)
     else:
         displaced.append(job)
