@@ -185,6 +185,7 @@ def test_a_requeued_elastic_job_keeps_its_range_and_asked_size(home):
     with Scheduler(home, loop=False) as s:
         handle = s.submit(hold, 0.1, gpus="1:2:2", cpus=0.25, preemptible=True)
         handle.cancel()
+        wait_for(lambda: handle.info().done, 30)  # it may have started: it ends first
         again = s.requeue(handle.id).info()
         assert (again.gpus, again.asked_gpus, again.max_gpus) == (1.0, 2, 2)
 
