@@ -85,9 +85,11 @@ def queued_job(row: sqlite3.Row) -> QueuedJob:
     """A waiting row; an elastic job with an asked size (``"1:2:4"``) offered at that size,
     which it may start below, down to its minimum (``QueuedJob.min_gpus``)."""
     asked = row["asked_gpus"]
-    request = request_of(row)
-    if asked is not None:
-        request = _shape(float(asked), row["gpu_mem"], row["cpus"], row["mem"])
+    request = (
+        request_of(row)
+        if asked is None
+        else _shape(float(asked), row["gpu_mem"], row["cpus"], row["mem"])
+    )
     return QueuedJob(
         id=row["id"],
         seq=row["seq"],

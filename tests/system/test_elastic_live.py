@@ -231,6 +231,17 @@ def test_the_cli_takes_a_range_shows_it_in_the_queue_and_refuses_a_job_that_cann
     assert [(r["request"]["text"].split(" · ")[0], r["request"]["max_gpus"]) for r in rows] == [
         ("2 GPUs (1–2)", 2)
     ]
+    # an asked size: the job waits in line (both GPUs are held) at it, shown with its range
+    asked = dlsched(
+        "submit", "--gpus", "1:2:2", "--preemptible", "--cpus", "0.25", "--", "sleep", "30"
+    ).stdout.strip()
+    rows = {r["id"]: r for r in json.loads(dlsched("queue", "--json").stdout)}
+    request = rows[asked]["request"]
+    assert (request["gpus"], request["asked_gpus"], request["max_gpus"]) == (1.0, 2, 2)
+    assert request["text"].startswith("2 GPUs (1–2)")
+    too_wide = dlsched("submit", "--gpus", "1:3:3", "--preemptible", "--", "true")
+    assert too_wide.returncode == 2 and "an asked size this pool can satisfy" in too_wide.stderr
+    assert dlsched("cancel", asked).returncode == 0
     assert dlsched("cancel", job_id).returncode == 0
 
 

@@ -57,6 +57,17 @@ def _decide(policy: LasPolicy, queued, running, capacity, room) -> Decisions:
     return out
 
 
+def _assert_plans_agree(queued, running, capacity, skip) -> None:
+    """A plan by rank on whole GPUs in place (``GangRoom``, ``HeldPlan``) decides as one on
+    ``Room``: the same starts, preemptions and waiting reasons."""
+    policy = LasPolicy(thresholds=(100.0, 1000.0), min_run=0.0, skip=skip)
+    gang = _decide(policy, queued, running, capacity, GangRoom)
+    room = _decide(policy, queued, running, capacity, Room)
+    assert gang.starts == room.starts
+    assert gang.preempts == room.preempts
+    assert gang.waiting == room.waiting
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n_gpus=st.sampled_from([4, 8, 16]),
@@ -74,12 +85,7 @@ def test_a_plan_on_whole_gpus_changed_in_place_decides_as_one_on_room(
         QueuedJob(f"q{i}", 100 + i, 5.0, Request(gpus=g, cpus=0), preemptible=True, attained=a)
         for i, (g, a) in enumerate(queued_rows)
     ]
-    policy = LasPolicy(thresholds=(100.0, 1000.0), min_run=0.0, skip=skip)
-    gang = _decide(policy, queued, running, capacity, GangRoom)
-    room = _decide(policy, queued, running, capacity, Room)
-    assert gang.starts == room.starts
-    assert gang.preempts == room.preempts
-    assert gang.waiting == room.waiting
+    _assert_plans_agree(queued, running, capacity, skip)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -108,9 +114,4 @@ def test_a_plan_that_keeps_holders_until_displaced_decides_as_one_on_room_on_isl
         )
         for i, (g, a, mem) in enumerate(queued_rows)
     ]  # fmt: skip
-    policy = LasPolicy(thresholds=(100.0, 1000.0), min_run=0.0, skip=skip)
-    gang = _decide(policy, queued, running, capacity, GangRoom)
-    room = _decide(policy, queued, running, capacity, Room)
-    assert gang.starts == room.starts
-    assert gang.preempts == room.preempts
-    assert gang.waiting == room.waiting
+    _assert_plans_agree(queued, running, capacity, skip)
