@@ -56,6 +56,7 @@ class Dashboard(w.VBox):
         self.history_seconds = parse_duration(history, "history")
         self.recent = int(recent)
         self.rows: dict[str, QueueRow] = {}
+        self._free_rows: list[QueueRow] = []
         self._refresh_lock = threading.RLock()
         self.history = History()
         self.closed = False
@@ -286,12 +287,15 @@ class Dashboard(w.VBox):
             (j for j in active if j.state in WAITING), key=lambda j: (j.position or 10**9, j.seq)
         )
         shown = {j.id for j in [*active, *finished]}
-        for job_id in [i for i in self.rows if i not in shown]:
-            del self.rows[job_id]
+        # rows of jobs no longer shown wait, out of sight, for the next job that needs a row
+        # (never closed: see QueueRow); there are never more than the tables once showed
+        self._free_rows.extend(self.rows.pop(i) for i in [i for i in self.rows if i not in shown])
         for job in [*running, *waiting, *finished]:
             row = self.rows.get(job.id)
             if row is None:
-                row = self.rows[job.id] = QueueRow(self, job.id)
+                row = self._free_rows.pop() if self._free_rows else QueueRow(self, job.id)
+                self.rows[job.id] = row
+                row.job_id = job.id
             row.update(job, now)
         self._set_children(
             self.active_table,

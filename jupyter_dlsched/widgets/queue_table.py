@@ -63,7 +63,12 @@ def cell_html(html: str, tooltip: str) -> str:
 
 
 class QueueRow:
-    """The widgets of one job's row; ``update(job)`` changes only what changed."""
+    """The widgets of one job's row; ``update(job)`` changes only what changed.
+
+    A row outlives its job: the dashboard hands it to the next job that needs a row
+    (``job_id`` changes, the buttons act on the new job), so the widgets a kernel holds,
+    and a reloaded page must ask for one by one, do not grow with every job it ran.
+    """
 
     def __init__(self, dashboard: RowActions, job_id: str) -> None:
         self.job_id = job_id
@@ -83,10 +88,10 @@ class QueueRow:
             layout=w.Layout(**{**BUTTON_LAYOUT, "width": "36px"}),
         )
         # asks first, as every view does before it stops work (UI.md)
-        self.cancel_button.on_click(lambda _: dashboard.ask_cancel(job_id))
-        self.up_button.on_click(lambda _: dashboard.change_priority(job_id, +PRIORITY_STEP))
-        self.down_button.on_click(lambda _: dashboard.change_priority(job_id, -PRIORITY_STEP))
-        self.log_button.on_click(lambda _: dashboard.show_log(job_id))
+        self.cancel_button.on_click(lambda _: dashboard.ask_cancel(self.job_id))
+        self.up_button.on_click(lambda _: dashboard.change_priority(self.job_id, +PRIORITY_STEP))
+        self.down_button.on_click(lambda _: dashboard.change_priority(self.job_id, -PRIORITY_STEP))
+        self.log_button.on_click(lambda _: dashboard.show_log(self.job_id))
         self.actions = w.HBox(
             [self.cancel_button, self.up_button, self.down_button, self.log_button],
             layout=w.Layout(flex_flow="row nowrap", min_width="max-content"),

@@ -465,3 +465,32 @@ def test_a_running_jobs_output_names_the_job_for_jupyterlabs_line_and_says_when_
     assert ended[JOB_MIME] == {"id": handle.id, "ended": True}
     assert "application/vnd.jupyter.widget-view+json" not in ended
     assert "done in" in ended["text/html"]
+
+
+def test_the_dashboard_reuses_its_rows_so_the_widgets_a_page_restores_stay_few(sched):
+    # Every widget lives on in the kernel until closed, and a page reloaded beside it asks
+    # for each one's state before it shows any. A row per job ever shown made that list
+    # grow with every job (ten widgets a job); rows that leave the table now go to the
+    # next job instead, and none is closed under a page that may be restoring it.
+    import gc
+    import weakref
+
+    board = dashboard(sched, live=False, recent=2)
+    seen: dict[str, weakref.ref] = {}  # by model id: every widget a row ever showed
+    for _ in range(3):
+        for handle in [sched.submit(time.sleep, 0, gpus=1) for _ in range(3)]:
+            handle.wait(timeout=60)
+        board.refresh(force=True)
+        seen.update(
+            (w.model_id, weakref.ref(w)) for row in board._shown_rows() for w in row.widgets
+        )
+        gc.collect()
+        closed = [m for m, ref in seen.items() if ref() is None or ref().comm is None]
+        assert not closed, f"{len(closed)} widgets of rows closed by a refresh"
+    assert board.recent_box.get_title(0) == "recent (2)"
+    assert len(seen) == 2 * len(board._shown_rows()[0].widgets)  # two rows, reused
+    # a reused row's buttons act on the job it shows now
+    for job_id, row in board.rows.items():
+        row.log_button.click()
+        assert row.job_id == job_id and job_id in board.log_title.value
+    board.close()
