@@ -535,3 +535,25 @@ def test_the_kept_rank_index_keeps_the_minimum_run_time_as_ranking_afresh(
             pytest.approx(b.finish),
             pytest.approx(b.held),
         )
+
+
+@pytest.mark.skipif(not PHILLY.exists(), reason="the Philly trace is not next to the checkout")
+def test_the_priority_against_fifo_script_marks_the_slices_above_fifo(tmp_path):
+    script = Path(__file__).parents[2] / "benchmarks" / "priority_vs_fifo.py"
+    out = tmp_path / "out.json"
+    run = subprocess.run(
+        [sys.executable, str(script), "--trace", str(PHILLY), "--slice", "e13805/48"]
+        + ["--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    figures = json.loads(out.read_text())["e13805/48"]
+    fifo, ff = figures["fifo"], figures["fifo-ff"]
+    assert figures["priority, learn_sizes=False"] == fifo  # no time limits: fifo exactly
+    assert ff[0] > fifo[0]  # first fit is above fifo in average on this slice
+    row = next(line for line in run.stdout.splitlines() if line.startswith("| e13805/48 |"))
+    assert row.endswith(f"| {ff[0]:.2f} / {ff[1]:.1f} A |")
+    assert "above fifo, fifo-ff: 1 of 1 (e13805/48 A)" in run.stdout
+    assert "above fifo, priority, learn_sizes=False: 0 of 1 (none)" in run.stdout
