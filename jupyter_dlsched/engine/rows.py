@@ -127,6 +127,7 @@ def running_job(row: sqlite3.Row, now: float) -> RunningJob:
         priority=row["priority"],
         owner=row["owner"],
         time_limit=row["time_limit"],
+        deadline=row["deadline"],
         preemptible=bool(row["preemptible"]) and not ended,
         attained=row["attained"],
         name=row["name"],

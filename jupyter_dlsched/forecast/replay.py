@@ -366,6 +366,7 @@ def _pass(
                 priority=job.priority,
                 owner=job.owner,
                 time_limit=job.time_limit,
+                deadline=job.deadline,
                 preemptible=job.preemptible,
                 attained=job.attained,
                 remaining=None if job.remaining is None else length,

@@ -74,6 +74,8 @@ class RunningJob:
     # ``None``: a rigid job
     min_gpus: int | None = None
     max_gpus: int | None = None
+    #: when it should end by (a tie-break of ``priority``'s order, as while it waited)
+    deadline: float | None = None
 
     @property
     def expected_end(self) -> float | None:

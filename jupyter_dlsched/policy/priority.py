@@ -7,6 +7,8 @@ does not fit gets a reservation: the devices it will take when running jobs
 end (their ``time_limit`` tells when). Jobs behind it may still start
 (backfill) if they end before that moment, or if they only use what the
 reservation leaves free, so a blocked big job is never delayed by small ones.
+Preemptible jobs that started on learnt run times and would now keep it from
+the start fifo would give it are taken back (``reclaim``).
 """
 
 from __future__ import annotations
@@ -79,7 +81,13 @@ class PriorityPolicy:
       back: the first always; each of the next ones that is wider than the
       first, since it needs some of the devices the first leaves to
       backfill, where one long job would hold it back long after the first
-      started. ``1`` is plain EASY backfill.
+      started. ``1`` is plain EASY backfill;
+    * ``reclaim=True``: jobs of the first blocked job's priority, submitted
+      after it and ``preemptible``, that started while it waited (backfill's
+      bet that the jobs it waits for end in time) are stopped, the latest
+      started first, once the free devices and theirs would let it start:
+      when plain fifo would have started it. Where the bet fails, it then
+      waits no longer than under fifo. ``False``: it waits for them.
 
     >>> PriorityPolicy(preempt=True).preempt_grace
     30.0
@@ -97,6 +105,7 @@ class PriorityPolicy:
     group_min: int = 3
     end_quantile: float = 0.5
     reserve_depth: int = 4
+    reclaim: bool = True
     name: str = "priority"
     #: backfill reads declared time limits (the simulator says when those are true durations)
     reads_time_limits = True
@@ -117,6 +126,24 @@ class PriorityPolicy:
         if time_limit is not None:
             return time_limit
         return self._sizes.estimate(owner, name)
+
+    def _behind(self, head: QueuedJob, now: float) -> Callable[[RunningJob], bool]:
+        """Whether a running job of ``head``'s priority was submitted after it and would
+        wait behind it if it waited again (its priority aged from its submission, as a
+        preempted job's is). Jobs of other priorities are ``preempt``'s business."""
+        ahead = self.sort_key(head, now)
+
+        def behind(r: RunningJob) -> bool:
+            if r.priority != head.priority or r.seq < head.seq:
+                return False
+            aged: float = r.priority
+            if self.aging_interval > 0:
+                waited = max(0.0, now - r.submitted)
+                aged += self.aging_step * math.floor(waited / self.aging_interval)
+            deadline = r.deadline if r.deadline is not None else math.inf
+            return (-aged, deadline, r.seq) > ahead
+
+        return behind
 
     def effective_priority(self, job: QueuedJob, now: float) -> float:
         if self.aging_interval <= 0:
@@ -291,6 +318,13 @@ class PriorityPolicy:
                 if now - job.submitted < self.reserve_after:
                     continue  # not waited long enough to hold resources back: first fit
                 head = job
+                if self.reclaim and self.backfill:
+                    victims = _reclaim(job, running, room, self._behind(job, now))
+                    if victims is not None:
+                        for r in victims:
+                            out.preempts.append(Preempt(r.id, f"for {job.id} (ahead in line)"))
+                        out.waiting[job.id] = "waiting for jobs that went ahead to stop"
+                        break  # nothing else starts until it has
                 if not self.backfill:
                     if shapes is not None:
                         out.settled = True  # nothing behind the head starts
@@ -360,14 +394,17 @@ class PriorityPolicy:
         out: Decisions,
     ) -> None:
         """Stop lower-priority preemptible jobs for waiting jobs, highest in line first."""
+        going = {p.job_id for p in out.preempts}  # stopped for the first blocked job
         victims = [
-            (float(r.priority), -r.seq, r) for r in running if r.preemptible and not r.stopping
+            (float(r.priority), -r.seq, r)
+            for r in running
+            if r.preemptible and not r.stopping and r.id not in going
         ]
         if not victims:
             return
         plan = room.copy()
         for r in running:
-            if r.stopping:
+            if r.stopping or r.id in going:
                 plan.give_back(r.placement)
         heapq.heapify(victims)  # lowest priority first, then the latest submitted
         started = {s.job_id for s in out.starts}
@@ -392,6 +429,43 @@ class PriorityPolicy:
             placement = plan.place(job.request)
             if placement is not None:
                 plan.take(placement)
+
+
+def _reclaim(
+    head: QueuedJob,
+    running: Sequence[RunningJob],
+    room: Room,
+    is_behind: Callable[[RunningJob], bool],
+) -> list[RunningJob] | None:
+    """The preemptible jobs behind ``head`` in line to stop so that it starts now, as
+    plain fifo would have started it: ``None`` unless the whole GPUs free and those of
+    jobs behind it (started on a bet that they would end in time) add up to what it
+    asks. The latest started go first (they lose the least); jobs already stopping count
+    as gone. An empty list: those stopping are enough, wait for them."""
+    need = head.request.whole_gpus
+    if not need or head.request.shared:
+        return None
+    plan = room.copy()
+    for r in running:
+        if r.stopping:
+            plan.give_back(r.placement)
+    behind = sorted(
+        (r for r in running if not r.stopping and is_behind(r)),
+        key=lambda r: -r.started,
+    )
+    if plan.whole + sum(r.request.whole_gpus for r in behind) < need:
+        return None
+    chosen: list[RunningJob] = []
+    for r in behind:
+        if plan.place(head.request) is not None:
+            break
+        if not r.preemptible:
+            continue
+        plan.give_back(r.placement)
+        chosen.append(r)
+    if plan.place(head.request) is None:
+        return None
+    return chosen
 
 
 def _end(now: float, time_limit: float | None) -> float | None:

@@ -391,6 +391,7 @@ class _Replay:
             priority=queued.priority,
             owner=queued.owner,
             time_limit=queued.time_limit,
+            deadline=queued.deadline,
             preemptible=queued.preemptible,
             attained=self.attained[seq],
             remaining=length,
