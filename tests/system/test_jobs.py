@@ -445,6 +445,51 @@ def test_a_higher_priority_job_preempts_a_preemptible_one_which_resumes(home, tm
         )
 
 
+def hold(path):
+    """Run until ``path`` exists."""
+    import time
+    from pathlib import Path
+
+    while not Path(path).exists():
+        time.sleep(0.05)
+    return "held"
+
+
+def test_a_job_that_went_ahead_on_backfills_bet_is_taken_back_when_fifo_would_have_started(
+    home, tmp_path, monkeypatch
+):
+    # Four GPUs. Jobs that finished teach the default policy a run time of a moment, so
+    # l (2 GPUs) and p (1), running, are past it: backfill bets they end any moment. h (2
+    # GPUs) waits with one GPU free and its reservation on l's; b (preemptible, long)
+    # backfills on the free one. When p ends, h would start under fifo: b is stopped (it saves its
+    # step), h starts while l still runs, and b resumes behind it. Before, h waited for b.
+    monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "4x16GiB")
+    with Scheduler(home, lease_ttl=3) as s:
+        for handle in [s.submit(add, i, i, gpus=1, cpus=0.25) for i in range(3)]:
+            handle.result(timeout=30)
+        gate_l, gate_p, ckpt = tmp_path / "l", tmp_path / "p", tmp_path / "step"
+        long = s.submit(hold, str(gate_l), gpus=2, cpus=0.25)
+        p = s.submit(hold, str(gate_p), gpus=1, cpus=0.25)
+        wait_for(lambda: long.state == p.state == "running", 30, what=lambda: "l and p running")
+        h = s.submit(add, 2, 2, gpus=2, cpus=0.25)
+        b = s.submit(checkpointing_loop, str(ckpt), 100_000, gpus=1, cpus=0.25, preemptible=True)
+        wait_for(lambda: b.state == "running", 30, what=lambda: f"b backfilled: {b.state}")
+        assert h.state == "queued"
+        gate_p.touch()
+        assert h.result(timeout=60) == 4
+        assert long.state == "running"
+        states = [e["to_state"] for e in s.store.events(b.id)]
+        assert states[:3] == ["queued", "running", "preempted"]
+        assert b.info().preemptions == 1
+        assert h.info().started >= next(
+            e["time"] for e in s.store.events(b.id) if e["to_state"] == "preempted"
+        )
+        wait_for(lambda: b.state == "running", 60, what=lambda: f"b resumed after h: {b.state}")
+        b.cancel()
+        gate_l.touch()
+        assert long.result(timeout=30) == "held"
+
+
 def test_reading_the_pool_twice_does_not_count_grants_twice(sched):
     handle = sched.submit(visible_devices, 2.0, gpus=1, cpus=0.25)
     deadline = time.time() + 20
