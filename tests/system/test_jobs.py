@@ -468,9 +468,12 @@ def test_a_job_that_went_ahead_on_backfills_bet_is_taken_back_when_fifo_would_ha
         for handle in [s.submit(add, i, i, gpus=1, cpus=0.25) for i in range(3)]:
             handle.result(timeout=30)
         gate_l, gate_p, ckpt = tmp_path / "l", tmp_path / "p", tmp_path / "step"
+        # l starts first, so it is the one h's reservation counts on ending first (p's end
+        # would give it p's device and the free one, and nothing would be left to backfill)
         long = s.submit(hold, str(gate_l), gpus=2, cpus=0.25)
+        wait_for(lambda: long.state == "running", 30, what=lambda: f"l running: {long.state}")
         p = s.submit(hold, str(gate_p), gpus=1, cpus=0.25)
-        wait_for(lambda: long.state == p.state == "running", 30, what=lambda: "l and p running")
+        wait_for(lambda: p.state == "running", 30, what=lambda: f"p running: {p.state}")
         h = s.submit(add, 2, 2, gpus=2, cpus=0.25)
         b = s.submit(checkpointing_loop, str(ckpt), 100_000, gpus=1, cpus=0.25, preemptible=True)
         wait_for(lambda: b.state == "running", 30, what=lambda: f"b backfilled: {b.state}")
