@@ -128,14 +128,16 @@ def test_a_spare_supervisor_takes_the_next_job_once_its_own_has_ended(agent_sche
     s = agent_sched
     s.submit(abs, -1).result(timeout=30)
     ready(s)
-    supervisors = []
-    for _ in range(6):
+    supervisors: list[int] = []
+    # a job still running 50 ms after its launch lets its supervisor go (a loaded machine
+    # makes some of them that slow): up to 20 jobs, until one supervisor took a second
+    while len(supervisors) < 20 and len(set(supervisors)) == len(supervisors):
         h = s.submit(abs, -1)
         assert h.result(timeout=30) == 1
         supervisors.append(h.info().supervisor_pid)
         ready(s)
     assert None not in supervisors
-    assert len(set(supervisors)) < len(supervisors)
+    assert len(set(supervisors)) < len(supervisors), supervisors
 
 
 def test_supervisors_beyond_the_spares_exit_when_their_jobs_end(agent_sched):
