@@ -5,44 +5,22 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pytest
+from policy_cases import pool, queued, running_on
 
 from jupyter_dlsched.engine import tick
 from jupyter_dlsched.policy import (
     FinishedJob,
     GittinsPolicy,
     LasPolicy,
-    QueuedJob,
-    RunningJob,
     SrtfPolicy,
     get_policy,
 )
 from jupyter_dlsched.policy.gittins import gittins_index, weighted_index
 from jupyter_dlsched.sim import TraceJob, compare, simulate
 from jupyter_dlsched.store import Store
-from jupyter_dlsched.vocab.placement import place
-from jupyter_dlsched.vocab.resources import Capacity, Request
 from jupyter_dlsched.vocab.spec import build_spec
 
 GIB = 2**30
-
-
-def pool(gpus: int = 2) -> Capacity:
-    return Capacity.empty(n_gpus=gpus, gpu_mem=16 * GIB, cpus=8, mem=64 * GIB)
-
-
-def queued(job_id: str, seq: int, gpus: float = 1, **fields) -> QueuedJob:
-    fields.setdefault("submitted", float(seq))
-    return QueuedJob(job_id, seq, request=Request(gpus=gpus, cpus=1), **fields)
-
-
-def running_on(capacity: Capacity, job_id: str, seq: int, gpus: float = 1, **fields):
-    request = Request(gpus=gpus, cpus=1)
-    placement = place(request, capacity)
-    assert placement is not None
-    fields.setdefault("submitted", float(seq))
-    fields.setdefault("started", float(seq))
-    job = RunningJob(job_id, seq, request=request, placement=placement, **fields)
-    return job, capacity.take(placement)
 
 
 # textbook srtf: plan by rank

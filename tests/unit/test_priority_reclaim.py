@@ -21,13 +21,12 @@ moment. At 7400 ``q`` ends: ``fifo`` starts ``h`` there. Before, ``b2`` took
 from __future__ import annotations
 
 import pytest
+from policy_cases import pool, running_on
 
-from jupyter_dlsched.policy import PriorityPolicy, QueuedJob, RunningJob
+from jupyter_dlsched.policy import PriorityPolicy, QueuedJob
 from jupyter_dlsched.sim import TraceJob, simulate, summarize
-from jupyter_dlsched.vocab.placement import place
-from jupyter_dlsched.vocab.resources import Capacity, Request
+from jupyter_dlsched.vocab.resources import Request
 
-GIB = 2**30
 LEARNT = [TraceJob(f"done{i}", 0.0, 1, s) for i, s in enumerate([500, 1000, 1000, 5000, 5000])]
 TRACE = [
     *LEARNT,
@@ -61,20 +60,6 @@ def test_without_reclaim_the_bet_keeps_the_blocked_job_waiting_past_fifo():
 
 
 # -- one decision -----------------------------------------------------------------------
-
-
-def pool(gpus: int) -> Capacity:
-    return Capacity.empty(n_gpus=gpus, gpu_mem=16 * GIB, cpus=8, mem=64 * GIB)
-
-
-def running_on(capacity: Capacity, job_id: str, seq: int, gpus: int = 1, **fields):
-    request = Request(gpus=gpus, cpus=1)
-    placement = place(request, capacity)
-    assert placement is not None
-    fields.setdefault("submitted", float(seq))
-    fields.setdefault("started", float(seq))
-    job = RunningJob(job_id, seq, request=request, placement=placement, **fields)
-    return job, capacity.take(placement)
 
 
 def head(**fields) -> QueuedJob:
