@@ -10,7 +10,7 @@ CLUSTER --gpus GPUS`` does. Printed per slice: average / p99 JCT in hours under
 bet, not taken back where it fails), ``priority`` with ``learn_sizes=False``
 (backfill only on declared time limits: the trace declares none) and
 ``fifo-ff``, each marked ``A`` where its average is above ``fifo``'s and ``P``
-where its p99 is. The target (#52's): the default is never above ``fifo``.
+where its p99 is. The target: the default is never above ``fifo``.
 
 The 35 slices by default: every virtual cluster of a few hundred jobs or more
 on the pool sizes its widest jobs allow, the published ones among them.
