@@ -16,17 +16,30 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..policy import POLICIES, GittinsPolicy, SjfPolicy, get_policy
-from ..policy.base import Policy
-from ..policy.speedup import parse_speedup
 from ..vocab.errors import DlschedError
 from .elastic import make_elastic, parse_elastic
 from .gpus import MAX_GPUS
-from .report import compare
 from .trace import PHILLY_ATTRIBUTION, Trace, TraceJob, load_trace
 
+if TYPE_CHECKING:
+    from ..policy.base import Policy
+
+# ``dlsched`` mounts this command on every run; the policies (and the engine) are imported
+# when a trace is replayed. The names the help lists are ``policy.POLICIES``'s (a test
+# holds them equal).
+POLICY_NAMES = (
+    "priority",
+    "fifo",
+    "fifo-ff",
+    "sjf",
+    "sjf-gputime",
+    "fair",
+    "las",
+    "gittins",
+    "srtf",
+)
 DEFAULT_POLICIES = "fifo,fifo-ff,priority,sjf,las,gittins,srtf"
 # replay-only variants, named for what they know: the replayed trace's own size distribution
 ORACLES = ("gittins-oracle",)
@@ -56,7 +69,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--policy",
         default=DEFAULT_POLICIES,
         help=(
-            f"comma-separated policies, from {', '.join(POLICIES)}, or {', '.join(ORACLES)} "
+            f"comma-separated policies, from {', '.join(POLICY_NAMES)}, or {', '.join(ORACLES)} "
             f"(gittins built from the replayed trace's sizes) (default: {DEFAULT_POLICIES})"
         ),
     )
@@ -138,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..policy.speedup import parse_speedup
+    from .report import compare
+
     # every option is checked before the trace is read, so a typo costs no loading time
     gpus = _whole(args.gpus, "--gpus", minimum=1)
     if gpus > MAX_GPUS:
@@ -239,6 +255,8 @@ def _blind_learners(
     """A line for each ``sjf`` that learns sizes from a trace whose jobs it cannot tell
     apart: run times are learnt by owner, name and GPU count, so where every job shares
     all three each gets the same estimate and the order is submit order (``fifo-ff``)."""
+    from ..policy import SjfPolicy
+
     if time_limits is not None or len({(j.owner, j.name, j.gpus) for j in jobs}) > 1:
         return []
     return [
@@ -319,6 +337,8 @@ def _sample(text: str) -> float | int:
 
 
 def _policy_names(text: str) -> list[str]:
+    from ..policy import POLICIES
+
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise SimOptionError(f"--policy names no policy; choose from {', '.join(POLICIES)}")
@@ -349,6 +369,8 @@ def _check_plot_path(text: str) -> None:
 
 
 def _policy(name: str, jobs: list[TraceJob], prior: bool) -> Policy:
+    from ..policy import GittinsPolicy, get_policy
+
     if name == "gittins-oracle":
         # knows the distribution of the very jobs it replays: a bracket, never a default
         return GittinsPolicy(sizes=[j.gpu_time for j in jobs], learn_sizes=False, name=name)

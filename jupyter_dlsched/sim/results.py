@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..policy.base import Policy
 from ..vocab.errors import DlschedError
-from .eta import EtaCalibration
+
+if TYPE_CHECKING:  # annotations only: ``dlsched`` reads this module on every run (``gpus.py``)
+    from ..policy.base import Policy
+    from .eta import EtaCalibration
 
 
 class SimulationError(DlschedError, RuntimeError):

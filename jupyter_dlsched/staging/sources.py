@@ -14,8 +14,6 @@ import hashlib
 import io
 import os
 import stat
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
@@ -207,6 +205,9 @@ class HttpSource:
         return cast(IO[bytes], _Chained(sample, plain))
 
     def _request(self, method: str, headers: dict[str, str]) -> Any:
+        import urllib.error  # the http(s) sources' own: an agent without them never pays it
+        import urllib.request
+
         request = urllib.request.Request(self.url, method=method, headers=headers)
         try:
             return urllib.request.urlopen(request, timeout=_TIMEOUT)  # noqa: S310 - http(s) only

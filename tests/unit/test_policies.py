@@ -38,6 +38,13 @@ def test_every_policy_is_registered_and_built_by_name():
         assert get_policy(name).name == name
 
 
+def test_dlsched_sims_help_lists_every_registered_policy_in_order():
+    from jupyter_dlsched.sim.cli import POLICY_NAMES
+
+    # the help keeps its own list, so that building the parser loads no policy
+    assert POLICY_NAMES == tuple(POLICIES)
+
+
 def test_unknown_policy_or_parameter_is_a_spec_error_naming_it():
     with pytest.raises(SpecError, match="one of"):
         get_policy("lottery")

@@ -382,3 +382,23 @@ def test_each_room_imports_only_the_rooms_its_rule_allows():
 def test_the_room_rule_catches_an_import_it_does_not_allow():
     assert room_of("jupyter_dlsched.vocab.spec") == "vocab"
     assert "store" not in MAY_IMPORT["vocab"] and "client" not in MAY_IMPORT["engine"]
+
+
+def test_a_dlsched_command_loads_neither_the_policies_nor_the_replay_engine():
+    """``dlsched`` builds its whole parser (``sim`` included) on every run: what a queue
+    listing or a submission never uses stays unread (each run of the CLI would pay for it)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from jupyter_dlsched.cli.parser import build_parser\n"
+        "build_parser().parse_args(['queue'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith(("
+        "'jupyter_dlsched.policy', 'jupyter_dlsched.sim.engine', 'jupyter_dlsched.forecast', "
+        "'urllib.request'))))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]", loaded
