@@ -133,8 +133,11 @@ def _serve(sock: socket.socket, text: str, uid: int) -> None:
                 except OSError:
                     pass
         # what http(s) sources need is imported while the service's Python is readable
-        # (the owner may not read it): a host name's lookup, and zstd
+        # (the owner may not read it): urllib (``HttpSource`` imports it when it first
+        # reads), a host name's lookup, and zstd
         import encodings.idna  # noqa: F401
+        import urllib.error  # noqa: F401
+        import urllib.request  # noqa: F401
 
         from ..local.jobproc import become
         from .sources import _zstd
