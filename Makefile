@@ -29,7 +29,7 @@ endef
 # `jsonschema[format-nongpl]`) builds some thirty Earley parsers when jsonschema is imported:
 # 1.3 to 1.8 s of CPU in every Jupyter server, notebook job and test worker that imports it. No
 # Jupyter schema, and none of ours, uses the `iri` formats it checks; without it jsonschema
-# leaves those formats unchecked (`pip check` stays clean). docs/guide.md tells pip users.
+# leaves those formats unchecked (`pip check` stays clean). docs/jupyterlab.md tells pip users.
 define drop_slow_iri_checker
 	$(PY) -m pip uninstall -q -y rfc3987-syntax
 endef
