@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,26 @@ from tornado.httpclient import HTTPClientError
 from jupyter_dlsched.client.scheduler import Scheduler
 
 SIMULATED = "2x16GiB"
+
+
+def server_config(home: Path) -> dict[str, Any]:
+    """A Jupyter server's config (``jp_server_config``) with this extension on ``home``,
+    sampling every 0.1 s."""
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_dlsched": True}},
+        "DlschedApp": {"home": str(home), "sample_interval": 0.1},
+    }
+
+
+def submitting(home: Path) -> Iterator[Scheduler]:
+    """For a ``submitter`` fixture: a participant that only submits, like a kernel that goes
+    away (the server runs the loop); what it left is cancelled, so the next test finds the
+    queue empty."""
+    s = Scheduler(home=home, loop=False)
+    yield s
+    for job in s.jobs(state=["queued", "running", "preempted"]):
+        s.cancel(job.id)
+    s.close()
 
 
 def sleeper(s: Scheduler, seconds: float = 60, **resources: Any) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
+from rest_cases import server_config
 
 from jupyter_dlsched.client.scheduler import Scheduler
 
@@ -29,10 +30,7 @@ def dls_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @pytest.fixture
 def jp_server_config(dls_home: Path) -> dict[str, Any]:
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_dlsched": True}},
-        "DlschedApp": {"home": str(dls_home), "sample_interval": 0.1},
-    }
+    return server_config(dls_home)
 
 
 async def test_a_finished_notebook_job_names_its_executed_copy(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rest_cases import SIMULATED, error_of, get_json, sleeper
+from rest_cases import SIMULATED, error_of, get_json, server_config, sleeper, submitting
 
 from jupyter_dlsched.client.scheduler import Scheduler
 
@@ -31,20 +31,12 @@ def dls_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @pytest.fixture
 def jp_server_config(dls_home: Path) -> dict[str, Any]:
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_dlsched": True}},
-        "DlschedApp": {"home": str(dls_home), "sample_interval": 0.1},
-    }
+    return server_config(dls_home)
 
 
 @pytest.fixture
 def submitter(dls_home: Path) -> Iterator[Scheduler]:
-    """A participant that only submits, like a kernel that goes away: the server runs the loop."""
-    s = Scheduler(home=dls_home, loop=False)
-    yield s
-    for job in s.jobs(state=["queued", "running", "preempted"]):
-        s.cancel(job.id)
-    s.close()
+    yield from submitting(dls_home)
 
 
 async def wait_for_state(jp_fetch: Any, job_id: str, state: str, timeout: float = 30) -> Any:

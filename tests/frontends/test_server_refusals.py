@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rest_cases import SIMULATED, error_of, get_json, sleeper
+from rest_cases import SIMULATED, error_of, get_json, server_config, sleeper, submitting
 from tornado.httpclient import HTTPClientError
 
 from jupyter_dlsched.client.scheduler import Scheduler
@@ -39,21 +39,12 @@ def dls_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture
 def jp_server_config(dls_home: Path) -> dict[str, Any]:
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_dlsched": True}},
-        "DlschedApp": {"home": str(dls_home), "sample_interval": 0.1},
-    }
+    return server_config(dls_home)
 
 
 @pytest.fixture
 def submitter(dls_home: Path) -> Iterator[Scheduler]:
-    """A participant that only submits; what it left is cancelled, so each test finds the
-    queue empty."""
-    s = Scheduler(home=dls_home, loop=False)
-    yield s
-    for job in s.jobs(state=["queued", "running", "preempted"]):
-        s.cancel(job.id)
-    s.close()
+    yield from submitting(dls_home)
 
 
 @pytest.mark.parametrize(
