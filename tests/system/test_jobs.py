@@ -458,14 +458,16 @@ def hold(path):
 def test_a_job_that_went_ahead_on_backfills_bet_is_taken_back_when_fifo_would_have_started(
     home, tmp_path, monkeypatch
 ):
-    # Four GPUs. Jobs that finished teach the default policy a run time of a moment, so
-    # l (2 GPUs) and p (1), running, are past it: backfill bets they end any moment. h (2
-    # GPUs) waits with one GPU free and its reservation on l's; b (preemptible, long)
-    # backfills on the free one. When p ends, h would start under fifo: b is stopped (it saves its
-    # step), h starts while l still runs, and b resumes behind it. Before, h waited for b.
+    # Four GPUs. Jobs that finished teach the default policy a run time of about 2 s: h (2
+    # GPUs) is decided while l (2 GPUs) and p (1), running, are within it, so it waits with
+    # one GPU free and its reservation on l's (l ends first); b (preemptible, long)
+    # backfills on the free one. (Once both are past their estimate, a reservation takes
+    # the first devices that fit, the free one too: a slow decision left nothing to backfill.)
+    # When p ends, h would start under fifo: b is stopped (it saves its step), h starts
+    # while l still runs, and b resumes behind it. Before, h waited for b.
     monkeypatch.setenv("DLSCHED_SIMULATE_GPUS", "4x16GiB")
     with Scheduler(home, lease_ttl=3) as s:
-        for handle in [s.submit(add, i, i, gpus=1, cpus=0.25) for i in range(3)]:
+        for handle in [s.submit(visible_devices, 2.0, gpus=1, cpus=0.25) for _ in range(3)]:
             handle.result(timeout=30)
         gate_l, gate_p, ckpt = tmp_path / "l", tmp_path / "p", tmp_path / "step"
         # l starts first, so it is the one h's reservation counts on ending first (p's end
